@@ -1,0 +1,31 @@
+"""RewardActor: scores finished rollout groups in its own process, off the controller's loop.
+
+Reward functions may be slow (a judge model, a sandbox); running them here keeps the
+controller free to drive generation. At most `run.reward_concurrency` groups score at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from monarch.actor import Actor, endpoint
+
+from rl.config import Config
+from rollouts.types import RolloutGroup
+from rubrics.rubric import apply_reward
+from tasks.build import build_task
+
+
+class RewardActor(Actor):
+    def __init__(self, config: Config):
+        self.rubrics = {task.name: task.rubric for task in map(build_task, config.tasks)}
+        self.limit = asyncio.Semaphore(config.run.reward_concurrency)
+
+    @endpoint
+    async def score_group(self, group: RolloutGroup) -> RolloutGroup:
+        """The group with `reward` / `reward_components` filled in on every rollout."""
+        async with self.limit:
+            rewards = await self.rubrics[group.task_name].score_group(group.rollouts, group.example)
+        for rollout, reward in zip(group.rollouts, rewards):
+            apply_reward(rollout, reward)
+        return group

@@ -1,0 +1,131 @@
+"""PolicyTrainer: a transformers causal LM, its optimizer, and the push of its weights.
+
+The controller hands it one optimizer step's worth of packed `[B, L]` rows as micro-batches;
+it accumulates gradients over them with the loss normalized by the step's global count of
+trained tokens, clips, steps AdamW and the LR schedule, then publishes the new weights to
+torchstore under the next policy version.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+from monarch.actor import Actor, endpoint
+from tensordict import TensorDict
+from transformers import AutoModelForCausalLM
+
+from rl import weight_sync
+from rl.algorithms.losses import grpo_loss
+from rl.assets import resolve_model_path
+from rl.batching import count_loss_tokens
+from rl.config import Config, TrainerConfig
+from rl.logprobs import token_logprobs
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
+    """Multiplier of the base LR at each optimizer step: linear warmup, then the schedule."""
+
+    def multiplier(step: int) -> float:
+        if step < trainer_config.warmup_steps:
+            return (step + 1) / (trainer_config.warmup_steps + 1)
+        if trainer_config.lr_schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - trainer_config.warmup_steps) / max(1, total_steps - trainer_config.warmup_steps))
+        if trainer_config.lr_schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return multiplier
+
+
+def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path(path), dtype=_DTYPES[trainer_config.dtype], attn_implementation="sdpa"
+    )
+    return model.to(trainer_config.device)
+
+
+class PolicyTrainer(Actor):
+    """Owns the trainable policy (and the frozen reference when a KL term is configured)."""
+
+    def __init__(self, config: Config):
+        torch.manual_seed(config.trainer.seed)
+        self.config = config
+        trainer_config = config.trainer
+        self.device = torch.device(trainer_config.device)
+        self.model = load_causal_lm(config.model.path, trainer_config)
+        if trainer_config.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.model.train()
+        self.reference = None
+        if config.algorithm.kl_coef > 0:
+            self.reference = load_causal_lm(config.model.path, trainer_config).eval().requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=trainer_config.lr, betas=trainer_config.betas, weight_decay=trainer_config.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, config.run.steps))
+        self.policy_version = 0
+
+    def _to_device(self, batch: TensorDict) -> TensorDict:
+        return batch.to(self.device)
+
+    @endpoint
+    async def train_step(self, micro_batches: list[TensorDict]) -> dict[str, float]:
+        """One optimizer step over all micro-batches; returns loss and diagnostics."""
+        start = time.perf_counter()
+        algorithm = self.config.algorithm
+        num_loss_tokens = count_loss_tokens(micro_batches)
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {"loss": 0.0}
+        for micro_batch in micro_batches:
+            micro_batch = self._to_device(micro_batch)
+            ref_logprobs = None
+            if self.reference is not None:
+                with torch.no_grad():
+                    ref_logprobs = token_logprobs(self.reference, micro_batch["input_ids"], micro_batch["position_ids"])
+            logprobs = token_logprobs(self.model, micro_batch["input_ids"], micro_batch["position_ids"])  # [B,L]
+            loss, metrics = grpo_loss(
+                logprobs,
+                micro_batch,
+                clip_eps_low=algorithm.clip_eps_low,
+                clip_eps_high=algorithm.clip_eps_high,
+                num_loss_tokens=num_loss_tokens,
+                kl_coef=algorithm.kl_coef,
+                ref_logprobs=ref_logprobs,
+            )
+            loss.backward()
+            totals["loss"] += loss.item()
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + value
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.trainer.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        seconds = time.perf_counter() - start
+        totals.update(
+            grad_norm=float(grad_norm),
+            lr=self.scheduler.get_last_lr()[0],
+            num_loss_tokens=float(num_loss_tokens),
+            train_tokens_per_s=sum(int((mb["policy_version"] >= 0).sum()) for mb in micro_batches) / seconds,
+        )
+        return totals
+
+    @endpoint
+    async def push_weights(self, policy_version: int) -> float:
+        """Publish the current weights as `policy_version`; returns seconds spent."""
+        start = time.perf_counter()
+        state_dict = {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
+        await weight_sync.push_state_dict(state_dict, policy_version, keep_versions=2)
+        self.policy_version = policy_version
+        return time.perf_counter() - start
+
+    @endpoint
+    async def logprobs(self, token_ids: list[int]) -> list[float]:
+        """Logprob of each token given its prefix under the current weights (position 0 gets 0.0)."""
+        input_ids = torch.tensor([token_ids], device=self.device)
+        position_ids = torch.arange(len(token_ids), device=self.device).unsqueeze(0)
+        with torch.no_grad():
+            return token_logprobs(self.model, input_ids, position_ids)[0].tolist()

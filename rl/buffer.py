@@ -1,0 +1,40 @@
+"""The bounded buffer between rollout production and training, with a staleness budget.
+
+A group is fresh enough for the optimizer step that would produce policy version `v + 1`
+when its oldest sampled token came from version `>= v - max_staleness`. With a budget of 0
+training is synchronous: every group was sampled by the weights being trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from rollouts.types import RolloutGroup
+
+
+def is_fresh(group_policy_version: int, trainer_policy_version: int, max_staleness: int) -> bool:
+    """Whether a group sampled at `group_policy_version` may train the policy at `trainer_policy_version`."""
+    return trainer_policy_version - group_policy_version <= max_staleness
+
+
+class RolloutBuffer:
+    """FIFO of scored groups; `put` waits when full, `get` evicts groups that are too stale."""
+
+    def __init__(self, capacity: int, max_staleness: int):
+        self._queue: asyncio.Queue[RolloutGroup] = asyncio.Queue(maxsize=capacity)
+        self.max_staleness = max_staleness
+
+    async def put(self, group: RolloutGroup) -> None:
+        await self._queue.put(group)
+
+    async def get(self, count: int, trainer_policy_version: int) -> tuple[list[RolloutGroup], int]:
+        """The next `count` fresh groups, and how many stale ones were evicted on the way."""
+        groups: list[RolloutGroup] = []
+        evicted = 0
+        while len(groups) < count:
+            group = await self._queue.get()
+            if is_fresh(group.min_policy_version, trainer_policy_version, self.max_staleness):
+                groups.append(group)
+            else:
+                evicted += 1
+        return groups, evicted

@@ -1,0 +1,63 @@
+"""`rlmesh train --config FILE [--section.key value ...]` and `rlmesh validate --config FILE ...`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from rl.config import ConfigError, dump_toml, load_config
+from tasks.build import build_task
+
+
+def parse_overrides(extra: list[str]) -> dict[str, str]:
+    """`--a.b value` and `--a.b=value` pairs → {"a.b": "value"}."""
+    overrides: dict[str, str] = {}
+    index = 0
+    while index < len(extra):
+        token = extra[index]
+        if not token.startswith("--") or len(token) == 2:
+            raise ConfigError(f"expected an override like --section.key value, got {token!r}")
+        key, sep, value = token[2:].partition("=")
+        if not sep:
+            if index + 1 >= len(extra):
+                raise ConfigError(f"override --{key} has no value")
+            index += 1
+            value = extra[index]
+        overrides[key] = value
+        index += 1
+    return overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rlmesh", description="RL post-training of language models on Monarch actors")
+    commands = parser.add_subparsers(dest="command", required=True)
+    for name, help_text in (("train", "run training"), ("validate", "print the resolved config and start nothing")):
+        command = commands.add_parser(name, help=help_text)
+        command.add_argument("--config", help="TOML config file (defaults apply to anything it leaves out)")
+    args, extra = parser.parse_known_args(argv)
+    try:
+        config = load_config(args.config, parse_overrides(extra))
+        for task_config in config.tasks:
+            build_task(task_config)
+    except (ConfigError, ValueError) as exc:
+        print(f"rlmesh: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "validate":
+        print(dump_toml(config), end="")
+        return 0
+
+    from rl.controller import Controller
+
+    try:
+        summary = asyncio.run(Controller(config).run())
+    except KeyboardInterrupt:
+        print("rlmesh: interrupted; actors stopped", file=sys.stderr)
+        return 130
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

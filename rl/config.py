@@ -1,0 +1,236 @@
+"""The typed configuration of a run, read from TOML and dotted CLI overrides.
+
+Every section forbids unknown keys and checks types, so a typo or a wrong type fails
+before any actor starts, with the offending key named (`trainer.lrr: Extra inputs are not
+permitted`). Device, dtype and parallelism are plain fields: the GPU paths are selected
+here, not by code edits.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from env_types.renderer_env import RendererEnvConfig
+from rl.renderer import RendererConfig
+
+Device = Literal["cpu", "cuda"]
+DType = Literal["float32", "bfloat16", "float16"]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str = "smollm2-135m-instruct"
+    """HF folder, hub id, or a built-in offline asset: "smollm2-135m-instruct", "tiny-qwen3"."""
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+
+
+class GeneratorConfig(Section):
+    num_replicas: int = Field(1, ge=1)
+    device: Device = "cpu"
+    dtype: DType = "bfloat16"
+    tensor_parallel_size: int = Field(1, ge=1)
+    enforce_eager: bool = True
+    """Skip graph compilation: fast start-up (~3 s) at some decode speed."""
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    """CUDA only; on CPU the KV cache is sized by `cpu_kv_cache_gib`."""
+    cpu_kv_cache_gib: int = Field(2, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_model_len: int = Field(2048, ge=16)
+    seed: int = 0
+    sampling: SamplingConfig = SamplingConfig()
+    eval_sampling: SamplingConfig = SamplingConfig(temperature=0.0)
+    """Sampling for held-out validation (greedy by default)."""
+
+
+class TrainerConfig(Section):
+    device: Device = "cpu"
+    dtype: DType = "float32"
+    """Parameter and compute dtype of the policy (and reference) model."""
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = Field(1.0, gt=0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    seq_len: int = Field(1024, ge=8)
+    """Row length L of packed `[B, L]` training batches; a longer rollout is dropped."""
+    micro_batch_size: int = Field(8, ge=1)
+    """Rows per forward/backward; gradients accumulate over the micro-batches of a step."""
+    seed: int = 0
+    gradient_checkpointing: bool = False
+
+
+class AlgorithmConfig(Section):
+    name: Literal["grpo"] = "grpo"
+    group_size: int = Field(8, ge=1)
+    normalize_advantage_std: bool = False
+    clip_eps_low: float = Field(0.2, ge=0)
+    clip_eps_high: float = Field(0.28, ge=0)
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the k3 KL to a frozen reference model; 0 loads no reference."""
+    kl_log_ratio_clamp: float = Field(20.0, gt=0)
+    drop_constant_reward_groups: bool = False
+    """Skip groups whose rewards are all equal (zero advantage everywhere)."""
+
+
+class RubricConfig(Section):
+    """Replaces a task's default rubric."""
+
+    class RewardFnEntry(Section):
+        fn: str
+        """Registered name or import path `package.module:function`."""
+        weight: float = Field(1.0, ge=0)
+        name: str = ""
+
+    reward_fns: list[RewardFnEntry] = Field(min_length=1)
+    truncation_reward: float | None = None
+    error_reward: float = 0.0
+
+
+class TaskConfig(Section):
+    name: str = "sum_digits"
+    """Registered task name or import path `package.module:TaskClass`."""
+    weight: float = Field(1.0, gt=0)
+    """Share of training rows drawn from this task when several are configured."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the task's constructor."""
+    env: RendererEnvConfig = RendererEnvConfig()
+    renderer: RendererConfig = RendererConfig()
+    rubric: RubricConfig | None = None
+
+
+class WandbConfig(Section):
+    enabled: bool = True
+    mode: Literal["offline", "online", "disabled"] = "offline"
+    project: str = "rlmesh"
+
+
+class RunConfig(Section):
+    name: str = "run"
+    output_dir: str = "runs"
+    """The run directory is `output_dir/name`."""
+    seed: int = 0
+    steps: int = Field(10, ge=0)
+    groups_per_step: int = Field(8, ge=1)
+    """Rollout groups (task rows) per optimizer step."""
+    max_policy_staleness: int = Field(0, ge=0)
+    """Most optimizer steps a group's oldest token may lag the trained policy. 0 = synchronous."""
+    eval_every: int = Field(0, ge=0)
+    """Validate on the held-out split every N steps (and at step 0 and at the end); 0 = never."""
+    eval_groups: int | None = Field(None, ge=1)
+    """Held-out rows per validation (None = the whole split), one sample each."""
+    log_rollouts: bool = True
+    reward_concurrency: int = Field(32, ge=1)
+    """Most groups the RewardActor scores at once."""
+
+
+class Config(Section):
+    model: ModelConfig = ModelConfig()
+    generator: GeneratorConfig = GeneratorConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    algorithm: AlgorithmConfig = AlgorithmConfig()
+    tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)
+    run: RunConfig = RunConfig()
+    wandb: WandbConfig = WandbConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> Config:
+        names = [task.name for task in self.tasks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tasks: each task may appear once, got {names}")
+        if self.generator.device != self.trainer.device:
+            raise ValueError("generator.device and trainer.device must match on one machine")
+        for index, task in enumerate(self.tasks):
+            if task.env.max_total_tokens > self.trainer.seq_len:
+                raise ValueError(
+                    f"tasks.{index}.env.max_total_tokens ({task.env.max_total_tokens}) exceeds "
+                    f"trainer.seq_len ({self.trainer.seq_len}): such rollouts could not be trained on"
+                )
+            if task.env.max_total_tokens > self.generator.max_model_len:
+                raise ValueError(f"tasks.{index}.env.max_total_tokens exceeds generator.max_model_len")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.run.output_dir) / self.run.name
+
+
+class ConfigError(ValueError):
+    """A config that cannot run; the message names every bad key."""
+
+
+def _parse_value(text: str) -> Any:
+    """A CLI value as TOML would read it (numbers, booleans, arrays), else the plain string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def apply_override(data: dict[str, Any], dotted_key: str, value: Any) -> None:
+    """Set `a.b.c = value` in nested dicts; list entries are addressed by index (`tasks.0.args.seed`)."""
+    node: Any = data
+    parts = dotted_key.split(".")
+    for depth, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"--{dotted_key}: {'.'.join(parts[:depth])} has no entry {part!r}")
+            node = node[int(part)]
+        else:
+            if part not in node and parts[depth + 1].isdigit():
+                raise ConfigError(f"--{dotted_key}: {'.'.join(parts[: depth + 1])} is not set in the config file")
+            node = node.setdefault(part, {})
+            if not isinstance(node, (dict, list)):
+                raise ConfigError(f"--{dotted_key}: {'.'.join(parts[: depth + 1])} is not a section")
+    last = parts[-1]
+    if isinstance(node, list):
+        if not last.isdigit() or int(last) >= len(node):
+            raise ConfigError(f"--{dotted_key}: no list entry {last!r}")
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def _format_validation_error(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"]) or "<config>"
+        lines.append(f"  {key}: {item['msg']}" + (f" (got {item['input']!r})" if item["type"] != "missing" and not isinstance(item.get("input"), dict) else ""))
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: dict[str, str] | None = None) -> Config:
+    """Read a TOML file (optional), apply dotted `key -> value text` overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {path}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    for dotted_key, text in (overrides or {}).items():
+        apply_override(data, dotted_key, _parse_value(text))
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(exc)) from None
+
+
+def dump_toml(config: Config) -> str:
+    """The resolved config as TOML (None values omitted: TOML has no null)."""
+    import tomli_w
+
+    return tomli_w.dumps(config.model_dump(mode="json", exclude_none=True))

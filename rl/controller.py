@@ -1,0 +1,273 @@
+"""The Controller owns a run: it reads like the GRPO loop it drives.
+
+    producer:  rows → environments → generation ⇄ environment steps → scoring → buffer
+    consumer:  buffer → advantages → packed batch → train step → weight push → generator reload
+
+The two halves are joined by a bounded buffer of policy-version-tagged groups. The
+producer may run `run.max_policy_staleness` batches ahead of training (0 = synchronous).
+All run state that a resume needs (step, policy version, data cursor) lives in `RunState`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from monarch.actor import this_host
+from tqdm import tqdm
+
+from actors.generator import Generator
+from actors.reward import RewardActor
+from actors.trainer import PolicyTrainer
+from env_types.renderer_env import GenerationRequest
+from rl import weight_sync
+from rl.algorithms.grpo import group_to_samples
+from rl.assets import resolve_model_path
+from rl.batching import pack_samples, split_micro_batches
+from rl.buffer import RolloutBuffer
+from rl.config import Config, SamplingConfig, dump_toml
+from rl.data import RowStream
+from rl.metrics import MetricsLogger
+from rl.renderer import stop_token_ids
+from rollouts.runner import GroupSpec, collect_groups
+from rollouts.types import RolloutGroup, RolloutStatus
+from tasks.build import BuiltTask, build_task
+
+
+@dataclass
+class RunState:
+    """Everything about the run's progress in one place."""
+
+    step: int = 0
+    """Optimizer steps done (consumed batches, including skipped ones)."""
+    policy_version: int = 0
+    """Version of the newest weights; the generators run it once the step's sync is done."""
+    data_cursor: int = 0
+    """Training rows drawn from the row stream."""
+
+
+@dataclass
+class GenerationStats:
+    """What the producer spent since the consumer last looked."""
+
+    seconds: float = 0.0
+    completion_tokens: int = 0
+
+    def drain(self) -> GenerationStats:
+        drained = GenerationStats(self.seconds, self.completion_tokens)
+        self.seconds, self.completion_tokens = 0.0, 0
+        return drained
+
+
+class Controller:
+    def __init__(self, config: Config):
+        self.config = config
+        self.state = RunState()
+        self.tasks: dict[str, BuiltTask] = {task_config.name: build_task(task_config) for task_config in config.tasks}
+        model_path = resolve_model_path(config.model.path)
+        self.renderers = {name: task.config.renderer.build(model_path) for name, task in self.tasks.items()}
+        self.stop_token_ids = sorted({token for renderer in self.renderers.values() for token in stop_token_ids(renderer)})
+        self.pad_token_id = self.stop_token_ids[0]
+        self.stream = RowStream(
+            {name: task.task.load_dataset("train") for name, task in self.tasks.items()},
+            {name: task.config.weight for name, task in self.tasks.items()},
+            seed=config.run.seed,
+        )
+        self.validation_rows = [
+            (name, row) for name, task in sorted(self.tasks.items()) for row in task.task.load_dataset("validation")
+        ][: config.run.eval_groups]
+        self.buffer = RolloutBuffer(
+            capacity=config.run.groups_per_step * (config.run.max_policy_staleness + 1),
+            max_staleness=config.run.max_policy_staleness,
+        )
+        self.generation_stats = GenerationStats()
+        self.step_done = asyncio.Condition()
+        self._replica = 0
+        self._proc_meshes: list[Any] = []
+
+    async def setup(self) -> None:
+        """Start the store and spawn the actors, each kind on its own processes."""
+        await weight_sync.initialize_store()
+        trainer_procs = this_host().spawn_procs(per_host={"procs": 1})
+        generator_procs = this_host().spawn_procs(per_host={"procs": self.config.generator.num_replicas})
+        reward_procs = this_host().spawn_procs(per_host={"procs": 1})
+        self._proc_meshes = [trainer_procs, generator_procs, reward_procs]
+        self.trainer = trainer_procs.spawn("trainer", PolicyTrainer, self.config)
+        self.generators = generator_procs.spawn("generator", Generator, self.config, self.stop_token_ids)
+        self.reward = reward_procs.spawn("reward", RewardActor, self.config)
+        await asyncio.gather(
+            self.trainer.initialized, self.generators.initialized, self.reward.initialized
+        )
+
+    async def shutdown(self) -> None:
+        for procs in self._proc_meshes:
+            await procs.stop()
+        self._proc_meshes = []
+        await weight_sync.shutdown_store()
+
+    async def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[Any]:
+        """Send a batch to the next generator replica (round-robin)."""
+        replicas = self.config.generator.num_replicas
+        replica = self.generators.slice(procs=self._replica % replicas)
+        self._replica += 1
+        return await replica.generate.call_one(requests, sampling)
+
+    async def rollout_and_score(self, rows: list[tuple[str, dict]], group_size: int, sampling: SamplingConfig, tag: str) -> list[RolloutGroup]:
+        specs = [
+            GroupSpec(
+                group_id=f"{tag}/{index}",
+                task_name=task_name,
+                task=self.tasks[task_name].task,
+                example=row,
+                renderer=self.renderers[task_name],
+                env_config=self.tasks[task_name].config.env,
+            )
+            for index, (task_name, row) in enumerate(rows)
+        ]
+        groups = await collect_groups(specs, group_size, lambda requests: self.generate(requests, sampling))
+        return list(await asyncio.gather(*(self.score(group) for group in groups)))
+
+    async def score(self, group: RolloutGroup) -> RolloutGroup:
+        try:
+            return await self.reward.score_group.call_one(group)
+        except Exception as exc:
+            for rollout in group.rollouts:
+                rollout.status = RolloutStatus.ERROR
+                rollout.error = f"reward actor failed: {exc}"
+            return group
+
+    async def produce(self) -> None:
+        """Fill the buffer batch after batch, never more than the staleness budget ahead of training."""
+        run = self.config.run
+        batch_index = 0
+        while True:
+            async with self.step_done:
+                await self.step_done.wait_for(lambda: self.state.step >= batch_index - run.max_policy_staleness)
+            start = time.perf_counter()
+            rows = self.stream.take(run.groups_per_step)
+            self.state.data_cursor = self.stream.cursor
+            groups = await self.rollout_and_score(
+                rows, self.config.algorithm.group_size, self.config.generator.sampling, tag=f"train/batch={batch_index}"
+            )
+            stats = self.generation_stats
+            stats.seconds += time.perf_counter() - start
+            for group in groups:
+                stats.completion_tokens += sum(rollout.num_completion_tokens for rollout in group.rollouts)
+                await self.buffer.put(group)
+            batch_index += 1
+
+    async def validate(self) -> dict[str, float]:
+        """Held-out reward through the same rollout path, one sample per row."""
+        if not self.validation_rows:
+            return {}
+        groups = await self.rollout_and_score(
+            self.validation_rows, 1, self.config.generator.eval_sampling, tag=f"eval/step={self.state.step}"
+        )
+        self.logger.log_rollouts(self.state.step, "eval", groups)
+        rollouts = [rollout for group in groups for rollout in group.rollouts]
+        metrics = {"eval/reward/mean": sum(r.reward or 0.0 for r in rollouts) / len(rollouts)}
+        for key in sorted({key for r in rollouts for key in r.reward_components}):
+            metrics[f"eval/reward/{key}"] = sum(r.reward_components.get(key, 0.0) for r in rollouts) / len(rollouts)
+        return metrics
+
+    async def train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
+        """Advantages → packed micro-batches → one optimizer step → weights to the generators."""
+        algorithm, trainer_config = self.config.algorithm, self.config.trainer
+        samples, dropped_groups, too_long = [], 0, 0
+        for group in groups:
+            group_samples = group_to_samples(
+                group, normalize_std=algorithm.normalize_advantage_std, drop_constant_reward=algorithm.drop_constant_reward_groups
+            )
+            fitting = [sample for sample in group_samples if len(sample.input_ids) <= trainer_config.seq_len]
+            too_long += len(group_samples) - len(fitting)
+            dropped_groups += not fitting
+            samples.extend(fitting)
+        metrics: dict[str, float] = {"rollouts/dropped_groups": dropped_groups, "rollouts/too_long": too_long}
+        if not samples:
+            metrics["train/skipped"] = 1
+            return metrics
+        batch = pack_samples(samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id)  # [R, L]
+        micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
+        start = time.perf_counter()
+        train_metrics = await self.trainer.train_step.call_one(micro_batches)
+        metrics["time/train_s"] = time.perf_counter() - start
+        metrics.update({key if key == "loss" else f"train/{key}": value for key, value in train_metrics.items()})
+
+        start = time.perf_counter()
+        new_version = self.state.policy_version + 1
+        await self.trainer.push_weights.call_one(new_version)
+        await self.generators.update_weights.call(new_version)
+        self.state.policy_version = new_version
+        metrics["time/weight_sync_s"] = time.perf_counter() - start
+        return metrics
+
+    async def run(self) -> dict[str, Any]:
+        """The whole run; returns the first and last validation metrics."""
+        config = self.config
+        run_dir = config.run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.toml").write_text(dump_toml(config))
+        self.logger = MetricsLogger(config, run_dir)
+        summary: dict[str, Any] = {"run_dir": str(run_dir)}
+        producer = None
+        try:
+            await self.setup()
+            if config.run.eval_every > 0:
+                summary["eval_start"] = await self.validate()
+                self.logger.log({"step": 0, "policy_version": 0, **summary["eval_start"]})
+            producer = asyncio.create_task(self.produce())
+            for _ in tqdm(range(config.run.steps), desc="train", unit="step", dynamic_ncols=True):
+                step_start = time.perf_counter()
+                wait_start = time.perf_counter()
+                groups, evicted = await self._next_batch(producer)
+                wait_seconds = time.perf_counter() - wait_start
+                self.logger.log_rollouts(self.state.step + 1, "train", groups)
+                metrics = self._rollout_metrics(groups, evicted, wait_seconds)
+                metrics.update(await self.train_step(groups))
+                async with self.step_done:
+                    self.state.step += 1
+                    self.step_done.notify_all()
+                is_last = self.state.step == config.run.steps
+                if config.run.eval_every > 0 and (self.state.step % config.run.eval_every == 0 or is_last):
+                    eval_metrics = await self.validate()
+                    metrics.update(eval_metrics)
+                    if is_last:
+                        summary["eval_end"] = eval_metrics
+                metrics["time/step_s"] = time.perf_counter() - step_start
+                self.logger.log({"step": self.state.step, "policy_version": self.state.policy_version, **metrics})
+        finally:
+            if producer is not None:
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
+            await self.shutdown()
+            self.logger.close()
+        return summary
+
+    async def _next_batch(self, producer: asyncio.Task) -> tuple[list[RolloutGroup], int]:
+        """The next batch from the buffer; a crashed producer raises here instead of hanging the run."""
+        get = asyncio.ensure_future(self.buffer.get(self.config.run.groups_per_step, self.state.policy_version))
+        await asyncio.wait([get, producer], return_when=asyncio.FIRST_COMPLETED)
+        if not get.done():
+            get.cancel()
+            producer.result()
+        return get.result()
+
+    def _rollout_metrics(self, groups: list[RolloutGroup], evicted: int, wait_seconds: float) -> dict[str, float]:
+        rollouts = [rollout for group in groups for rollout in group.rollouts]
+        stats = self.generation_stats.drain()
+        metrics: dict[str, float] = {
+            "reward/mean": sum(r.reward or 0.0 for r in rollouts) / len(rollouts),
+            "rollouts/evicted_stale_groups": evicted,
+            "rollouts/completion_tokens_mean": sum(r.num_completion_tokens for r in rollouts) / len(rollouts),
+            "rollouts/policy_lag_max": max(self.state.policy_version - group.min_policy_version for group in groups),
+            "time/generation_s": stats.seconds,
+            "time/wait_for_rollouts_s": wait_seconds,
+            "perf/generation_tokens_per_s": stats.completion_tokens / stats.seconds if stats.seconds else 0.0,
+        }
+        for key in sorted({key for r in rollouts for key in r.reward_components}):
+            metrics[f"reward/{key}"] = sum(r.reward_components.get(key, 0.0) for r in rollouts) / len(rollouts)
+        for status in RolloutStatus:
+            metrics[f"rollouts/status/{status.value}"] = sum(r.status is status for r in rollouts)
+        return metrics

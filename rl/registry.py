@@ -1,0 +1,46 @@
+"""Name → object resolution for tasks and reward functions chosen in config.
+
+A config names a component either by a short registered name ("sum_digits") or by an
+import path ("my_package.my_module:MyTask"), so a user's own package plugs in without
+editing rlmesh.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+TASKS: dict[str, str] = {
+    "sum_digits": "tasks.sum_digits:SumDigitsTask",
+}
+
+REWARD_FNS: dict[str, str] = {
+    "digit_sum_correct": "tasks.sum_digits:digit_sum_correct",
+    "answer_is_number": "tasks.sum_digits:answer_is_number",
+}
+
+
+def import_object(path: str) -> Any:
+    """Import `package.module:attr` (or `package.module.attr`)."""
+    module_name, sep, attr = path.partition(":")
+    if not sep:
+        module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(f"{path!r} is not an import path of the form 'package.module:Name'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module_name!r} for {path!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError as exc:
+        raise ValueError(f"module {module_name!r} has no attribute {attr!r}") from exc
+
+
+def resolve(name_or_path: str, registry: dict[str, str], kind: str) -> Any:
+    """A registered name or an import path → the object it names."""
+    if name_or_path in registry:
+        return import_object(registry[name_or_path])
+    if ":" in name_or_path or "." in name_or_path:
+        return import_object(name_or_path)
+    raise ValueError(f"unknown {kind} {name_or_path!r}: registered {kind}s are {sorted(registry)}, or give 'package.module:Name'")

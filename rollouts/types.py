@@ -1,0 +1,123 @@
+"""Typed records of what happened in a rollout: turns, status, rewards.
+
+A `Rollout` is one trajectory of one sample of a task row; a `RolloutGroup` holds the
+`group_size` rollouts of the same row (the unit GRPO computes advantages over). Every record
+round-trips through JSON losslessly, so a run's rollouts file is a faithful debugging record.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Message = dict[str, Any]
+"""A chat message as the `renderers` package types it (`renderers.Message`, a TypedDict)."""
+
+
+class RolloutStatus(StrEnum):
+    """Where a rollout stands. Every status but ONGOING is terminal."""
+
+    ONGOING = "ongoing"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    """Stopped by a limit: max new tokens of a turn, max turns, or max total tokens."""
+    PROMPT_OVERFLOW = "prompt_overflow"
+    """The prompt alone exceeded the limit; nothing was sent to a generator."""
+    ABORTED = "aborted"
+    TIMEOUT = "timeout"
+    ERROR = "error"
+
+    def is_terminal(self) -> bool:
+        return self is not RolloutStatus.ONGOING
+
+    def is_trainable(self) -> bool:
+        """Completed and truncated rollouts carry policy samples with a meaningful reward."""
+        return self in (RolloutStatus.COMPLETED, RolloutStatus.TRUNCATED)
+
+    def transition(self, new: RolloutStatus) -> RolloutStatus:
+        """The next status; a terminal status never changes."""
+        if self.is_terminal():
+            raise ValueError(f"rollout status {self.value!r} is terminal; cannot move to {new.value!r}")
+        return new
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RolloutTurn(_Record):
+    """One generator call and the environment's answer to it."""
+
+    prompt_messages: list[Message]
+    """The conversation the generator saw (all history up to this turn)."""
+    prompt_token_ids: list[int]
+    """Exact tokens sent to the generator; a later turn's prompt extends this turn's prompt + completion."""
+    completion_token_ids: list[int] = Field(default_factory=list)
+    completion_logprobs: list[float] = Field(default_factory=list)
+    """Sampler logprob of each completion token, aligned with `completion_token_ids`."""
+    finish_reason: str | None = None
+    """The generator's reason to stop: "stop", "length", "abort"."""
+    assistant_message: Message | None = None
+    """The completion parsed back to a message by the renderer."""
+    env_messages: list[Message] = Field(default_factory=list)
+    """What the environment answered (tool results, a new user message)."""
+    reward_components: dict[str, float] = Field(default_factory=dict)
+    """Rewards the environment assigned during this step, by name."""
+    policy_version: int = 0
+    """Version of the policy weights that sampled `completion_token_ids`."""
+
+
+class Rollout(_Record):
+    """One trajectory: its turns, how it ended, and its reward."""
+
+    rollout_id: str
+    group_id: str
+    task_name: str
+    sample_index: int
+    turns: list[RolloutTurn] = Field(default_factory=list)
+    status: RolloutStatus = RolloutStatus.ONGOING
+    reward: float | None = None
+    reward_components: dict[str, float] = Field(default_factory=dict)
+    error: str | None = None
+    """Exception text when an environment, generator or reward function failed."""
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def policy_versions(self) -> list[int]:
+        return [turn.policy_version for turn in self.turns]
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return sum(len(turn.completion_token_ids) for turn in self.turns)
+
+    def last_assistant_text(self) -> str:
+        """Content of the last assistant message, "" when there is none."""
+        for turn in reversed(self.turns):
+            if turn.assistant_message is not None:
+                content = turn.assistant_message.get("content") or ""
+                return content if isinstance(content, str) else "".join(
+                    part.get("text", "") for part in content if isinstance(part, dict)
+                )
+        return ""
+
+    def fail(self, status: RolloutStatus, error: str) -> None:
+        """Move an ongoing rollout to a failure status, keeping its partial turns."""
+        self.status = self.status.transition(status)
+        self.error = error
+
+
+class RolloutGroup(_Record):
+    """The rollouts sampled for one task row; GRPO's advantage baseline is taken over it."""
+
+    group_id: str
+    task_name: str
+    example: dict[str, Any]
+    rollouts: list[Rollout]
+
+    @property
+    def min_policy_version(self) -> int:
+        """Oldest policy version that sampled any token of the group (staleness is measured from it)."""
+        versions = [v for rollout in self.rollouts for v in rollout.policy_versions]
+        return min(versions) if versions else 0

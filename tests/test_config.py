@@ -1,0 +1,72 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl.cli import main, parse_overrides
+from rl.config import ConfigError, load_config
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+def write(tmp_path, text: str) -> Path:
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_are_valid():
+    config = load_config()
+    assert config.algorithm.name == "grpo" and config.run.max_policy_staleness == 0
+
+
+def test_unknown_key_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"trainer\.lrr: Extra inputs are not permitted"):
+        load_config(write(tmp_path, "[trainer]\nlrr = 0.1\n"))
+
+
+def test_ill_typed_key_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"run\.steps"):
+        load_config(write(tmp_path, '[run]\nsteps = "many"\n'))
+
+
+def test_unknown_key_in_task_entry_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"tasks\.0\.env\.max_new_tokenz"):
+        load_config(write(tmp_path, '[[tasks]]\nname = "sum_digits"\n[tasks.env]\nmax_new_tokenz = 3\n'))
+
+
+def test_cli_overrides_are_typed_and_dotted(tmp_path):
+    config = load_config(
+        write(tmp_path, "[trainer]\nlr = 0.1\n[[tasks]]\nname = 'sum_digits'\n"),
+        parse_overrides(["--trainer.lr", "2e-5", "--run.steps=7", "--tasks.0.args.num_digits", "3", "--wandb.enabled", "false"]),
+    )
+    assert config.trainer.lr == 2e-5 and config.run.steps == 7
+    assert config.tasks[0].args == {"num_digits": 3} and config.wandb.enabled is False
+
+
+def test_override_of_missing_list_entry_fails(tmp_path):
+    with pytest.raises(ConfigError, match="tasks.3"):
+        load_config(write(tmp_path, "[[tasks]]\nname = 'sum_digits'\n"), {"tasks.3.weight": "2"})
+
+
+def test_cross_field_check(tmp_path):
+    with pytest.raises(ConfigError, match="seq_len"):
+        load_config(None, {"trainer.seq_len": "64", "tasks": "[{name='sum_digits', env={max_total_tokens=128}}]"})
+
+
+def test_validate_command_prints_resolved_config(capsys):
+    assert main(["validate", "--config", str(CONFIGS / "sum_digits_smollm2_cpu.toml"), "--run.steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "steps = 3" in out and "[trainer]" in out
+
+
+def test_validate_rejects_unknown_task_before_starting(capsys):
+    assert main(["validate", "--config", str(CONFIGS / "sum_digits_smollm2_cpu.toml"), "--tasks.0.name", "no_such_task"]) == 2
+    assert "unknown task 'no_such_task'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("config_file", sorted(CONFIGS.glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_configs_validate(config_file):
+    result = subprocess.run([sys.executable, "-m", "rl.cli", "validate", "--config", str(config_file)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,53 @@
+import asyncio
+
+import pytest
+
+from rl.buffer import RolloutBuffer, is_fresh
+from rl.data import RowStream
+from rollouts.types import Rollout, RolloutGroup, RolloutTurn
+
+
+def test_row_stream_is_deterministic_and_covers_each_epoch():
+    rows = {"a": [{"i": i} for i in range(5)], "b": [{"j": j} for j in range(3)]}
+    first = RowStream(rows, {"a": 1.0, "b": 1.0}, seed=7).take(40)
+    second = RowStream(rows, {"a": 1.0, "b": 1.0}, seed=7).take(40)
+    assert first == second
+    a_rows = [row["i"] for name, row in first if name == "a"]
+    assert sorted(a_rows[:5]) == [0, 1, 2, 3, 4]
+    assert RowStream(rows, {"a": 1.0, "b": 1.0}, seed=8).take(40) != first
+
+
+def test_row_stream_weights_zero_share():
+    rows = {"a": [{"i": 0}], "b": [{"j": 0}]}
+    stream = RowStream(rows, {"a": 1.0, "b": 1e-12}, seed=0)
+    assert {name for name, _ in stream.take(50)} == {"a"} and stream.cursor == 50
+
+
+def test_empty_split_rejected():
+    with pytest.raises(ValueError, match="empty"):
+        RowStream({"a": []}, {"a": 1.0}, seed=0)
+
+
+@pytest.mark.parametrize(
+    "group_version, trainer_version, budget, fresh",
+    [(5, 5, 0, True), (4, 5, 0, False), (4, 5, 1, True), (3, 5, 1, False), (3, 5, 2, True)],
+)
+def test_staleness_admission(group_version, trainer_version, budget, fresh):
+    assert is_fresh(group_version, trainer_version, budget) is fresh
+
+
+def group(version: int, name: str) -> RolloutGroup:
+    turn = RolloutTurn(prompt_messages=[], prompt_token_ids=[1], completion_token_ids=[2], policy_version=version)
+    return RolloutGroup(group_id=name, task_name="t", example={}, rollouts=[Rollout(rollout_id=f"{name}/0", group_id=name, task_name="t", sample_index=0, turns=[turn])])
+
+
+async def test_buffer_evicts_stale_groups_and_blocks_when_full():
+    buffer = RolloutBuffer(capacity=2, max_staleness=1)
+    await buffer.put(group(0, "old"))
+    await buffer.put(group(1, "ok1"))
+    blocked = asyncio.ensure_future(buffer.put(group(2, "ok2")))
+    await asyncio.sleep(0.01)
+    assert not blocked.done()
+    groups, evicted = await buffer.get(2, trainer_policy_version=2)
+    assert [g.group_id for g in groups] == ["ok1", "ok2"] and evicted == 1
+    await blocked

@@ -1,0 +1,99 @@
+"""Real torchstore round trip between two Monarch actor processes (no mocks).
+
+A writer actor pushes versioned state dicts through rl.weight_sync, a reader actor in another process
+pulls them; the launcher (this test) owns the store and checks exact equality, old-version deletion
+and that no child process survives ``stop()``.
+"""
+
+import asyncio
+import os
+import time
+
+import psutil
+import pytest
+import torch
+from monarch.actor import Actor, endpoint, this_host
+
+from rl import weight_sync
+
+
+def make_state_dict(policy_version: int) -> dict[str, torch.Tensor]:
+    """Small deterministic state dict: mixed dtypes (incl. bf16) and shapes, different per version."""
+    g = torch.Generator().manual_seed(policy_version)
+    return {
+        "embed.weight": torch.randn(16, 8, generator=g),
+        "layers.0.attn.q_proj.weight": torch.randn(8, 8, generator=g).to(torch.bfloat16),
+        "layers.0.norm.weight": torch.randn(8, generator=g),
+        "lm_head.bias": torch.arange(5, dtype=torch.int64) * policy_version,
+        "scalar": torch.tensor(float(policy_version)),
+    }
+
+
+class _Proc(Actor):
+    @endpoint
+    async def pid(self) -> int:
+        return os.getpid()
+
+
+class Writer(_Proc):
+    """Trainer stand-in: pushes a version to the store."""
+
+    @endpoint
+    async def push(self, policy_version: int) -> None:
+        await weight_sync.push_state_dict(make_state_dict(policy_version), policy_version)
+
+
+class Reader(_Proc):
+    """Generator stand-in: pulls a version (optionally into a template) and returns it."""
+
+    @endpoint
+    async def pull(self, policy_version: int, into_template: bool) -> dict[str, torch.Tensor]:
+        template = {k: torch.zeros_like(v) for k, v in make_state_dict(0).items()} if into_template else None
+        pulled = await weight_sync.pull_state_dict(policy_version, template=template)
+        if template is not None:
+            assert all(pulled[k] is template[k] for k in template), "template tensors were not reused"
+        return pulled
+
+
+def assert_exactly_equal(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert got.keys() == want.keys()
+    for k, w in want.items():
+        assert got[k].dtype == w.dtype and got[k].shape == w.shape, k
+        assert torch.equal(got[k], w), k
+
+
+async def test_push_pull_between_actor_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Monarch pickles actor classes by reference: spawned procs (which inherit the launcher's env)
+    # must be able to import this module by the name pytest gave it.
+    here = os.path.dirname(os.path.abspath(__file__))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    me = psutil.Process()
+    children_before = {p.pid for p in me.children(recursive=True)}
+
+    await weight_sync.initialize_store()
+    writer_procs = this_host().spawn_procs(per_host={"procs": 1})
+    reader_procs = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        writer = writer_procs.spawn("writer", Writer)
+        reader = reader_procs.spawn("reader", Reader)
+        pids = {os.getpid(), await writer.pid.call_one(), await reader.pid.call_one()}
+        assert len(pids) == 3, "writer, reader and launcher must be distinct processes"
+
+        await writer.push.call_one(1)
+        assert_exactly_equal(await reader.pull.call_one(1, False), make_state_dict(1))
+        assert await weight_sync.stored_versions() == [1]
+
+        await writer.push.call_one(2)  # keep_versions=1: v1 must be gone
+        assert await weight_sync.stored_versions() == [2]
+        assert not await weight_sync.ts.exists("policy/v1/MAPPING")
+        assert not any(k.startswith("policy/v1/") for k in await weight_sync.ts.keys())
+        assert_exactly_equal(await reader.pull.call_one(2, True), make_state_dict(2))
+        assert_exactly_equal(await weight_sync.pull_state_dict(2), make_state_dict(2))  # launcher too
+    finally:
+        await asyncio.gather(writer_procs.stop(), reader_procs.stop())
+        await weight_sync.shutdown_store()
+
+    deadline = time.monotonic() + 10
+    while (left := {p.pid for p in me.children(recursive=True)} - children_before) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not left, f"child processes survived stop(): {left}"
