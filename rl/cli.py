@@ -50,9 +50,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from rl.controller import Controller
 
+    controller = Controller(config)
     try:
-        summary = asyncio.run(Controller(config).run())
+        summary = asyncio.run(controller.run())
     except KeyboardInterrupt:
+        if controller.actor_failures:
+            print("rlmesh: an actor failed; run stopped:\n" + "\n".join(controller.actor_failures), file=sys.stderr)
+            return 1
         print("rlmesh: interrupted; actors stopped", file=sys.stderr)
         return 130
     print(json.dumps(summary, indent=2))

@@ -11,10 +11,13 @@ All run state that a resume needs (step, policy version, data cursor) lives in `
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import monarch.actor
 from monarch.actor import this_host
 from tqdm import tqdm
 
@@ -34,6 +37,16 @@ from rl.renderer import stop_token_ids
 from rollouts.runner import GroupSpec, collect_groups
 from rollouts.types import RolloutGroup, RolloutStatus
 from tasks.build import BuiltTask, build_task
+
+
+def fresh_run_dir(run_dir: Path) -> Path:
+    """`run_dir`, or `run_dir-1`, `run_dir-2`, ... if taken: a new run never appends to an old one."""
+    candidate, suffix = run_dir, 0
+    while candidate.exists() and any(candidate.iterdir()):
+        suffix += 1
+        candidate = run_dir.with_name(f"{run_dir.name}-{suffix}")
+    candidate.mkdir(parents=True, exist_ok=True)
+    return candidate
 
 
 @dataclass
@@ -86,9 +99,20 @@ class Controller:
         self.step_done = asyncio.Condition()
         self._replica = 0
         self._proc_meshes: list[Any] = []
+        self.actor_failures: list[str] = []
+
+    def _on_actor_failure(self, failure: Any) -> None:
+        """Monarch's hook for an actor that died: keep its report, then stop the run.
+
+        Monarch stops the launcher's main thread with a KeyboardInterrupt after this hook
+        raises; the CLI tells that apart from a user's Ctrl-C by `actor_failures`.
+        """
+        self.actor_failures.append(failure.report())
+        sys.exit(1)
 
     async def setup(self) -> None:
         """Start the store and spawn the actors, each kind on its own processes."""
+        monarch.actor.unhandled_fault_hook = self._on_actor_failure
         await weight_sync.initialize_store()
         trainer_procs = this_host().spawn_procs(per_host={"procs": 1})
         generator_procs = this_host().spawn_procs(per_host={"procs": self.config.generator.num_replicas})
@@ -206,8 +230,7 @@ class Controller:
     async def run(self) -> dict[str, Any]:
         """The whole run; returns the first and last validation metrics."""
         config = self.config
-        run_dir = config.run_dir
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = fresh_run_dir(config.run_dir)
         (run_dir / "config.toml").write_text(dump_toml(config))
         self.logger = MetricsLogger(config, run_dir)
         summary: dict[str, Any] = {"run_dir": str(run_dir)}

@@ -37,7 +37,7 @@ async def initialize_store() -> None:
 
 
 async def shutdown_store() -> None:
-    """Drop all stored data and metadata (launcher only); ``initialize_store()`` may be called again."""
+    """Drop all stored data and metadata (launcher only); ``initialize_store()`` may follow again."""
     await ts.shutdown()
 
 
@@ -46,12 +46,12 @@ async def stored_versions() -> list[int]:
 
     Filters ``keys()`` here: torchstore's prefix filter splits keys on "." and misses "/" prefixes.
     """
-    versions = {int(k[len(KEY_PREFIX) :].split("/", 1)[0]) for k in await ts.keys() if k.startswith(KEY_PREFIX)}
-    return sorted(versions)
+    keys = [k for k in await ts.keys() if k.startswith(KEY_PREFIX)]
+    return sorted({int(k[len(KEY_PREFIX) :].split("/", 1)[0]) for k in keys})
 
 
 async def _delete_version(policy_version: int) -> None:
-    """Delete every key of one version, ``MAPPING`` first so readers fail fast instead of half-reading."""
+    """Delete all keys of one version; ``MAPPING`` first so readers fail fast, not half-read."""
     prefix = policy_key(policy_version) + "/"
     await ts.delete(prefix + "MAPPING")
     keys = [k for k in await ts.keys() if k.startswith(prefix)]

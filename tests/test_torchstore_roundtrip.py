@@ -16,6 +16,9 @@ from monarch.actor import Actor, endpoint, this_host
 
 from rl import weight_sync
 
+# torchstore 0.1.2 calls monarch's deprecated is_rdma_available() on every transfer.
+pytestmark = pytest.mark.filterwarnings("ignore:is_rdma_available is deprecated:DeprecationWarning")
+
 
 def make_state_dict(policy_version: int) -> dict[str, torch.Tensor]:
     """Small deterministic state dict: mixed dtypes (incl. bf16) and shapes, different per version."""
@@ -48,7 +51,9 @@ class Reader(_Proc):
 
     @endpoint
     async def pull(self, policy_version: int, into_template: bool) -> dict[str, torch.Tensor]:
-        template = {k: torch.zeros_like(v) for k, v in make_state_dict(0).items()} if into_template else None
+        template = None
+        if into_template:
+            template = {k: torch.zeros_like(v) for k, v in make_state_dict(0).items()}
         pulled = await weight_sync.pull_state_dict(policy_version, template=template)
         if template is not None:
             assert all(pulled[k] is template[k] for k in template), "template tensors were not reused"
@@ -94,6 +99,8 @@ async def test_push_pull_between_actor_processes(monkeypatch: pytest.MonkeyPatch
         await weight_sync.shutdown_store()
 
     deadline = time.monotonic() + 10
-    while (left := {p.pid for p in me.children(recursive=True)} - children_before) and time.monotonic() < deadline:
+    while left := {p.pid for p in me.children(recursive=True)} - children_before:
+        if time.monotonic() > deadline:
+            break
         await asyncio.sleep(0.1)
     assert not left, f"child processes survived stop(): {left}"
