@@ -1,14 +1,15 @@
 """RewardActor: scores finished rollout groups in its own process, off the controller's loop.
 
 Reward functions may be slow (a judge model, a sandbox); running them here keeps the
-controller free to drive generation. At most `run.reward_concurrency` groups score at once.
+controller free to drive generation. Calls are served concurrently (a Monarch actor
+otherwise handles one message at a time); at most `run.reward_concurrency` groups score at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-from monarch.actor import Actor, endpoint
+from monarch.actor import Actor, concurrent_endpoint
 
 from rl.config import Config
 from rollouts.types import RolloutGroup
@@ -21,7 +22,7 @@ class RewardActor(Actor):
         self.rubrics = {task.name: task.rubric for task in map(build_task, config.tasks)}
         self.limit = asyncio.Semaphore(config.run.reward_concurrency)
 
-    @endpoint
+    @concurrent_endpoint
     async def score_group(self, group: RolloutGroup) -> RolloutGroup:
         """The group with `reward` / `reward_components` filled in on every rollout."""
         async with self.limit:

@@ -117,7 +117,11 @@ class PolicyTrainer(Actor):
     async def push_weights(self, policy_version: int) -> float:
         """Publish the current weights as `policy_version`; returns seconds spent."""
         start = time.perf_counter()
-        state_dict = {name: tensor.detach() for name, tensor in self.model.state_dict().items()}
+        generator_dtype = _DTYPES[self.config.generator.dtype]
+        state_dict = {  # sent in the generators' dtype: half the bytes when they run bf16
+            name: tensor.detach().to(generator_dtype) if tensor.is_floating_point() else tensor.detach()
+            for name, tensor in self.model.state_dict().items()
+        }
         await weight_sync.push_state_dict(state_dict, policy_version, keep_versions=2)
         self.policy_version = policy_version
         return time.perf_counter() - start

@@ -15,10 +15,10 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import monarch.actor
-from monarch.actor import this_host
+from monarch.actor import default_bootstrap_cmd, this_host
 from tqdm import tqdm
 
 from actors.generator import Generator
@@ -37,6 +37,22 @@ from rl.renderer import stop_token_ids
 from rollouts.runner import GroupSpec, collect_groups
 from rollouts.types import RolloutGroup, RolloutStatus
 from tasks.build import BuiltTask, build_task
+
+
+def gpu_placement(device: str, *, first_gpu: int, gpus_per_proc: int) -> Callable[[Any], Any] | None:
+    """Per-process `CUDA_VISIBLE_DEVICES` so each actor process owns its GPUs (None on CPU).
+
+    One host: the trainer takes GPU 0, generator replica i the `tensor_parallel_size` GPUs after it.
+    """
+    if device != "cuda":
+        return None
+
+    def command(point: Any) -> Any:
+        start = first_gpu + point.rank * gpus_per_proc
+        gpus = ",".join(str(gpu) for gpu in range(start, start + gpus_per_proc))
+        return default_bootstrap_cmd().with_env({"CUDA_VISIBLE_DEVICES": gpus})
+
+    return command
 
 
 def fresh_run_dir(run_dir: Path) -> Path:
@@ -100,6 +116,7 @@ class Controller:
         self._replica = 0
         self._proc_meshes: list[Any] = []
         self.actor_failures: list[str] = []
+        self._store_started = False
 
     def _on_actor_failure(self, failure: Any) -> None:
         """Monarch's hook for an actor that died: keep its report, then stop the run.
@@ -114,8 +131,15 @@ class Controller:
         """Start the store and spawn the actors, each kind on its own processes."""
         monarch.actor.unhandled_fault_hook = self._on_actor_failure
         await weight_sync.initialize_store()
-        trainer_procs = this_host().spawn_procs(per_host={"procs": 1})
-        generator_procs = this_host().spawn_procs(per_host={"procs": self.config.generator.num_replicas})
+        self._store_started = True
+        generator_config = self.config.generator
+        trainer_procs = this_host().spawn_procs(
+            per_host={"procs": 1}, bootstrap_command=gpu_placement(self.config.trainer.device, first_gpu=0, gpus_per_proc=1)
+        )
+        generator_procs = this_host().spawn_procs(
+            per_host={"procs": generator_config.num_replicas},
+            bootstrap_command=gpu_placement(generator_config.device, first_gpu=1, gpus_per_proc=generator_config.tensor_parallel_size),
+        )
         reward_procs = this_host().spawn_procs(per_host={"procs": 1})
         self._proc_meshes = [trainer_procs, generator_procs, reward_procs]
         self.trainer = trainer_procs.spawn("trainer", PolicyTrainer, self.config)
@@ -126,10 +150,13 @@ class Controller:
         )
 
     async def shutdown(self) -> None:
+        """Stop every actor process and the store; safe after a partial setup."""
         for procs in self._proc_meshes:
             await procs.stop()
         self._proc_meshes = []
-        await weight_sync.shutdown_store()
+        if self._store_started:
+            self._store_started = False
+            await weight_sync.shutdown_store()
 
     async def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[Any]:
         """Send a batch to the next generator replica (round-robin)."""
@@ -228,26 +255,30 @@ class Controller:
         return metrics
 
     async def run(self) -> dict[str, Any]:
-        """The whole run; returns the first and last validation metrics."""
+        """The whole run: start the actors, train, stop them (also on error or Ctrl-C)."""
+        try:
+            await self.setup()
+            return await self.train()
+        finally:
+            await self.shutdown()
+
+    async def train(self) -> dict[str, Any]:
+        """Validate, then `run.steps` optimizer steps; returns the first and last validation metrics."""
         config = self.config
         run_dir = fresh_run_dir(config.run_dir)
         (run_dir / "config.toml").write_text(dump_toml(config))
         self.logger = MetricsLogger(config, run_dir)
         summary: dict[str, Any] = {"run_dir": str(run_dir)}
-        producer = None
+        producer = asyncio.create_task(self.produce())
         try:
-            await self.setup()
             if config.run.eval_every > 0:
                 summary["eval_start"] = await self.validate()
                 self.logger.log({"step": 0, "policy_version": 0, **summary["eval_start"]})
-            producer = asyncio.create_task(self.produce())
             for _ in tqdm(range(config.run.steps), desc="train", unit="step", dynamic_ncols=True):
                 step_start = time.perf_counter()
-                wait_start = time.perf_counter()
                 groups, evicted = await self._next_batch(producer)
-                wait_seconds = time.perf_counter() - wait_start
                 self.logger.log_rollouts(self.state.step + 1, "train", groups)
-                metrics = self._rollout_metrics(groups, evicted, wait_seconds)
+                metrics = self._rollout_metrics(groups, evicted, wait_seconds=time.perf_counter() - step_start)
                 metrics.update(await self.train_step(groups))
                 async with self.step_done:
                     self.state.step += 1
@@ -261,10 +292,8 @@ class Controller:
                 metrics["time/step_s"] = time.perf_counter() - step_start
                 self.logger.log({"step": self.state.step, "policy_version": self.state.policy_version, **metrics})
         finally:
-            if producer is not None:
-                producer.cancel()
-                await asyncio.gather(producer, return_exceptions=True)
-            await self.shutdown()
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
             self.logger.close()
         return summary
 

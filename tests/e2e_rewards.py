@@ -1,0 +1,9 @@
+"""A reward for end-to-end tests that varies across a random-weight model's samples."""
+
+from rollouts.types import Rollout
+
+
+def even_token_share(rollout: Rollout, example: dict) -> float:
+    """Share of sampled tokens with an even id: differs between samples, so advantages are non-zero."""
+    tokens = [token for turn in rollout.turns for token in turn.completion_token_ids]
+    return sum(token % 2 == 0 for token in tokens) / max(1, len(tokens))
