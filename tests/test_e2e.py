@@ -41,7 +41,7 @@ async def trained(tmp_path_factory):
         after_trainer = await controller.trainer.logprobs.call_one(probe)
         after_generator = await controller.generators.slice(procs=0).prompt_logprobs.call_one(probe)
         generator_version = await controller.generators.slice(procs=0).version.call_one()
-        children = psutil.Process().children(recursive=True)
+        children = [p for p in psutil.Process().children(recursive=True) if "monarch" in " ".join(p.cmdline())]
     finally:
         await controller.shutdown()
     yield {
