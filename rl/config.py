@@ -204,10 +204,13 @@ def apply_override(data: dict[str, Any], dotted_key: str, value: Any) -> None:
 
 
 def _format_validation_error(error: ValidationError) -> str:
+    """One line per bad key: `  trainer.lrr: Extra inputs are not permitted (got 3)`."""
     lines = []
     for item in error.errors():
         key = ".".join(str(part) for part in item["loc"]) or "<config>"
-        lines.append(f"  {key}: {item['msg']}" + (f" (got {item['input']!r})" if item["type"] != "missing" and not isinstance(item.get("input"), dict) else ""))
+        value = item.get("input")
+        shown = "" if item["type"] == "missing" or isinstance(value, dict) else f" (got {value!r})"
+        lines.append(f"  {key}: {item['msg']}{shown}")
     return "invalid config:\n" + "\n".join(lines)
 
 
