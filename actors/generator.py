@@ -26,6 +26,7 @@ class Generator(Actor):
     def __init__(self, config: Config, stop_token_ids: list[int]):
         if config.generator.tensor_parallel_size == 1:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         if config.generator.device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.generator.cpu_kv_cache_gib))
         from vllm import LLM
