@@ -48,6 +48,8 @@ async def collect_groups(specs: list[GroupSpec], group_size: int, generate: Gene
         groups.append(RolloutGroup(group_id=spec.group_id, task_name=spec.task_name, example=spec.example, rollouts=rollouts))
         try:
             envs = spec.task.make_envs(spec.example, group_size)
+            if len(envs) != group_size:
+                raise ValueError(f"make_envs returned {len(envs)} environments for a group of {group_size}")
         except Exception as exc:
             for rollout in rollouts:
                 rollout.fail(RolloutStatus.ERROR, f"make_envs failed: {exc!r}")

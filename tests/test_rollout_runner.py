@@ -175,3 +175,15 @@ async def test_multi_turn_done_with_env_reward(renderer, tokenizer):
     [group] = await collect_groups([spec(RetryTask(), {}, renderer, RendererEnvConfig(max_turns=3))], 1, scripted_generator(tokenizer, "4"))
     rollout = group.rollouts[0]
     assert rollout.status is RolloutStatus.COMPLETED and rollout.turns[0].reward_components == {"solved": 1.0}
+
+
+class ShortTask(SumDigitsTask):
+    def make_envs(self, example, group_size):
+        return [self.make_env(example)]
+
+
+async def test_make_envs_with_the_wrong_count_fails_the_group(renderer, tokenizer):
+    task = ShortTask(num_digits=2, num_validation=4)
+    [group] = await collect_groups([spec(task, task.load_dataset("validation")[0], renderer, RendererEnvConfig())], 2, scripted_generator(tokenizer, "1"))
+    assert [r.status for r in group.rollouts] == [RolloutStatus.ERROR] * 2
+    assert "returned 1 environments for a group of 2" in group.rollouts[0].error

@@ -7,8 +7,9 @@ def grpo_advantages(rewards: torch.Tensor, *, normalize_std: bool = False, eps: 
     """Advantages of one group of completions of the same prompt: reward minus the group mean.
 
     With `normalize_std` the centred rewards are divided by (std + eps) as in the original GRPO; without it
-    this is Dr.GRPO, which drops the std because it up-weights near-uniform groups. The std is the population
-    std (unbiased=False) so a group of one is defined; a group with equal rewards gives exact zeros either way.
+    this is Dr.GRPO, which drops the std because it up-weights near-uniform groups. The std is the sample
+    std (Bessel-corrected, `torch.std`'s default), as in TRL's GRPOTrainer and verl, so the numbers match
+    theirs. A group of one or of equal rewards gets exact zeros.
     """
     # rewards: [G]
     if rewards.numel() == 0:
@@ -17,16 +18,6 @@ def grpo_advantages(rewards: torch.Tensor, *, normalize_std: bool = False, eps: 
     # 0.9 is not exactly 0.9, and dividing that rounding error by a ~0 std would blow it up.
     shifted = rewards.to(torch.float32) - rewards[0].to(torch.float32)  # [G]
     centered = shifted - shifted.mean()  # [G]
-    if normalize_std:
-        centered = centered / (shifted.std(correction=0) + eps)
+    if normalize_std and rewards.numel() > 1:
+        centered = centered / (shifted.std() + eps)
     return centered  # [G]
-
-
-def group_advantages(
-    groups: list[list[float]], *, normalize_std: bool = False, eps: float = 1e-6
-) -> list[list[float]]:
-    """`grpo_advantages` for each group of plain Python rewards, as rollout code holds them."""
-    return [
-        grpo_advantages(torch.tensor(group, dtype=torch.float32), normalize_std=normalize_std, eps=eps).tolist()
-        for group in groups
-    ]
