@@ -132,6 +132,8 @@ class RunConfig(Section):
     eval_groups: int | None = Field(None, ge=1)
     """Held-out rows per validation (None = the whole split), one sample each."""
     log_rollouts: bool = True
+    weight_sync_timeout_s: float = Field(600.0, gt=0)
+    """Longest a weight push or reload may take before the run stops with an error naming it."""
     reward_concurrency: int = Field(32, ge=1)
     """Most groups the RewardActor scores at once."""
 

@@ -248,8 +248,8 @@ class Controller:
 
         start = time.perf_counter()
         new_version = self.state.policy_version + 1
-        await self.trainer.push_weights.call_one(new_version)
-        await self.generators.update_weights.call(new_version)
+        await self._within(self.trainer.push_weights.call_one(new_version), "trainer weight push")
+        await self._within(self.generators.update_weights.call(new_version), "generator weight reload")
         self.state.policy_version = new_version
         metrics["time/weight_sync_s"] = time.perf_counter() - start
         return metrics
@@ -296,6 +296,16 @@ class Controller:
             await asyncio.gather(producer, return_exceptions=True)
             self.logger.close()
         return summary
+
+    async def _within(self, call: Any, what: str) -> Any:
+        """Await an actor call, failing loudly instead of hanging when it exceeds `run.weight_sync_timeout_s`."""
+        try:
+            return await asyncio.wait_for(call, self.config.run.weight_sync_timeout_s)
+        except asyncio.TimeoutError:
+            raise RuntimeError(
+                f"{what} took longer than run.weight_sync_timeout_s={self.config.run.weight_sync_timeout_s} s "
+                f"(policy version {self.state.policy_version + 1})"
+            ) from None
 
     async def _next_batch(self, producer: asyncio.Task) -> tuple[list[RolloutGroup], int]:
         """The next batch from the buffer; a crashed producer raises here instead of hanging the run."""
