@@ -7,6 +7,7 @@ it. Completions carry the policy version of the weights that produced them; afte
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from typing import Any
@@ -127,6 +128,9 @@ class Generator(Actor):
 
     @endpoint
     async def shutdown(self) -> None:
+        """Free the engine before the process is stopped, so teardown stays within Monarch's deadline."""
+        self.llm.llm_engine.engine_core.shutdown()
         del self.llm
+        gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import monarch.actor
+import monarch.config
 from monarch.actor import default_bootstrap_cmd, this_host
 from tqdm import tqdm
 
@@ -117,6 +118,7 @@ class Controller:
         self._proc_meshes: list[Any] = []
         self.actor_failures: list[str] = []
         self._store_started = False
+        self._shutting_down = False
 
     def _on_actor_failure(self, failure: Any) -> None:
         """Monarch's hook for an actor that died: keep its report, then stop the run.
@@ -124,12 +126,15 @@ class Controller:
         Monarch stops the launcher's main thread with a KeyboardInterrupt after this hook
         raises; the CLI tells that apart from a user's Ctrl-C by `actor_failures`.
         """
+        if self._shutting_down:
+            return  # a slow teardown (e.g. vLLM freeing its engine) is not a failure of the run
         self.actor_failures.append(failure.report())
         sys.exit(1)
 
     async def setup(self) -> None:
         """Start the store and spawn the actors, each kind on its own processes."""
         monarch.actor.unhandled_fault_hook = self._on_actor_failure
+        monarch.config.configure(cleanup_timeout="60s")
         await weight_sync.initialize_store()
         self._store_started = True
         generator_config = self.config.generator
@@ -151,6 +156,9 @@ class Controller:
 
     async def shutdown(self) -> None:
         """Stop every actor process and the store; safe after a partial setup."""
+        self._shutting_down = True
+        if self._proc_meshes:
+            await asyncio.gather(self.generators.shutdown.call(), return_exceptions=True)
         for procs in self._proc_meshes:
             await procs.stop()
         self._proc_meshes = []
