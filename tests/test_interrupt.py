@@ -29,7 +29,7 @@ def processes_with_marker(marker: str) -> list[psutil.Process]:
 
 def test_ctrl_c_stops_all_actor_processes(tmp_path):
     marker = uuid.uuid4().hex
-    env = {**os.environ, "RLMESH_TEST_MARKER": marker}
+    env = {**os.environ, "RLMESH_TEST_MARKER": marker, "PYTHONUNBUFFERED": "1"}
     launcher = subprocess.Popen(
         [sys.executable, "-m", "rl.cli", "train", "--config", str(REPO / "configs" / "tiny_qwen3_e2e.toml"),
          "--run.output_dir", str(tmp_path), "--run.steps", "50", "--wandb.enabled", "false"],
@@ -38,7 +38,7 @@ def test_ctrl_c_stops_all_actor_processes(tmp_path):
     output = []
     for line in launcher.stdout:
         output.append(line)
-        if line.lstrip().startswith("step    1 "):
+        if "step    1 v1" in line:
             break
     assert launcher.poll() is None, "".join(output[-30:])
     assert len(processes_with_marker(marker)) >= 4  # launcher + trainer + generator + reward (+ store)
