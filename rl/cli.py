@@ -50,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from rl.controller import Controller
 
-    controller = Controller(config)
+    try:
+        controller = Controller(config)
+    except (OSError, ValueError) as exc:
+        print(f"rlmesh: cannot set up the run: {exc}", file=sys.stderr)
+        return 2
     try:
         summary = asyncio.run(controller.run())
     except KeyboardInterrupt:

@@ -97,6 +97,7 @@ class RubricConfig(Section):
     reward_fns: list[RewardFnEntry] = Field(min_length=1)
     truncation_reward: float | None = None
     error_reward: float = 0.0
+    timeout_s: float = Field(60.0, gt=0)
 
 
 class TaskConfig(Section):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import threading
 import traceback
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
@@ -44,11 +45,16 @@ class Reward(BaseModel):
     total: float
     components: dict[str, float] = Field(default_factory=dict)
     error: str | None = None
-    """Set when a reward function raised or returned a non-number."""
+    """Set when a reward function raised, returned a non-number or timed out."""
+    timed_out: bool = False
 
 
 class RewardFunctionError(Exception):
-    """A reward function raised or returned something that is not a finite number."""
+    """A reward function raised, timed out, or returned something that is not a finite number."""
+
+    def __init__(self, message: str, *, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 class Rubric:
@@ -56,7 +62,8 @@ class Rubric:
 
     `truncation_reward`: reward of TRUNCATED / PROMPT_OVERFLOW rollouts without running the
     functions; None scores their partial response. `error_reward`: reward of ERROR / TIMEOUT /
-    ABORTED rollouts and of rollouts whose reward function failed.
+    ABORTED rollouts and of rollouts whose reward function failed. `timeout_s`: longest one
+    reward function may take on one rollout.
     """
 
     def __init__(
@@ -65,6 +72,7 @@ class Rubric:
         *,
         truncation_reward: float | None = None,
         error_reward: float = 0.0,
+        timeout_s: float = 60.0,
     ):
         if not reward_fns:
             raise ValueError("a Rubric needs at least one reward function")
@@ -78,6 +86,7 @@ class Rubric:
         self.weights = {reward_fn.key: reward_fn.weight / total_weight for reward_fn in reward_fns}
         self.truncation_reward = truncation_reward
         self.error_reward = error_reward
+        self.timeout_s = timeout_s
 
     async def score_group(self, rollouts: list[Rollout], example: dict[str, Any]) -> list[Reward]:
         """One `Reward` per rollout, in order; the group's functions run concurrently."""
@@ -93,17 +102,18 @@ class Rubric:
         try:
             values = await asyncio.gather(*(self._call(reward_fn, rollout, example) for reward_fn in self.reward_fns))
         except RewardFunctionError as exc:
-            return Reward(total=self.error_reward, error=str(exc))
+            return Reward(total=self.error_reward, error=str(exc), timed_out=exc.timed_out)
         components = {reward_fn.key: value for reward_fn, value in zip(self.reward_fns, values)}
         total = sum(self.weights[key] * value for key, value in components.items())
         return Reward(total=total, components=components)
 
-    @staticmethod
-    async def _call(reward_fn: RewardFn, rollout: Rollout, example: dict[str, Any]) -> float:
+    async def _call(self, reward_fn: RewardFn, rollout: Rollout, example: dict[str, Any]) -> float:
         try:
-            value = reward_fn.fn(rollout, example)
-            if inspect.isawaitable(value):
-                value = await value
+            value = await asyncio.wait_for(_call_off_loop(reward_fn.fn, rollout, example), self.timeout_s)
+        except asyncio.TimeoutError:
+            raise RewardFunctionError(
+                f"reward function {reward_fn.key!r} took longer than {self.timeout_s} s", timed_out=True
+            ) from None
         except Exception as exc:
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             raise RewardFunctionError(f"reward function {reward_fn.key!r} raised: {detail}") from exc
@@ -112,10 +122,44 @@ class Rubric:
         return float(value)
 
 
+def _settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> None:
+    """Complete a future from a worker thread's result, unless a timeout already cancelled it."""
+    if future.done():
+        return
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(value)
+
+
+async def _call_off_loop(fn: RewardFnType, rollout: Rollout, example: dict[str, Any]) -> Any:
+    """Await an async reward function; run a sync one in a daemon thread.
+
+    A sync function that blocks (a slow check, a hang) then neither stalls the other groups nor,
+    being a daemon, keeps the process alive after its timeout.
+    """
+    if inspect.iscoroutinefunction(fn):
+        return await fn(rollout, example)
+    loop = asyncio.get_running_loop()
+    result: asyncio.Future = loop.create_future()
+
+    def run() -> None:
+        try:
+            value = fn(rollout, example)
+        except BaseException as exc:
+            loop.call_soon_threadsafe(_settle, result, None, exc)
+        else:
+            loop.call_soon_threadsafe(_settle, result, value, None)
+
+    threading.Thread(target=run, name=f"reward:{getattr(fn, '__name__', 'fn')}", daemon=True).start()
+    value = await result
+    return await value if inspect.isawaitable(value) else value
+
+
 def apply_reward(rollout: Rollout, reward: Reward) -> None:
-    """Write a reward into its rollout; a failed reward function turns the rollout into ERROR."""
+    """Write a reward into its rollout; a failed reward function turns it into ERROR (TIMEOUT if it hung)."""
     rollout.reward = reward.total
     rollout.reward_components = dict(reward.components)
     if reward.error is not None and rollout.status.is_trainable():
-        rollout.status = RolloutStatus.ERROR
+        rollout.status = RolloutStatus.TIMEOUT if reward.timed_out else RolloutStatus.ERROR
         rollout.error = reward.error

@@ -16,7 +16,12 @@ def build_rubric(rubric_config: RubricConfig) -> Rubric:
         RewardFn(resolve(entry.fn, REWARD_FNS, "reward function"), weight=entry.weight, name=entry.name)
         for entry in rubric_config.reward_fns
     ]
-    return Rubric(reward_fns, truncation_reward=rubric_config.truncation_reward, error_reward=rubric_config.error_reward)
+    return Rubric(
+        reward_fns,
+        truncation_reward=rubric_config.truncation_reward,
+        error_reward=rubric_config.error_reward,
+        timeout_s=rubric_config.timeout_s,
+    )
 
 
 @dataclass

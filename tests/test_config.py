@@ -70,3 +70,11 @@ def test_validate_rejects_unknown_task_before_starting(capsys):
 def test_shipped_configs_validate(config_file):
     result = subprocess.run([sys.executable, "-m", "rl.cli", "validate", "--config", str(config_file)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path, capsys):
+    code = main(["train", "--config", str(CONFIGS / "tiny_qwen3_e2e.toml"), "--model.path", str(tmp_path / "no_model"),
+                 "--run.output_dir", str(tmp_path)])
+    assert code == 2
+    assert "cannot set up the run" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())

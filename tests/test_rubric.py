@@ -1,5 +1,7 @@
 import asyncio
 import math
+import threading
+import time
 
 import pytest
 
@@ -113,3 +115,43 @@ async def test_group_functions_run_concurrently():
 
     rewards = await Rubric([RewardFn(slow)]).score_group([make_rollout("x", index=i) for i in range(3)], {})
     assert sorted(started) == [0, 1, 2] and all(math.isclose(r.total, 1.0) for r in rewards)
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_hanging_reward_function_times_out_and_others_are_scored(kind):
+    never = threading.Event()
+
+    def sync_hang(rollout, example):
+        if rollout.sample_index == 0:
+            never.wait()  # blocks its daemon thread forever
+        return 1.0
+
+    async def async_hang(rollout, example):
+        if rollout.sample_index == 0:
+            await asyncio.sleep(3600)
+        return 1.0
+
+    rubric = Rubric([RewardFn(sync_hang if kind == "sync" else async_hang, name="judge")], error_reward=-1.0, timeout_s=0.2)
+    rollouts = [make_rollout("a", index=0), make_rollout("b", index=1)]
+    start = time.monotonic()
+    rewards = await rubric.score_group(rollouts, {})
+    assert time.monotonic() - start < 5
+    assert [reward.total for reward in rewards] == [-1.0, 1.0]
+    assert rewards[0].timed_out and "'judge' took longer than 0.2 s" in rewards[0].error
+    for rollout, reward in zip(rollouts, rewards):
+        apply_reward(rollout, reward)
+    assert [r.status for r in rollouts] == [RolloutStatus.TIMEOUT, RolloutStatus.COMPLETED]
+
+
+async def test_sync_reward_functions_run_off_the_event_loop():
+    release = threading.Event()
+
+    def waits_for_sibling(rollout, example):
+        if rollout.sample_index == 0:
+            assert release.wait(5)
+        else:
+            release.set()
+        return 1.0
+
+    rewards = await Rubric([RewardFn(waits_for_sibling)]).score_group([make_rollout("a", index=0), make_rollout("b", index=1)], {})
+    assert [reward.total for reward in rewards] == [1.0, 1.0]
