@@ -70,9 +70,6 @@ class PolicyTrainer(Actor):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, config.run.steps))
         self.policy_version = 0
 
-    def _to_device(self, batch: TensorDict) -> TensorDict:
-        return batch.to(self.device)
-
     @endpoint
     async def train_step(self, micro_batches: list[TensorDict]) -> dict[str, float]:
         """One optimizer step over all micro-batches; returns loss and diagnostics."""
@@ -82,7 +79,7 @@ class PolicyTrainer(Actor):
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, float] = {"loss": 0.0}
         for micro_batch in micro_batches:
-            micro_batch = self._to_device(micro_batch)
+            micro_batch = micro_batch.to(self.device)
             ref_logprobs = None
             if self.reference is not None:
                 with torch.no_grad():

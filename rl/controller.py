@@ -36,7 +36,7 @@ from rl.data import RowStream
 from rl.metrics import MetricsLogger
 from rl.renderer import stop_token_ids
 from rollouts.runner import GroupSpec, collect_groups
-from rollouts.types import RolloutGroup, RolloutStatus
+from rollouts.types import Rollout, RolloutGroup, RolloutStatus
 from tasks.build import BuiltTask, build_task
 
 
@@ -64,6 +64,14 @@ def fresh_run_dir(run_dir: Path) -> Path:
         candidate = run_dir.with_name(f"{run_dir.name}-{suffix}")
     candidate.mkdir(parents=True, exist_ok=True)
     return candidate
+
+
+def reward_means(rollouts: list[Rollout], prefix: str) -> dict[str, float]:
+    """`prefix/mean` of the rewards and `prefix/<fn>` of each reward component, over `rollouts`."""
+    metrics = {f"{prefix}/mean": sum(r.reward or 0.0 for r in rollouts) / len(rollouts)}
+    for key in sorted({key for r in rollouts for key in r.reward_components}):
+        metrics[f"{prefix}/{key}"] = sum(r.reward_components.get(key, 0.0) for r in rollouts) / len(rollouts)
+    return metrics
 
 
 @dataclass
@@ -225,11 +233,7 @@ class Controller:
             self.validation_rows, 1, self.config.generator.eval_sampling, tag=f"eval/step={self.state.step}"
         )
         self.logger.log_rollouts(self.state.step, "eval", groups)
-        rollouts = [rollout for group in groups for rollout in group.rollouts]
-        metrics = {"eval/reward/mean": sum(r.reward or 0.0 for r in rollouts) / len(rollouts)}
-        for key in sorted({key for r in rollouts for key in r.reward_components}):
-            metrics[f"eval/reward/{key}"] = sum(r.reward_components.get(key, 0.0) for r in rollouts) / len(rollouts)
-        return metrics
+        return reward_means([rollout for group in groups for rollout in group.rollouts], prefix="eval/reward")
 
     async def train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
         """Advantages → packed micro-batches → one optimizer step → weights to the generators."""
@@ -328,7 +332,6 @@ class Controller:
         rollouts = [rollout for group in groups for rollout in group.rollouts]
         stats = self.generation_stats.drain()
         metrics: dict[str, float] = {
-            "reward/mean": sum(r.reward or 0.0 for r in rollouts) / len(rollouts),
             "rollouts/evicted_stale_groups": evicted,
             "rollouts/completion_tokens_mean": sum(r.num_completion_tokens for r in rollouts) / len(rollouts),
             "rollouts/policy_lag_max": max(self.state.policy_version - group.min_policy_version for group in groups),
@@ -336,8 +339,7 @@ class Controller:
             "time/wait_for_rollouts_s": wait_seconds,
             "perf/generation_tokens_per_s": stats.completion_tokens / stats.seconds if stats.seconds else 0.0,
         }
-        for key in sorted({key for r in rollouts for key in r.reward_components}):
-            metrics[f"reward/{key}"] = sum(r.reward_components.get(key, 0.0) for r in rollouts) / len(rollouts)
+        metrics.update(reward_means(rollouts, prefix="reward"))
         for status in RolloutStatus:
             metrics[f"rollouts/status/{status.value}"] = sum(r.status is status for r in rollouts)
         return metrics
