@@ -13,15 +13,16 @@ import time
 from typing import Any
 
 import torch
-from monarch.actor import Actor, endpoint
+from monarch.actor import endpoint
 
 from env_types.renderer_env import Completion, GenerationRequest
 from rl import weight_sync
 from rl.assets import resolve_model_path
 from rl.config import Config, SamplingConfig
+from rl.metrics.actor import MetricsActor
 
 
-class Generator(Actor):
+class Generator(MetricsActor):
     """One vLLM engine serving one copy of the policy."""
 
     def __init__(self, config: Config, stop_token_ids: list[int]):

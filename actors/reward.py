@@ -9,15 +9,17 @@ from __future__ import annotations
 
 import asyncio
 
-from monarch.actor import Actor, concurrent_endpoint
+from monarch.actor import concurrent_endpoint
 
 from rl.config import Config
+from rl.metrics import timer
+from rl.metrics.actor import MetricsActor
 from rollouts.types import RolloutGroup
 from rubrics.rubric import apply_reward
 from tasks.build import build_task
 
 
-class RewardActor(Actor):
+class RewardActor(MetricsActor):
     def __init__(self, config: Config):
         self.rubrics = {task.name: task.rubric for task in map(build_task, config.tasks)}
         self.limit = asyncio.Semaphore(config.run.reward_concurrency)
@@ -26,7 +28,8 @@ class RewardActor(Actor):
     async def score_group(self, group: RolloutGroup) -> RolloutGroup:
         """The group with `reward` / `reward_components` filled in on every rollout."""
         async with self.limit:
-            rewards = await self.rubrics[group.task_name].score_group(group.rollouts, group.example)
+            with timer("reward"):  # summed over groups, which score concurrently
+                rewards = await self.rubrics[group.task_name].score_group(group.rollouts, group.example)
         for rollout, reward in zip(group.rollouts, rewards):
             apply_reward(rollout, reward)
         return group

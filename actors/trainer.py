@@ -12,7 +12,7 @@ import math
 import time
 
 import torch
-from monarch.actor import Actor, endpoint
+from monarch.actor import endpoint
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
@@ -21,6 +21,7 @@ from rl.algorithms.losses import grpo_loss
 from rl.assets import resolve_model_path
 from rl.batching import count_loss_tokens
 from rl.config import Config, TrainerConfig
+from rl.metrics.actor import MetricsActor
 from rl.logprobs import token_logprobs
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -49,7 +50,7 @@ def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
     return model.to(trainer_config.device)
 
 
-class PolicyTrainer(Actor):
+class PolicyTrainer(MetricsActor):
     """Owns the trainable policy (and the frozen reference when a KL term is configured)."""
 
     def __init__(self, config: Config):

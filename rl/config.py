@@ -118,6 +118,35 @@ class WandbConfig(Section):
     project: str = "rlmesh"
 
 
+class SampleFilters(Section):
+    """Which trained samples a step logs. All filters combine (AND), except that `reward_below` and
+    `reward_above` set together keep either tail (reward <= below OR reward >= above)."""
+
+    step: int = Field(1, ge=1)
+    """Log samples at every N-th step only."""
+    freq: float = Field(1.0, gt=0, le=1)
+    """Fraction of samples kept, drawn at random seeded by `run.seed` and the step."""
+    reward_below: float | None = None
+    """Keep samples with reward <= this."""
+    reward_above: float | None = None
+    """Keep samples with reward >= this."""
+    abs_advantage_above: float | None = Field(None, ge=0)
+    """Keep samples with |advantage| >= this (samples that were not trained have no advantage)."""
+    top_k: int | None = Field(1, ge=0)
+    """Of the samples left, keep the k with the highest reward (ties: lower episode id) ..."""
+    bottom_k: int | None = Field(1, ge=0)
+    """... and the k with the lowest. None switches one off; both None keep every sample left."""
+    predicate: str | None = None
+    """Import path `package.module:function` of `fn(sample: dict) -> bool`; False drops the sample."""
+
+
+class SampleLoggingConfig(Section):
+    """Sample-level logging (seed 000): trained samples to the console, a wandb table and samples.jsonl."""
+
+    enabled: bool = True
+    filters: SampleFilters = SampleFilters()
+
+
 class RunConfig(Section):
     name: str = "run"
     output_dir: str = "runs"
@@ -147,6 +176,7 @@ class Config(Section):
     tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)
     run: RunConfig = RunConfig()
     wandb: WandbConfig = WandbConfig()
+    sample_logging: SampleLoggingConfig = SampleLoggingConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Config:

@@ -20,7 +20,6 @@ from typing import Any, Callable
 import monarch.actor
 import monarch.config
 from monarch.actor import default_bootstrap_cmd, this_host
-from tqdm import tqdm
 
 from actors.generator import Generator
 from actors.reward import RewardActor
@@ -33,10 +32,13 @@ from rl.batching import pack_samples, split_micro_batches
 from rl.buffer import RolloutBuffer
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream
-from rl.metrics import MetricsLogger
+from rl.metrics import MetricsLogger, timer
+from rl.metrics.actor import gather_states
+from rl.metrics.samples import SampleLogger
+from rl.metrics.standard import reward_metrics, rollout_metrics
 from rl.renderer import stop_token_ids
 from rollouts.runner import GroupSpec, collect_groups
-from rollouts.types import Rollout, RolloutGroup, RolloutStatus
+from rollouts.types import RolloutGroup, RolloutStatus
 from tasks.build import BuiltTask, build_task
 
 
@@ -64,14 +66,6 @@ def fresh_run_dir(run_dir: Path) -> Path:
         candidate = run_dir.with_name(f"{run_dir.name}-{suffix}")
     candidate.mkdir(parents=True, exist_ok=True)
     return candidate
-
-
-def reward_means(rollouts: list[Rollout], prefix: str) -> dict[str, float]:
-    """`prefix/mean` of the rewards and `prefix/<fn>` of each reward component, over `rollouts`."""
-    metrics = {f"{prefix}/mean": sum(r.reward or 0.0 for r in rollouts) / len(rollouts)}
-    for key in sorted({key for r in rollouts for key in r.reward_components}):
-        metrics[f"{prefix}/{key}"] = sum(r.reward_components.get(key, 0.0) for r in rollouts) / len(rollouts)
-    return metrics
 
 
 @dataclass
@@ -235,7 +229,7 @@ class Controller:
         group_ids = [f"eval/step={self.state.step}/{index}" for index in range(len(self.validation_rows))]
         groups = await self.rollout_and_score(self.validation_rows, group_ids, 1, self.config.generator.eval_sampling)
         self.logger.log_rollouts(self.state.step, "eval", groups)
-        return reward_means([rollout for group in groups for rollout in group.rollouts], prefix="eval/reward")
+        return reward_metrics([rollout for group in groups for rollout in group.rollouts], prefix="eval/reward")
 
     async def train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
         """Advantages → packed micro-batches → one optimizer step → weights to the generators."""
@@ -255,17 +249,15 @@ class Controller:
             return metrics
         batch = pack_samples(samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id)  # [R, L]
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
-        start = time.perf_counter()
-        train_metrics = await self.trainer.train_step.call_one(micro_batches)
-        metrics["time/train_s"] = time.perf_counter() - start
+        with timer("train"):
+            train_metrics = await self.trainer.train_step.call_one(micro_batches)
         metrics.update({key if key == "loss" else f"train/{key}": value for key, value in train_metrics.items()})
 
-        start = time.perf_counter()
-        new_version = self.state.policy_version + 1
-        await self._within(self.trainer.push_weights.call_one(new_version), "trainer weight push")
-        await self._within(self.generators.update_weights.call(new_version), "generator weight reload")
-        self.state.policy_version = new_version
-        metrics["time/weight_sync_s"] = time.perf_counter() - start
+        with timer("weight_sync"):
+            new_version = self.state.policy_version + 1
+            await self._within(self.trainer.push_weights.call_one(new_version), "trainer weight push")
+            await self._within(self.generators.update_weights.call(new_version), "generator weight reload")
+            self.state.policy_version = new_version
         return metrics
 
     async def run(self) -> dict[str, Any]:
@@ -282,18 +274,21 @@ class Controller:
         run_dir = fresh_run_dir(config.run_dir)
         (run_dir / "config.toml").write_text(dump_toml(config))
         self.logger = MetricsLogger(config, run_dir)
+        sample_logger = SampleLogger(config, {name: task.task.target for name, task in self.tasks.items()})
         summary: dict[str, Any] = {"run_dir": str(run_dir)}
         producer = asyncio.create_task(self.produce())
         try:
             if config.run.eval_every > 0:
                 summary["eval_start"] = await self.validate()
-                self.logger.log({"step": 0, "policy_version": 0, **summary["eval_start"]})
-            for _ in tqdm(range(config.run.steps), desc="train", unit="step", dynamic_ncols=True):
+                self.logger.log_step(0, {"policy_version": 0, **summary["eval_start"]})
+            for _ in self.logger.progress(config.run.steps):
                 step_start = time.perf_counter()
                 groups, evicted = await self._next_batch(producer)
                 self.logger.log_rollouts(self.state.step + 1, "train", groups)
+                sample_logger.record(groups, self.state.step + 1)
                 metrics = self._rollout_metrics(groups, evicted, wait_seconds=time.perf_counter() - step_start)
                 metrics.update(await self.train_step(groups))
+                actor_states = await gather_states([self.trainer, self.generators, self.reward])
                 async with self.step_done:
                     self.state.step += 1
                     self.step_done.notify_all()
@@ -304,7 +299,7 @@ class Controller:
                     if is_last:
                         summary["eval_end"] = eval_metrics
                 metrics["time/step_s"] = time.perf_counter() - step_start
-                self.logger.log({"step": self.state.step, "policy_version": self.state.policy_version, **metrics})
+                self.logger.log_step(self.state.step, {"policy_version": self.state.policy_version, **metrics}, actor_states)
         finally:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
@@ -331,17 +326,12 @@ class Controller:
         return get.result()
 
     def _rollout_metrics(self, groups: list[RolloutGroup], evicted: int, wait_seconds: float) -> dict[str, float]:
-        rollouts = [rollout for group in groups for rollout in group.rollouts]
         stats = self.generation_stats.drain()
         metrics: dict[str, float] = {
             "rollouts/evicted_stale_groups": evicted,
-            "rollouts/completion_tokens_mean": sum(r.num_completion_tokens for r in rollouts) / len(rollouts),
-            "rollouts/policy_lag_max": max(self.state.policy_version - group.min_policy_version for group in groups),
             "time/generation_s": stats.seconds,
             "time/wait_for_rollouts_s": wait_seconds,
             "perf/generation_tokens_per_s": stats.completion_tokens / stats.seconds if stats.seconds else 0.0,
         }
-        metrics.update(reward_means(rollouts, prefix="reward"))
-        for status in RolloutStatus:
-            metrics[f"rollouts/status/{status.value}"] = sum(r.status is status for r in rollouts)
+        metrics.update(rollout_metrics(groups, self.state.policy_version, self.config.algorithm))
         return metrics

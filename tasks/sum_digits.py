@@ -80,6 +80,9 @@ class SumDigitsTask(Task):
             for number in numbers
         ]
 
+    def target(self, example: dict[str, Any]) -> str | None:
+        return str(example["answer"])
+
     def make_env(self, example: dict[str, Any]) -> MessageEnv:
         return SumDigitsEnv(example["prompt"], self.system_prompt)
 

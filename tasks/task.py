@@ -33,6 +33,10 @@ class Task(abc.ABC):
     def build_rubric(self) -> Rubric:
         """The task's default rubric; a config can replace it."""
 
+    def target(self, example: dict[str, Any]) -> str | None:
+        """The reference answer of a row as text, shown next to samples in logs; None if the task has none."""
+        return None
+
     def make_envs(self, example: dict[str, Any], group_size: int) -> list[MessageEnv]:
         """Environments for the `group_size` rollouts of a row; override to pool expensive ones.
 

@@ -43,17 +43,28 @@ def rollout_to_samples(rollout: Rollout, advantage: float) -> list[TrainSample]:
     return samples
 
 
-def group_to_samples(group: RolloutGroup, *, normalize_std: bool, drop_constant_reward: bool) -> list[TrainSample]:
-    """GRPO samples of a group: advantages over its trainable rollouts; [] if none is left to learn from.
+def rollout_advantages(group: RolloutGroup, *, normalize_std: bool, drop_constant_reward: bool) -> dict[str, float]:
+    """GRPO advantage of each trained rollout of a group, by `rollout_id`; {} if none is left to learn from.
 
     Errored, timed-out, aborted and prompt-overflow rollouts are left out of the baseline and
     the loss; a group needs two trainable rollouts for a baseline.
     """
     trainable = [rollout for rollout in group.rollouts if rollout.status.is_trainable() and rollout.reward is not None]
     if len(trainable) < 2:
-        return []
+        return {}
     rewards = torch.tensor([rollout.reward for rollout in trainable], dtype=torch.float64)
     if drop_constant_reward and bool((rewards == rewards[0]).all()):
-        return []
+        return {}
     advantages = grpo_advantages(rewards, normalize_std=normalize_std).tolist()
-    return [sample for rollout, advantage in zip(trainable, advantages) for sample in rollout_to_samples(rollout, advantage)]
+    return {rollout.rollout_id: advantage for rollout, advantage in zip(trainable, advantages)}
+
+
+def group_to_samples(group: RolloutGroup, *, normalize_std: bool, drop_constant_reward: bool) -> list[TrainSample]:
+    """GRPO samples of a group: its trained rollouts (see `rollout_advantages`) with their advantages."""
+    advantages = rollout_advantages(group, normalize_std=normalize_std, drop_constant_reward=drop_constant_reward)
+    return [
+        sample
+        for rollout in group.rollouts
+        if rollout.rollout_id in advantages
+        for sample in rollout_to_samples(rollout, advantages[rollout.rollout_id])
+    ]

@@ -1,0 +1,78 @@
+"""A run's logging front: reduces each step's metrics once and fans them out to the backends.
+
+A step's numbers come from two places: the plain dict the controller built (values it measured
+itself) and the `record_metric` accumulators of every process, gathered and merged exactly. A
+backend that raises (disk full, a wandb error) is switched off with one warning; the run goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterable
+
+from tqdm import tqdm
+
+from rl.config import Config
+from rl.metrics.backends import Backend, ConsoleBackend, JsonlBackend, WandbBackend
+from rl.metrics.reduce import State, drain_states, reduce_states
+from rollouts.types import RolloutGroup
+
+
+class MetricsLogger:
+    def __init__(self, config: Config, run_dir: Path, backends: list[Backend] | None = None):
+        self.run_dir = run_dir
+        self.console = ConsoleBackend()
+        if backends is None:
+            backends = [self.console, JsonlBackend(run_dir / "metrics.jsonl", run_dir / "samples.jsonl")]
+            if config.wandb.enabled and config.wandb.mode != "disabled":
+                backends.append(WandbBackend(config, run_dir))
+        self.backends = backends
+        self.rollouts_file = open(run_dir / "rollouts.jsonl", "a") if config.run.log_rollouts else None
+
+    def progress(self, steps: int) -> Iterable[int]:
+        """The training steps behind a live bar (ETA, and the last step's key metrics as its postfix)."""
+        bar = tqdm(range(steps), desc="train", unit="step", dynamic_ncols=True)
+        self.console.bar = bar
+        return bar
+
+    def log_step(self, step: int, metrics: dict[str, Any], actor_states: list[dict[str, State]] = ()) -> dict[str, Any]:
+        """Merge `metrics` with everything recorded in this process and in `actor_states`; log; return the merged dict."""
+        recorded, samples = reduce_states([drain_states(), *actor_states])
+        clash = sorted(recorded.keys() & metrics.keys())
+        if clash:
+            raise ValueError(f"metrics {clash} were both recorded with record_metric and set in the step's dict")
+        merged = {**metrics, **recorded}
+        if samples:
+            self._fan_out("log_samples", samples, step)
+        self._fan_out("log", merged, step)
+        return merged
+
+    def _fan_out(self, method: str, payload: dict[str, Any], step: int) -> None:
+        for backend in list(self.backends):
+            try:
+                getattr(backend, method)(payload, step)
+            except Exception as exc:  # a logging failure must not end a training run
+                self.backends.remove(backend)
+                tqdm.write(f"rlmesh: warning: {backend.name} logging failed and is off for the rest of the run: {exc!r}", file=sys.stderr)
+
+    def log_rollouts(self, step: int, kind: str, groups: list[RolloutGroup]) -> None:
+        if self.rollouts_file is None:
+            return
+        for group in groups:
+            for rollout in group.rollouts:
+                record = {"step": step, "kind": kind, "example": group.example, "rollout": rollout.model_dump(mode="json")}
+                self.rollouts_file.write(json.dumps(record) + "\n")
+        self.rollouts_file.flush()
+
+    def close(self) -> None:
+        if self.console.bar is not None:
+            self.console.bar.close()
+        for backend in self.backends:
+            try:
+                backend.close()
+            except Exception as exc:
+                tqdm.write(f"rlmesh: warning: closing {backend.name} logging failed: {exc!r}", file=sys.stderr)
+        if self.rollouts_file is not None:
+            self.rollouts_file.close()

@@ -1,0 +1,125 @@
+"""Sample-level logging (seed 000): one flat dict per trained rollout, filtered, recorded as Reduce.SAMPLE.
+
+Samples are built when their batch is trained, so the advantage is known and they are logged
+under the step that trained them (wandb steps only increase). Filters (`[sample_logging.filters]`)
+pick which ones reach the backends; the defaults keep the best and the worst sample of each step.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any, Callable
+
+from rl.algorithms.grpo import rollout_advantages
+from rl.config import Config, SampleFilters
+from rl.metrics.reduce import Reduce, record_metric
+from rl.registry import import_object
+from rollouts.types import Message, Rollout, RolloutGroup
+
+SAMPLES_KEY = "reward/samples"
+
+
+def message_text(message: Message) -> str:
+    content = message.get("content") or ""
+    return content if isinstance(content, str) else "".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
+def sample_record(rollout: Rollout, *, episode_id: int, target: str | None, advantage: float | None) -> dict[str, Any]:
+    """The seed's fields for one rollout, plus its task, status, id and reward components (`reward/<fn>`).
+
+    prompt: the first turn's messages as `role: text` lines; response: every assistant reply (and, in
+    multi-turn rollouts, the environment's messages between them as `role: text`); lengths in tokens,
+    request_len of the first prompt, response_len of all sampled tokens; policy_version of the oldest
+    sampled token. `ref_logprobs` is None: reference logprobs never leave the trainer per sample.
+    """
+    first = rollout.turns[0] if rollout.turns else None
+    response: list[str] = []
+    for turn in rollout.turns:
+        if turn.assistant_message is not None:
+            response.append(message_text(turn.assistant_message))
+        response.extend(f"{m['role']}: {message_text(m)}" for m in turn.env_messages)
+    return {
+        "episode_id": episode_id,
+        "policy_version": min(rollout.policy_versions) if rollout.turns else None,
+        "task": rollout.task_name,
+        "prompt": "\n".join(f"{m['role']}: {message_text(m)}" for m in first.prompt_messages) if first else "",
+        "response": "\n".join(response),
+        "target": target,
+        "reward": rollout.reward,
+        "advantage": advantage,
+        "request_len": len(first.prompt_token_ids) if first else 0,
+        "response_len": rollout.num_completion_tokens,
+        "ref_logprobs": None,
+        "status": rollout.status.value,
+        "rollout_id": rollout.rollout_id,
+        **{f"reward/{name}": value for name, value in sorted(rollout.reward_components.items())},
+    }
+
+
+class SampleFilter:
+    """`[sample_logging.filters]` applied to one step's samples, in order: the step gate, the per-sample
+    tests (reward tails, |advantage|, the custom predicate), seeded `freq` subsampling, then top/bottom-k."""
+
+    def __init__(self, filters: SampleFilters, seed: int):
+        self.filters = filters
+        self.seed = seed
+        self.predicate: Callable[[dict[str, Any]], bool] | None = import_object(filters.predicate) if filters.predicate else None
+
+    def wants_step(self, step: int) -> bool:
+        return step % self.filters.step == 0
+
+    def passes(self, sample: dict[str, Any]) -> bool:
+        f, reward, advantage = self.filters, sample["reward"], sample["advantage"]
+        tails = [(f.reward_below, lambda bound: reward <= bound), (f.reward_above, lambda bound: reward >= bound)]
+        tests = [test(bound) for bound, test in tails if bound is not None]
+        if tests and (reward is None or not any(tests)):
+            return False
+        if f.abs_advantage_above is not None and (advantage is None or abs(advantage) < f.abs_advantage_above):
+            return False
+        return self.predicate is None or bool(self.predicate(sample))
+
+    def select(self, samples: list[dict[str, Any]], step: int) -> list[dict[str, Any]]:
+        """The samples of `step` to log, in episode order."""
+        f = self.filters
+        if not self.wants_step(step):
+            return []
+        kept = [sample for sample in samples if self.passes(sample)]
+        if f.freq < 1:
+            rng = random.Random(f"{self.seed}/{step}")
+            kept = [sample for sample in kept if rng.random() < f.freq]
+        if f.top_k is None and f.bottom_k is None:
+            return kept
+        ranked = [sample for sample in kept if sample["reward"] is not None]
+        chosen: set[int] = set()
+        if f.top_k is not None:
+            chosen.update(s["episode_id"] for s in sorted(ranked, key=lambda s: (-s["reward"], s["episode_id"]))[: f.top_k])
+        if f.bottom_k is not None:
+            chosen.update(s["episode_id"] for s in sorted(ranked, key=lambda s: (s["reward"], s["episode_id"]))[: f.bottom_k])
+        return [sample for sample in ranked if sample["episode_id"] in chosen]
+
+
+class SampleLogger:
+    """Builds, filters and records (Reduce.SAMPLE, key `reward/samples`) the samples of each trained batch."""
+
+    def __init__(self, config: Config, targets: dict[str, Callable[[dict[str, Any]], str | None]]):
+        self.config = config
+        self.targets = targets
+        self.filter = SampleFilter(config.sample_logging.filters, seed=config.run.seed)
+
+    def record(self, groups: list[RolloutGroup], step: int) -> None:
+        """Record the chosen samples of the batch trained at `step` (episode ids count trained rollouts from 0)."""
+        if not self.config.sample_logging.enabled or not self.filter.wants_step(step):
+            return
+        algorithm = self.config.algorithm
+        episode_id = (step - 1) * self.config.run.groups_per_step * algorithm.group_size
+        samples = []
+        for group in groups:
+            advantages = rollout_advantages(
+                group, normalize_std=algorithm.normalize_advantage_std, drop_constant_reward=algorithm.drop_constant_reward_groups
+            )
+            target = self.targets[group.task_name](group.example)
+            for rollout in group.rollouts:
+                samples.append(sample_record(rollout, episode_id=episode_id, target=target, advantage=advantages.get(rollout.rollout_id)))
+                episode_id += 1
+        for sample in self.filter.select(samples, step):
+            record_metric(SAMPLES_KEY, sample, Reduce.SAMPLE)
