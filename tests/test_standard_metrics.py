@@ -1,0 +1,51 @@
+"""The standard per-batch metric set against hand-computed values (two tasks, a failure, a truncation)."""
+
+import math
+
+import pytest
+
+from rl.config import AlgorithmConfig
+from rl.metrics.standard import reward_metrics, rollout_metrics
+from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
+
+
+def rollout(task, index, reward, tokens, status=RolloutStatus.COMPLETED, version=0, components=None):
+    turn = RolloutTurn(prompt_messages=[], prompt_token_ids=[1], completion_token_ids=[2] * tokens, completion_logprobs=[0.0] * tokens, policy_version=version)
+    return Rollout(rollout_id=f"{task}/{index}", group_id=task, task_name=task, sample_index=index, turns=[turn], status=status,
+                   reward=reward, reward_components=components or {})
+
+
+GROUPS = [
+    RolloutGroup(group_id="a", task_name="a", example={}, rollouts=[
+        rollout("a", 0, 1.0, 4, components={"correct": 1.0}, version=1),
+        rollout("a", 1, 0.0, 8, status=RolloutStatus.TRUNCATED, components={"correct": 0.0}, version=1),
+    ]),
+    RolloutGroup(group_id="b", task_name="b", example={}, rollouts=[
+        rollout("b", 0, 0.5, 2, version=2), rollout("b", 1, 0.0, 6, version=2),
+        rollout("b", 2, None, 0, status=RolloutStatus.ERROR, version=2),
+    ]),
+]
+
+
+def test_reward_metrics_overall_and_per_task():
+    rollouts = [r for group in GROUPS for r in group.rollouts]
+    assert reward_metrics(rollouts, "eval/reward") == {
+        "eval/reward/mean": 1.5 / 5, "eval/reward/correct": 1.0 / 5,
+        "eval/reward/a/mean": 0.5, "eval/reward/a/correct": 0.5, "eval/reward/b/mean": 0.5 / 3,
+    }
+
+
+def test_rollout_metrics_by_hand():
+    metrics = rollout_metrics(GROUPS, policy_version=3, algorithm=AlgorithmConfig())
+    rewards = [1.0, 0.0, 0.5, 0.0, 0.0]
+    assert metrics["reward/std"] == pytest.approx(math.sqrt(sum((r - 0.3) ** 2 for r in rewards) / 5))
+    assert metrics["rollouts/completion_tokens_mean"] == 20 / 5 and metrics["rollouts/completion_tokens_max"] == 8
+    assert metrics["rollouts/a/completion_tokens_mean"] == 6 and metrics["rollouts/b/completion_tokens_mean"] == 8 / 3
+    assert metrics["rollouts/truncation_rate"] == 1 / 5 and metrics["rollouts/a/truncation_rate"] == 0.5
+    assert metrics["rollouts/b/truncation_rate"] == 0.0
+    assert metrics["rollouts/status/completed"] == 3 and metrics["rollouts/status/error"] == 1
+    assert metrics["rollouts/status/truncated"] == 1 and metrics["rollouts/status/timeout"] == 0
+    # advantages: group a [0.5, -0.5], group b (error left out) [0.25, -0.25]
+    assert metrics["advantage/abs_mean"] == 0.375 and metrics["advantage/min"] == -0.5 and metrics["advantage/max"] == 0.5
+    assert metrics["advantage/std"] == pytest.approx(math.sqrt((0.25 + 0.25 + 0.0625 + 0.0625) / 4))
+    assert metrics["rollouts/policy_lag_max"] == 2 and metrics["rollouts/policy_lag_mean"] == 1.5
