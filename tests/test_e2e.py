@@ -3,6 +3,8 @@
 One controller run is shared by every test in this module: it is the expensive part.
 """
 
+import contextlib
+import io
 import json
 from pathlib import Path
 
@@ -12,11 +14,21 @@ import pytest_asyncio
 
 from rl.config import load_config
 from rl.controller import Controller
+from tests.wandb_records import history
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
 REPO = Path(__file__).resolve().parent.parent
 FIXED_COMPLETION = "The digits of 47 sum to 11."
+SAMPLE_FILTERS = {  # trained samples only, then the 2 best and the worst of each step
+    "sample_logging.filters.abs_advantage_above": "0.0",
+    "sample_logging.filters.top_k": "2",
+    "sample_logging.filters.bottom_k": "1",
+}
+SAMPLE_COLUMNS = [
+    "episode_id", "policy_version", "task", "prompt", "response", "target", "reward", "advantage", "request_len",
+    "response_len", "ref_logprobs", "status", "rollout_id", "reward/even_token_share",
+]
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -27,6 +39,7 @@ async def trained(tmp_path_factory):
         {
             "run.output_dir": str(run_root),
             "tasks.0.rubric.reward_fns": "[{fn = 'tests.e2e_rewards:even_token_share'}]",
+            **SAMPLE_FILTERS,
         },
     )
     controller = Controller(config)
@@ -37,7 +50,9 @@ async def trained(tmp_path_factory):
     )
     before = await controller.trainer.logprobs.call_one(probe)
     try:
-        summary = await controller.train()
+        console = io.StringIO()
+        with contextlib.redirect_stdout(console):
+            summary = await controller.train()
         after_trainer = await controller.trainer.logprobs.call_one(probe)
         after_generator = await controller.generators.slice(procs=0).prompt_logprobs.call_one(probe)
         generator_version = await controller.generators.slice(procs=0).version.call_one()
@@ -53,6 +68,7 @@ async def trained(tmp_path_factory):
         "after_generator": after_generator,
         "generator_version": generator_version,
         "children": children,
+        "console": console.getvalue(),
     }
 
 
@@ -88,3 +104,55 @@ async def test_rollouts_config_and_wandb_files_are_written(trained):
 async def test_no_actor_process_outlives_the_run(trained):
     assert trained["children"], "actors should run in child processes"
     assert not [p for p in trained["children"] if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+async def test_records_from_actor_processes_and_the_standard_set_reach_metrics(trained):
+    records = [json.loads(line) for line in (trained["run_dir"] / "metrics.jsonl").read_text().splitlines()]
+    for record in records[1:]:
+        assert record["time/reward_s"] > 0  # recorded inside the RewardActor's process
+        for key in ("reward/sum_digits/mean", "reward/even_token_share", "rollouts/truncation_rate", "advantage/abs_mean",
+                    "rollouts/policy_lag_mean", "rollouts/status/completed"):
+            assert key in record, key
+
+
+def expected_samples(run_dir: Path) -> dict[int, list[str]]:
+    """Rollout ids the filters allow per step, from rollouts.jsonl: trained rollouts (a trainable status in a
+    group with two or more of them), then the 2 highest and the lowest reward, ties to the earlier rollout."""
+    rollouts = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    expected = {}
+    for step in (1, 2):
+        batch = [r["rollout"] for r in rollouts if r["kind"] == "train" and r["step"] == step]
+        trainable = [r for r in batch if r["status"] in ("completed", "truncated") and r["reward"] is not None]
+        trained = [r for r in trainable if sum(o["group_id"] == r["group_id"] for o in trainable) >= 2]
+        order = {r["rollout_id"]: index for index, r in enumerate(batch)}
+        best = sorted(trained, key=lambda r: (-r["reward"], order[r["rollout_id"]]))[:2]
+        worst = sorted(trained, key=lambda r: (r["reward"], order[r["rollout_id"]]))[:1]
+        expected[step] = sorted({r["rollout_id"] for r in best + worst}, key=order.get)
+    return expected
+
+
+async def test_samples_file_holds_exactly_what_the_filters_allow(trained):
+    samples = [json.loads(line) for line in (trained["run_dir"] / "samples.jsonl").read_text().splitlines()]
+    logged = {step: [s["rollout_id"] for s in samples if s["step"] == step] for step in (1, 2)}
+    assert logged == expected_samples(trained["run_dir"])
+    assert {s["step"] for s in samples} == {1, 2} and all(s["key"] == "reward/samples" for s in samples)
+    assert all(list(s)[2:] == SAMPLE_COLUMNS and s["target"] is not None and s["advantage"] is not None for s in samples)
+    assert {s["policy_version"] for s in samples if s["step"] == 2} == {1}
+
+
+async def test_console_shows_the_sample_logs_of_each_step(trained):
+    console = trained["console"]
+    for step in (1, 2):
+        assert f"=== SAMPLE LOGS STEP {step} ===" in console
+    for field in ("'episode_id':", "'prompt':", "'response':", "'target':", "'reward':", "'advantage':"):
+        assert field in console, field
+
+
+async def test_offline_wandb_run_holds_a_samples_table_per_step(trained):
+    [wandb_file] = (trained["run_dir"] / "wandb").glob("offline-run-*/run-*.wandb")
+    tables = {row["_step"]: row["reward/samples"] for row in history(wandb_file) if "reward/samples" in row}
+    assert sorted(tables) == [1, 2]
+    for step, table_ref in tables.items():
+        assert table_ref["_type"] == "table-file"
+        table = json.loads((wandb_file.parent / "files" / table_ref["path"]).read_text())
+        assert table["columns"] == SAMPLE_COLUMNS and len(table["data"]) == table_ref["nrows"] == 3

@@ -148,3 +148,21 @@ def test_a_failing_backend_warns_once_and_the_others_go_on(tmp_path, config, cap
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "jsonl logging failed" in warnings[0] and "No space left on device" in warnings[0]
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_wandb_backend_logs_scalars_and_a_samples_table_per_step(tmp_path):
+    from rl.metrics.backends import WandbBackend
+    from tests.wandb_records import history
+
+    config = load_config(CONFIGS / "tiny_qwen3_e2e.toml", {"wandb.mode": "offline"})
+    backend = WandbBackend(config, tmp_path)
+    backend.log_samples({"reward/samples": [{"episode_id": 0, "target": None, "reward": 1.0}, {"episode_id": 1, "target": "3", "reward": 0.5}]}, 1)
+    backend.log({"loss": 0.5}, 1)
+    backend.close()
+    [wandb_file] = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    rows = history(wandb_file)
+    assert [row.get("_step") for row in rows] == [1]
+    [row] = rows
+    assert row["loss"] == 0.5 and row["reward/samples"]["_type"] == "table-file"
+    table = json.loads((wandb_file.parent / "files" / row["reward/samples"]["path"]).read_text())
+    assert table["columns"] == ["episode_id", "target", "reward"] and table["data"] == [[0, None, 1.0], [1, "3", 0.5]]
