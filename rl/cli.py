@@ -1,4 +1,4 @@
-"""`rlmesh train --config FILE [--section.key value ...]` and `rlmesh validate --config FILE ...`."""
+"""`rlmesh train --config FILE [--section.key value ...]`, `rlmesh validate --config FILE ...`, `rlmesh report RUN_DIR`."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 
 from rl.config import ConfigError, dump_toml, load_config
 from tasks.build import build_task
@@ -36,7 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     for name, help_text in (("train", "run training"), ("validate", "print the resolved config and start nothing")):
         command = commands.add_parser(name, help=help_text)
         command.add_argument("--config", help="TOML config file (defaults apply to anything it leaves out)")
+    report = commands.add_parser("report", help="plots and an HTML page of a run (finished or running)")
+    report.add_argument("run_dir", help="the run directory, e.g. runs/sum_digits_smollm2_cpu")
     args, extra = parser.parse_known_args(argv)
+    if args.command == "report":
+        from rl.report import report_command
+
+        return report_command(Path(args.run_dir))
     try:
         config = load_config(args.config, parse_overrides(extra))
         for task_config in config.tasks:
