@@ -34,6 +34,7 @@ from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream
 from rl.metrics import MetricsLogger, timer
 from rl.metrics.actor import gather_states
+from rl.metrics.run_log import RunLog
 from rl.metrics.samples import SampleLogger
 from rl.metrics.standard import reward_metrics, rollout_metrics
 from rl.renderer import stop_token_ids
@@ -121,6 +122,7 @@ class Controller:
         self.actor_failures: list[str] = []
         self._store_started = False
         self._shutting_down = False
+        self.run_log: RunLog | None = None
 
     def _on_actor_failure(self, failure: Any) -> None:
         """Monarch's hook for an actor that died: keep its report, then stop the run.
@@ -137,6 +139,7 @@ class Controller:
         """Start the store and spawn the actors, each kind on its own processes."""
         monarch.actor.unhandled_fault_hook = self._on_actor_failure
         monarch.config.configure(cleanup_timeout="60s")
+        self.run_log = RunLog(self.config.run.output_dir)
         await weight_sync.initialize_store()
         self._store_started = True
         generator_config = self.config.generator
@@ -167,6 +170,8 @@ class Controller:
         if self._store_started:
             self._store_started = False
             await weight_sync.shutdown_store()
+        if self.run_log is not None:
+            self.run_log.close()
 
     async def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[Any]:
         """Send a batch to the next generator replica (round-robin)."""
@@ -272,6 +277,8 @@ class Controller:
         """Validate, then `run.steps` optimizer steps; returns the first and last validation metrics."""
         config = self.config
         run_dir = fresh_run_dir(config.run_dir)
+        if self.run_log is not None:
+            self.run_log.move_into(run_dir)
         (run_dir / "config.toml").write_text(dump_toml(config))
         self.logger = MetricsLogger(config, run_dir)
         sample_logger = SampleLogger(config, {name: task.task.target for name, task in self.tasks.items()})

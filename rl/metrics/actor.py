@@ -8,6 +8,9 @@ from typing import Any
 from monarch.actor import Actor, endpoint
 
 from rl.metrics.reduce import State, drain_states
+from rl.metrics.run_log import redirect_actor_process
+
+redirect_actor_process()  # every actor module imports this one before its heavy dependencies
 
 
 class MetricsActor(Actor):
