@@ -33,7 +33,8 @@ def short_name(key: str) -> str:
 
 
 class ConsoleBackend:
-    """A line per step and the progress bar's postfix; samples pretty-printed under a step header.
+    """A line per step and the progress bar's postfix (the latest value of each key metric, so the
+    held-out reward stays shown between validations); samples pretty-printed under a step header.
 
     Everything goes through `tqdm.write`, so the live bar stays at the bottom of the terminal.
     """
@@ -42,13 +43,15 @@ class ConsoleBackend:
 
     def __init__(self) -> None:
         self.bar: tqdm | None = None
+        self.latest: dict[str, str] = {}
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         shown = {key: metrics[key] for key in CONSOLE_KEYS if key in metrics}
         text = " ".join(f"{key}={value:.4g}" for key, value in shown.items())
         tqdm.write(f"step {step:>4} v{int(metrics.get('policy_version', 0))} {text}")
         if self.bar is not None:
-            self.bar.set_postfix({short_name(key): f"{value:.3g}" for key, value in shown.items()}, refresh=True)
+            self.latest.update({short_name(key): f"{value:.3g}" for key, value in shown.items()})
+            self.bar.set_postfix(self.latest, refresh=True)
 
     def log_samples(self, samples: dict[str, list[dict[str, Any]]], step: int) -> None:
         lines = [f"=== SAMPLE LOGS STEP {step} ==="]
