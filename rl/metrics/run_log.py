@@ -31,7 +31,8 @@ class RunLog:
         fd, name = tempfile.mkstemp(prefix=".rlmesh-", suffix=".log", dir=output_dir)
         os.chmod(name, 0o644)
         self.path = Path(name)
-        self.file: TextIO = os.fdopen(fd, "a", buffering=1)
+        os.close(fd)
+        self.file: TextIO = open(name, "a", buffering=1)  # O_APPEND: the actors write to the same file
         os.environ[LOG_FILE_ENV], os.environ[OWNER_ENV] = name, str(os.getpid())
         self._showwarning = warnings.showwarning
         warnings.showwarning = self._write_warning
