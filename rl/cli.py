@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from rl.config import ConfigError, dump_toml, load_config
+from rl.metrics.samples import SampleFilter
 from tasks.build import build_task
 
 
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, parse_overrides(extra))
         for task_config in config.tasks:
             build_task(task_config)
+        SampleFilter(config.sample_logging.filters, seed=config.run.seed)  # imports a custom predicate
     except (ConfigError, ValueError) as exc:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return 2

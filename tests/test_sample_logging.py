@@ -120,3 +120,10 @@ def test_disabled_sample_logging_records_nothing():
     drain_states()
     SampleLogger(config, {"sum_digits": lambda example: None}).record([group], step=1)
     assert drain_states() == {}
+
+
+def test_a_predicate_that_cannot_be_imported_fails_validate(capsys):
+    from rl.cli import main
+
+    assert main(["validate", "--sample_logging.filters.predicate", "tests.sample_predicates:nope"]) == 2
+    assert "has no attribute 'nope'" in capsys.readouterr().err
