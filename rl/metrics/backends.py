@@ -82,7 +82,7 @@ class JsonlBackend:
             self.samples_file = open(self.samples_path, "a")
         for key, rows in samples.items():
             for row in rows:
-                self.samples_file.write(json.dumps({"step": step, "key": key, **row}) + "\n")
+                self.samples_file.write(json.dumps({"step": step, "key": key, **row}, default=str) + "\n")  # any value: as text
         self.samples_file.flush()
 
     def close(self) -> None:
