@@ -125,9 +125,13 @@ class PolicyTrainer(MetricsActor):
         return time.perf_counter() - start
 
     @endpoint
-    async def logprobs(self, token_ids: list[int]) -> list[float]:
-        """Logprob of each token given its prefix under the current weights (position 0 gets 0.0)."""
+    async def logprobs(self, token_ids: list[int], reference: bool = False) -> list[float] | None:
+        """Logprob of each token given its prefix under the current weights (position 0 gets 0.0),
+        or under the frozen reference model (None when the run has none)."""
+        model = self.reference if reference else self.model
+        if model is None:
+            return None
         input_ids = torch.tensor([token_ids], device=self.device)
         position_ids = torch.arange(len(token_ids), device=self.device).unsqueeze(0)
         with torch.no_grad():
-            return token_logprobs(self.model, input_ids, position_ids)[0].tolist()
+            return token_logprobs(model, input_ids, position_ids)[0].tolist()

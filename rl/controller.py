@@ -281,7 +281,11 @@ class Controller:
             self.run_log.move_into(run_dir)
         (run_dir / "config.toml").write_text(dump_toml(config))
         self.logger = MetricsLogger(config, run_dir)
-        sample_logger = SampleLogger(config, {name: task.task.target for name, task in self.tasks.items()})
+        sample_logger = SampleLogger(
+            config,
+            {name: task.task.target for name, task in self.tasks.items()},
+            reference_logprobs=(lambda ids: self.trainer.logprobs.call_one(ids, reference=True)) if config.algorithm.kl_coef > 0 else None,
+        )
         summary: dict[str, Any] = {"run_dir": str(run_dir)}
         producer = asyncio.create_task(self.produce())
         try:
@@ -292,7 +296,7 @@ class Controller:
                 step_start = time.perf_counter()
                 groups, evicted = await self._next_batch(producer)
                 self.logger.log_rollouts(self.state.step + 1, "train", groups)
-                sample_logger.record(groups, self.state.step + 1)
+                await sample_logger.record(groups, self.state.step + 1)
                 metrics = self._rollout_metrics(groups, evicted, wait_seconds=time.perf_counter() - step_start)
                 metrics.update(await self.train_step(groups))
                 actor_states = await gather_states([self.trainer, self.generators, self.reward])

@@ -39,6 +39,7 @@ async def trained(tmp_path_factory):
         {
             "run.output_dir": str(run_root),
             "tasks.0.rubric.reward_fns": "[{fn = 'tests.e2e_rewards:even_token_share'}]",
+            "algorithm.kl_coef": "0.01",  # loads a reference model: samples get ref_logprobs
             **SAMPLE_FILTERS,
         },
     )
@@ -138,6 +139,7 @@ async def test_samples_file_holds_exactly_what_the_filters_allow(trained):
     assert {s["step"] for s in samples} == {1, 2} and all(s["key"] == "reward/samples" for s in samples)
     assert all(list(s)[2:] == SAMPLE_COLUMNS and s["target"] is not None and s["advantage"] is not None for s in samples)
     assert {s["policy_version"] for s in samples if s["step"] == 2} == {1}
+    assert all(s["ref_logprobs"] < 0 for s in samples)  # mean reference logprob of the sampled tokens
 
 
 async def test_console_shows_the_sample_logs_of_each_step(trained):

@@ -8,15 +8,30 @@ pick which ones reach the backends; the defaults keep the best and the worst sam
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
-from rl.algorithms.grpo import rollout_advantages
+from rl.algorithms.grpo import rollout_advantages, rollout_to_samples
 from rl.config import Config, SampleFilters
 from rl.metrics.reduce import Reduce, record_metric
 from rl.registry import import_object
 from rollouts.types import Message, Rollout, RolloutGroup
 
 SAMPLES_KEY = "reward/samples"
+
+ReferenceLogprobs = Callable[[list[int]], Awaitable[list[float] | None]]
+"""token ids → logprob of each token under the reference model (None without one): the trainer's `logprobs`."""
+
+
+async def mean_reference_logprob(rollout: Rollout, reference_logprobs: ReferenceLogprobs) -> float | None:
+    """Mean reference logprob of the rollout's sampled tokens, over its training sequences; None without a reference."""
+    total, count = 0.0, 0
+    for sample in rollout_to_samples(rollout, advantage=0.0):
+        logprobs = await reference_logprobs(sample.input_ids)
+        if logprobs is None:
+            return None
+        total += sum(logprob for logprob, trained in zip(logprobs, sample.loss_mask) if trained)
+        count += sum(sample.loss_mask)
+    return total / count if count else None
 
 
 def message_text(message: Message) -> str:
@@ -30,7 +45,7 @@ def sample_record(rollout: Rollout, *, episode_id: int, target: str | None, adva
     prompt: the first turn's messages as `role: text` lines; response: every assistant reply (and, in
     multi-turn rollouts, the environment's messages between them as `role: text`); lengths in tokens,
     request_len of the first prompt, response_len of all sampled tokens; policy_version of the oldest
-    sampled token. `ref_logprobs` is None: reference logprobs never leave the trainer per sample.
+    sampled token. `ref_logprobs` is filled in later, and only when the run has a reference model.
     """
     first = rollout.turns[0] if rollout.turns else None
     response: list[str] = []
@@ -101,25 +116,38 @@ class SampleFilter:
 class SampleLogger:
     """Builds, filters and records (Reduce.SAMPLE, key `reward/samples`) the samples of each trained batch."""
 
-    def __init__(self, config: Config, targets: dict[str, Callable[[dict[str, Any]], str | None]]):
+    def __init__(
+        self,
+        config: Config,
+        targets: dict[str, Callable[[dict[str, Any]], str | None]],
+        reference_logprobs: ReferenceLogprobs | None = None,
+    ):
         self.config = config
         self.targets = targets
+        self.reference_logprobs = reference_logprobs
         self.filter = SampleFilter(config.sample_logging.filters, seed=config.run.seed)
 
-    def record(self, groups: list[RolloutGroup], step: int) -> None:
-        """Record the chosen samples of the batch trained at `step` (episode ids count trained rollouts from 0)."""
+    async def record(self, groups: list[RolloutGroup], step: int) -> None:
+        """Record the chosen samples of the batch trained at `step` (episode ids count trained rollouts from 0).
+
+        With `reference_logprobs` (runs with `algorithm.kl_coef > 0`) each chosen sample gets `ref_logprobs`,
+        the mean reference logprob of its sampled tokens: one reference forward per logged sample.
+        """
         if not self.config.sample_logging.enabled or not self.filter.wants_step(step):
             return
         algorithm = self.config.algorithm
         episode_id = (step - 1) * self.config.run.groups_per_step * algorithm.group_size
-        samples = []
+        samples, rollouts = [], {}
         for group in groups:
             advantages = rollout_advantages(
                 group, normalize_std=algorithm.normalize_advantage_std, drop_constant_reward=algorithm.drop_constant_reward_groups
             )
             target = self.targets[group.task_name](group.example)
             for rollout in group.rollouts:
+                rollouts[episode_id] = rollout
                 samples.append(sample_record(rollout, episode_id=episode_id, target=target, advantage=advantages.get(rollout.rollout_id)))
                 episode_id += 1
         for sample in self.filter.select(samples, step):
+            if self.reference_logprobs is not None:
+                sample["ref_logprobs"] = await mean_reference_logprob(rollouts[sample["episode_id"]], self.reference_logprobs)
             record_metric(SAMPLES_KEY, sample, Reduce.SAMPLE)
