@@ -93,6 +93,7 @@ def plots(records: list[dict[str, Any]], out: Path) -> list[str]:
         ("reward.png", rewards, "reward (train: sampled; eval: held-out greedy)", "reward"),
         ("response_length.png", ["rollouts/completion_tokens_mean", "rollouts/completion_tokens_max"], "response length", "tokens"),
         ("truncation.png", ["rollouts/truncation_rate"], "truncated responses", "fraction"),
+        ("entropy.png", ["rollouts/entropy"], "sampler entropy per token (mean -logprob of sampled tokens)", "nats"),
         ("kl_clip.png", ["train/kl", "train/mismatch_k3", "train/clip_frac_low", "train/clip_frac_high"], "KL and clip fractions", ""),
         ("loss.png", ["loss", "train/pg_loss", "train/grad_norm"], "loss and gradient norm", ""),
         ("policy_lag.png", ["rollouts/policy_lag_max", "rollouts/policy_lag_mean"], "policy lag", "versions"),

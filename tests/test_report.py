@@ -19,7 +19,7 @@ def fake_run(run_dir, steps=12, partial_last_line=True):
             "reward/b/mean": 0.4 + 0.03 * step, "loss": 0.1 * math.sin(step), "train/pg_loss": 0.05 * math.cos(step),
             "train/grad_norm": 1.0 / step, "train/mismatch_k3": 0.002 * step, "train/clip_frac_low": 0.01 * step,
             "train/clip_frac_high": 0.005 * step, "rollouts/completion_tokens_mean": 20 - step,
-            "rollouts/completion_tokens_max": 32, "rollouts/truncation_rate": 0.5 / step, "rollouts/policy_lag_max": step % 2,
+            "rollouts/completion_tokens_max": 32, "rollouts/entropy": 2.0 - 0.1 * step, "rollouts/truncation_rate": 0.5 / step, "rollouts/policy_lag_max": step % 2,
             "rollouts/policy_lag_mean": (step % 2) / 2, "time/wait_for_rollouts_s": 5.0, "time/train_s": 20.0,
             "time/weight_sync_s": 4.5, "time/step_s": 30.0 + (8.0 if step % 6 == 0 else 0.0),
         }
@@ -43,7 +43,7 @@ def test_report_writes_plots_and_a_page_for_a_run_still_writing(tmp_path, capsys
     assert main(["report", str(run_dir)]) == 0
     out = run_dir / "report"
     assert capsys.readouterr().out.strip() == str(out / "index.html")
-    expected = ["reward.png", "response_length.png", "truncation.png", "kl_clip.png", "loss.png", "policy_lag.png", "time_per_phase.png"]
+    expected = ["reward.png", "response_length.png", "truncation.png", "entropy.png", "kl_clip.png", "loss.png", "policy_lag.png", "time_per_phase.png"]
     for name in expected:
         height, width, _ = matplotlib.image.imread(out / name).shape
         assert width > 500 and height > 300, name

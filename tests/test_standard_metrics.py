@@ -10,7 +10,7 @@ from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 
 
 def rollout(task, index, reward, tokens, status=RolloutStatus.COMPLETED, version=0, components=None):
-    turn = RolloutTurn(prompt_messages=[], prompt_token_ids=[1], completion_token_ids=[2] * tokens, completion_logprobs=[0.0] * tokens, policy_version=version)
+    turn = RolloutTurn(prompt_messages=[], prompt_token_ids=[1], completion_token_ids=[2] * tokens, completion_logprobs=[-0.5] * (tokens - 1) + [-1.5] * min(tokens, 1), policy_version=version)
     return Rollout(rollout_id=f"{task}/{index}", group_id=task, task_name=task, sample_index=index, turns=[turn], status=status,
                    reward=reward, reward_components=components or {})
 
@@ -43,6 +43,8 @@ def test_rollout_metrics_by_hand():
     assert metrics["rollouts/a/completion_tokens_mean"] == 6 and metrics["rollouts/b/completion_tokens_mean"] == 8 / 3
     assert metrics["rollouts/truncation_rate"] == 1 / 5 and metrics["rollouts/a/truncation_rate"] == 0.5
     assert metrics["rollouts/b/truncation_rate"] == 0.0
+    assert metrics["rollouts/entropy"] == pytest.approx((0.5 * 16 + 1.5 * 4) / 20)  # 20 tokens, 4 rollouts with tokens
+    assert metrics["rollouts/a/entropy"] == pytest.approx((0.5 * 10 + 1.5 * 2) / 12)
     assert metrics["rollouts/status/completed"] == 3 and metrics["rollouts/status/error"] == 1
     assert metrics["rollouts/status/truncated"] == 1 and metrics["rollouts/status/timeout"] == 0
     # advantages: group a [0.5, -0.5], group b (error left out) [0.25, -0.25]

@@ -24,8 +24,8 @@ def reward_metrics(rollouts: list[Rollout], prefix: str) -> dict[str, float]:
 
 
 def rollout_metrics(groups: list[RolloutGroup], policy_version: int, algorithm: AlgorithmConfig) -> dict[str, float]:
-    """Rewards, response lengths, truncation rate and status counts (overall and per task), advantages
-    of the trained rollouts, and policy lag of a consumed batch trained at `policy_version`."""
+    """Rewards, response lengths, truncation rate, sampler entropy per token and status counts (overall and
+    per task), advantages of the trained rollouts, and policy lag of a consumed batch trained at `policy_version`."""
     rollouts = [rollout for group in groups for rollout in group.rollouts]
     metrics = reward_metrics(rollouts, prefix="reward")
     metrics["reward/std"] = statistics.pstdev(r.reward or 0.0 for r in rollouts)
@@ -37,6 +37,9 @@ def rollout_metrics(groups: list[RolloutGroup], policy_version: int, algorithm: 
         metrics[f"{scope}/completion_tokens_mean"] = sum(lengths) / len(lengths)
         metrics[f"{scope}/completion_tokens_max"] = max(lengths)
         metrics[f"{scope}/truncation_rate"] = sum(r.status is RolloutStatus.TRUNCATED for r in members) / len(members)
+        logprobs = [logprob for r in members for turn in r.turns for logprob in turn.completion_logprobs]
+        if logprobs:  # E[-log p(x)] over x ~ p is the entropy: estimated from the sampled tokens
+            metrics[f"{scope}/entropy"] = -sum(logprobs) / len(logprobs)
     for status in RolloutStatus:
         metrics[f"rollouts/status/{status.value}"] = sum(r.status is status for r in rollouts)
     advantages = [
