@@ -16,6 +16,12 @@ Message = dict[str, Any]
 """A chat message as the `renderers` package types it (`renderers.Message`, a TypedDict)."""
 
 
+def message_text(message: Message) -> str:
+    """A message's text: its string content, or the text parts of a multi-part content joined."""
+    content = message.get("content") or ""
+    return content if isinstance(content, str) else "".join(part.get("text", "") for part in content if isinstance(part, dict))
+
+
 class RolloutStatus(StrEnum):
     """Where a rollout stands. Every status but ONGOING is terminal."""
 
@@ -96,10 +102,7 @@ class Rollout(_Record):
         """Content of the last assistant message, "" when there is none."""
         for turn in reversed(self.turns):
             if turn.assistant_message is not None:
-                content = turn.assistant_message.get("content") or ""
-                return content if isinstance(content, str) else "".join(
-                    part.get("text", "") for part in content if isinstance(part, dict)
-                )
+                return message_text(turn.assistant_message)
         return ""
 
     def fail(self, status: RolloutStatus, error: str) -> None:

@@ -14,7 +14,7 @@ from rl.algorithms.grpo import rollout_advantages, rollout_to_samples
 from rl.config import Config, SampleFilters
 from rl.metrics.reduce import Reduce, record_metric
 from rl.registry import import_object
-from rollouts.types import Message, Rollout, RolloutGroup
+from rollouts.types import Rollout, RolloutGroup, message_text
 
 SAMPLES_KEY = "reward/samples"
 
@@ -32,11 +32,6 @@ async def mean_reference_logprob(rollout: Rollout, reference_logprobs: Reference
         total += sum(logprob for logprob, trained in zip(logprobs, sample.loss_mask) if trained)
         count += sum(sample.loss_mask)
     return total / count if count else None
-
-
-def message_text(message: Message) -> str:
-    content = message.get("content") or ""
-    return content if isinstance(content, str) else "".join(part.get("text", "") for part in content if isinstance(part, dict))
 
 
 def sample_record(rollout: Rollout, *, episode_id: int, target: str | None, advantage: float | None) -> dict[str, Any]:
