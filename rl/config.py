@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -118,6 +118,9 @@ class WandbConfig(Section):
     project: str = "rlmesh"
 
 
+RankCut = Annotated[int, Field(ge=0)] | Literal["off"]
+
+
 class SampleFilters(Section):
     """Which trained samples a step logs. All filters combine (AND), except that `reward_below` and
     `reward_above` set together keep either tail (reward <= below OR reward >= above)."""
@@ -132,10 +135,10 @@ class SampleFilters(Section):
     """Keep samples with reward >= this."""
     abs_advantage_above: float | None = Field(None, ge=0)
     """Keep samples with |advantage| >= this (samples that were not trained have no advantage)."""
-    top_k: int | None = Field(1, ge=0)
+    top_k: RankCut = 1
     """Of the samples left, keep the k with the highest reward (ties: lower episode id) ..."""
-    bottom_k: int | None = Field(1, ge=0)
-    """... and the k with the lowest. None switches one off; both None keep every sample left."""
+    bottom_k: RankCut = 1
+    """... and the k with the lowest. "off" switches one off; both "off" keep every sample left."""
     predicate: str | None = None
     """Import path `package.module:function` of `fn(sample: dict) -> bool`; False drops the sample."""
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rl.config import ConfigError, SampleFilters, load_config
+from rl.config import ConfigError, SampleFilters, dump_toml, load_config
 from rl.metrics.reduce import drain_states
 from rl.metrics.samples import SampleFilter, SampleLogger, sample_record
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
@@ -31,7 +31,7 @@ def samples(rewards, advantages=None, response_lens=None):
 
 
 def select(rewards, at_step=1, advantages=None, response_lens=None, seed=0, **filters):
-    chosen = SampleFilter(SampleFilters(top_k=None, bottom_k=None, **filters), seed=seed).select(
+    chosen = SampleFilter(SampleFilters(top_k="off", bottom_k="off", **filters), seed=seed).select(
         samples(rewards, advantages, response_lens), at_step
     )
     return [sample["episode_id"] for sample in chosen]
@@ -62,7 +62,7 @@ def test_abs_advantage_above_keeps_extremes_and_never_untrained_samples():
 def test_top_k_and_bottom_k_by_reward_ties_to_the_lower_episode_id():
     rank = SampleFilter(SampleFilters(top_k=1, bottom_k=2), seed=0)
     assert [s["episode_id"] for s in rank.select(samples(REWARDS), 1)] == [0, 1, 5]
-    assert [s["episode_id"] for s in SampleFilter(SampleFilters(top_k=2, bottom_k=None), 0).select(samples(REWARDS), 1)] == [1, 4]
+    assert [s["episode_id"] for s in SampleFilter(SampleFilters(top_k=2, bottom_k="off"), 0).select(samples(REWARDS), 1)] == [1, 4]
     assert [s["episode_id"] for s in SampleFilter(SampleFilters(top_k=0, bottom_k=1), 0).select(samples(REWARDS), 1)] == [0]
 
 
@@ -82,10 +82,21 @@ def test_filters_combine():
     # reward tail AND |advantage| AND predicate, then the best one of those left
     advantages = [-1.0, 0.9, 0.0, -0.9, 0.6, -1.0]
     chosen = SampleFilter(
-        SampleFilters(reward_above=0.25, abs_advantage_above=0.5, predicate="tests.sample_predicates:long_response", top_k=1, bottom_k=None),
+        SampleFilters(reward_above=0.25, abs_advantage_above=0.5, predicate="tests.sample_predicates:long_response", top_k=1, bottom_k="off"),
         seed=0,
     ).select(samples(REWARDS, advantages, response_lens=[9, 9, 9, 9, 2, 9]), 1)
     assert [s["episode_id"] for s in chosen] == [1]  # 3 has |adv| .9 and reward .25 but 1 ranks higher; 4 is too short
+
+
+def test_rank_cuts_are_switched_off_in_toml_and_survive_the_resolved_config(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text('[sample_logging.filters]\ntop_k = "off"\nbottom_k = 3\n')
+    config = load_config(path)
+    assert (config.sample_logging.filters.top_k, config.sample_logging.filters.bottom_k) == ("off", 3)
+    path.write_text(dump_toml(config))
+    assert load_config(path) == config
+    with pytest.raises(ConfigError, match=r"sample_logging\.filters\.top_k"):
+        load_config(overrides={"sample_logging.filters.top_k": "-1"})
 
 
 def test_unknown_filter_key_fails_config_validation_naming_it():

@@ -97,13 +97,13 @@ class SampleFilter:
         if f.freq < 1:
             rng = random.Random(f"{self.seed}/{step}")
             kept = [sample for sample in kept if rng.random() < f.freq]
-        if f.top_k is None and f.bottom_k is None:
+        if f.top_k == "off" and f.bottom_k == "off":
             return kept
         ranked = [sample for sample in kept if sample["reward"] is not None]
         chosen: set[int] = set()
-        if f.top_k is not None:
+        if f.top_k != "off":
             chosen.update(s["episode_id"] for s in sorted(ranked, key=lambda s: (-s["reward"], s["episode_id"]))[: f.top_k])
-        if f.bottom_k is not None:
+        if f.bottom_k != "off":
             chosen.update(s["episode_id"] for s in sorted(ranked, key=lambda s: (s["reward"], s["episode_id"]))[: f.bottom_k])
         return [sample for sample in ranked if sample["episode_id"] in chosen]
 
