@@ -19,6 +19,7 @@ store: the patch is applied on import, and ``import_torchstore()`` returns the p
 
 import functools
 import inspect
+import os
 from types import ModuleType
 from typing import Any, Callable, Coroutine
 
@@ -43,6 +44,8 @@ def _as_async(method: Callable[..., Any]) -> Callable[..., Coroutine[Any, Any, A
 
 def import_torchstore() -> ModuleType:
     """Import torchstore, make its Controller all-async (idempotent) and return the module."""
+    # torchstore sets this frame limit itself, with a console warning, when it is unset: set its value quietly.
+    os.environ.setdefault("HYPERACTOR_CODEC_MAX_FRAME_LENGTH", "910737418240")
     import torchstore
     from torchstore.controller import Controller
 
