@@ -11,6 +11,7 @@ All run state that a resume needs (step, policy version, data cursor) lives in `
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream
 from rl.interrupts import kill_descendants
 from rl.metrics import MetricsLogger
+from rl.precision import MismatchWatch
 from rl.renderer import stop_token_ids
 from rollouts.runner import GroupSpec, collect_groups
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus
@@ -121,6 +123,7 @@ class Controller:
             max_staleness=config.run.max_policy_staleness,
         )
         self.generation_stats = GenerationStats()
+        self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
         self.step_done = asyncio.Condition()
         self._replica = 0
         self._proc_meshes: list[Any] = []
@@ -271,6 +274,8 @@ class Controller:
         train_metrics = await self.trainer.train_step.call_one(micro_batches)
         metrics["time/train_s"] = time.perf_counter() - start
         metrics.update({key if key == "loss" else f"train/{key}": value for key, value in train_metrics.items()})
+        if warning := self.mismatch_watch.check(metrics["train/mismatch_k3"]):
+            tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
 
         start = time.perf_counter()
         new_version = self.state.policy_version + 1
