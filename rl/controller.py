@@ -20,6 +20,7 @@ from typing import Any, Callable
 import monarch.actor
 import monarch.config
 from monarch.actor import default_bootstrap_cmd, this_host
+from tqdm import tqdm
 
 from actors.generator import Generator
 from actors.reward import RewardActor
@@ -32,11 +33,13 @@ from rl.batching import pack_samples, split_micro_batches
 from rl.buffer import RolloutBuffer
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream
+from rl.interrupts import kill_descendants
 from rl.metrics import MetricsLogger, timer
 from rl.metrics.actor import gather_states
 from rl.metrics.run_log import RunLog
 from rl.metrics.samples import SampleLogger
 from rl.metrics.standard import reward_metrics, rollout_metrics
+from rl.precision import MismatchWatch
 from rl.renderer import stop_token_ids
 from rollouts.runner import GroupSpec, collect_groups
 from rollouts.types import RolloutGroup, RolloutStatus
@@ -116,29 +119,37 @@ class Controller:
             max_staleness=config.run.max_policy_staleness,
         )
         self.generation_stats = GenerationStats()
+        self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
         self.step_done = asyncio.Condition()
         self._replica = 0
         self._proc_meshes: list[Any] = []
         self.actor_failures: list[str] = []
         self._store_started = False
         self._shutting_down = False
+        self._actors_ready = False
+        self._run_task: asyncio.Task | None = None
+        self._previous_fault_hook: Callable[[Any], None] | None = None
         self.run_log: RunLog | None = None
 
     def _on_actor_failure(self, failure: Any) -> None:
-        """Monarch's hook for an actor that died: keep its report, then stop the run.
+        """Monarch's hook for an actor that died: keep its report and cancel the run's task.
 
-        Monarch stops the launcher's main thread with a KeyboardInterrupt after this hook
-        raises; the CLI tells that apart from a user's Ctrl-C by `actor_failures`.
+        Returning normally tells Monarch the fault is handled; the run then stops through
+        ordinary cancellation (teardown included), and the CLI tells it apart from a user's
+        Ctrl-C by `actor_failures`. (Monarch's own answer, a KeyboardInterrupt delivered to the
+        main thread, can be delayed indefinitely: see rl/interrupts.py.)
         """
         if self._shutting_down:
             return  # a slow teardown (e.g. vLLM freeing its engine) is not a failure of the run
         self.actor_failures.append(failure.report())
-        sys.exit(1)
+        if self._run_task is not None:
+            self._run_task.get_loop().call_soon_threadsafe(self._run_task.cancel)
 
     async def setup(self) -> None:
         """Start the store and spawn the actors, each kind on its own processes."""
+        self._previous_fault_hook = monarch.actor.unhandled_fault_hook
         monarch.actor.unhandled_fault_hook = self._on_actor_failure
-        monarch.config.configure(cleanup_timeout="60s")
+        monarch.config.configure(cleanup_timeout="10s")
         self.run_log = RunLog(self.config.run.output_dir)
         await weight_sync.initialize_store()
         self._store_started = True
@@ -155,23 +166,28 @@ class Controller:
         self.trainer = trainer_procs.spawn("trainer", PolicyTrainer, self.config)
         self.generators = generator_procs.spawn("generator", Generator, self.config, self.stop_token_ids)
         self.reward = reward_procs.spawn("reward", RewardActor, self.config)
-        await asyncio.gather(
-            self.trainer.initialized, self.generators.initialized, self.reward.initialized
-        )
+        await asyncio.gather(self.trainer.initialized, self.generators.initialized, self.reward.initialized)
+        self._actors_ready = True
 
     async def shutdown(self) -> None:
         """Stop every actor process and the store; safe after a partial setup."""
         self._shutting_down = True
-        if self._proc_meshes:
-            await asyncio.gather(self.generators.shutdown.call(), return_exceptions=True)
-        for procs in self._proc_meshes:
-            await procs.stop()
+        if self._actors_ready:
+            await asyncio.gather(asyncio.wait_for(self.generators.shutdown.call(), 10), return_exceptions=True)
+        stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes), return_exceptions=True)
+        try:
+            await asyncio.wait_for(stopping, 8)
+        except asyncio.TimeoutError:
+            kill_descendants()  # a mesh stops only once its actors have started: vLLM may still be loading
         self._proc_meshes = []
+        self._actors_ready = False
         if self._store_started:
             self._store_started = False
             await weight_sync.shutdown_store()
         if self.run_log is not None:
             self.run_log.close()
+        if self._previous_fault_hook is not None:
+            monarch.actor.unhandled_fault_hook, self._previous_fault_hook = self._previous_fault_hook, None
 
     async def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[Any]:
         """Send a batch to the next generator replica (round-robin)."""
@@ -257,6 +273,8 @@ class Controller:
         with timer("train"):
             train_metrics = await self.trainer.train_step.call_one(micro_batches)
         metrics.update({key if key == "loss" else f"train/{key}": value for key, value in train_metrics.items()})
+        if warning := self.mismatch_watch.check(metrics["train/mismatch_k3"]):
+            tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
 
         with timer("weight_sync"):
             new_version = self.state.policy_version + 1
@@ -267,6 +285,7 @@ class Controller:
 
     async def run(self) -> dict[str, Any]:
         """The whole run: start the actors, train, stop them (also on error or Ctrl-C)."""
+        self._run_task = asyncio.current_task()
         try:
             await self.setup()
             return await self.train()
