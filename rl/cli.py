@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from rl.config import ConfigError, dump_toml, load_config
-from rl.metrics.samples import SampleFilter
+from rl.registry import import_object
 from tasks.build import build_task
 
 
@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, parse_overrides(extra))
         for task_config in config.tasks:
             build_task(task_config)
-        SampleFilter(config.sample_logging.filters, seed=config.run.seed)  # imports a custom predicate
+        if config.sample_logging.filters.predicate:
+            import_object(config.sample_logging.filters.predicate)  # fails here if it cannot be imported
     except (ConfigError, ValueError) as exc:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,13 @@
+"""The launcher must start no thread before it blocks SIGINT (rl/interrupts.py): importing the CLI starts none."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_importing_the_cli_starts_no_thread():
+    code = "import os, rl.cli; print(len(os.listdir('/proc/self/task')))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={"PYTHONPATH": str(REPO)}, capture_output=True, text=True)
+    assert result.stdout.strip() == "1", result.stderr
