@@ -93,11 +93,22 @@ class RubricConfig(Section):
         """Registered name or import path `package.module:function`."""
         weight: float = Field(1.0, ge=0)
         name: str = ""
+        args: dict[str, Any] = Field(default_factory=dict)
+        """Keyword arguments bound to the function (`functools.partial`), e.g. `{ tolerance = 0.01 }`."""
 
-    reward_fns: list[RewardFnEntry] = Field(min_length=1)
+    reward_fns: list[RewardFnEntry] = Field(default_factory=list)
+    group_reward_fns: list[RewardFnEntry] = Field(default_factory=list)
+    """Functions of `(rollouts, example)` returning one number per rollout of the group."""
     truncation_reward: float | None = None
-    error_reward: float = 0.0
+    error_reward: float | None = 0.0
+    """None grades the partial turns of ERROR / TIMEOUT / ABORTED rollouts instead."""
     timeout_s: float = Field(60.0, gt=0)
+
+    @model_validator(mode="after")
+    def _has_functions(self) -> RubricConfig:
+        if not self.reward_fns and not self.group_reward_fns:
+            raise ValueError("a rubric needs at least one entry in reward_fns or group_reward_fns")
+        return self
 
 
 class TaskConfig(Section):

@@ -17,6 +17,11 @@ TASKS: dict[str, str] = {
 REWARD_FNS: dict[str, str] = {
     "digit_sum_correct": "tasks.sum_digits:digit_sum_correct",
     "answer_is_number": "tasks.sum_digits:answer_is_number",
+    **{
+        name: f"rubrics.builtins:{name}"
+        for name in ("exact_match", "numeric_match", "math_verify", "answer_tag_format", "boxed_format",
+                     "length_penalty", "env_reward", "diversity_bonus")
+    },
 }
 
 
