@@ -12,6 +12,10 @@ from typing import Any
 
 TASKS: dict[str, str] = {
     "sum_digits": "tasks.sum_digits:SumDigitsTask",
+    "reverse_text": "tasks.reverse_text:ReverseTextTask",
+    "arithmetic_retry": "tasks.arithmetic_retry:ArithmeticRetryTask",
+    "calculator_tool": "tasks.calculator_tool:CalculatorToolTask",
+    "alphabet_sort": "tasks.alphabet_sort:AlphabetSortTask",
 }
 
 REWARD_FNS: dict[str, str] = {
