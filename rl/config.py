@@ -111,6 +111,17 @@ class RubricConfig(Section):
         return self
 
 
+class DataConfig(Section):
+    """Rows of a task from local files instead of the task's own generator (`Task.load_dataset`)."""
+
+    train: str | None = None
+    """A .jsonl, .json or .parquet file; None keeps the task's own training rows."""
+    validation: str | None = None
+    """Same for the held-out split."""
+    columns: dict[str, str] = Field(default_factory=dict)
+    """Task row field -> file column, e.g. `{ question = "problem" }`; other columns keep their names."""
+
+
 class TaskConfig(Section):
     name: str = "sum_digits"
     """Registered task name or import path `package.module:TaskClass`."""
@@ -121,6 +132,7 @@ class TaskConfig(Section):
     env: RendererEnvConfig = RendererEnvConfig()
     renderer: RendererConfig = RendererConfig()
     rubric: RubricConfig | None = None
+    data: DataConfig | None = None
 
 
 class WandbConfig(Section):

@@ -81,6 +81,8 @@ class AlphabetSortTask(Task):
     Set the task's `env.max_turns` to at least `num_turns`.
     """
 
+    row_fields = ("batches",)
+
     def __init__(self, num_train: int = 2000, num_validation: int = 64, num_turns: int = 3, names_per_turn: int = 2, seed: int = 0):
         if num_turns * names_per_turn > len(NAMES):
             raise ValueError(f"num_turns * names_per_turn must be <= {len(NAMES)}")

@@ -77,6 +77,8 @@ class ArithmeticRetryEnv(MessageEnv):
 class ArithmeticRetryTask(Task):
     """Seeded word problems (or rows `{question, answer}` from a file); the retry budget is `max_tries` turns."""
 
+    row_fields = ("question", "answer")
+
     def __init__(self, num_train: int = 2000, num_validation: int = 64, max_tries: int = 3, retry_penalty: float = 0.0, seed: int = 0):
         if max_tries < 1:
             raise ValueError(f"max_tries must be >= 1, got {max_tries}")

@@ -10,7 +10,8 @@ from typing import Any
 from rl.config import RubricConfig, TaskConfig
 from rl.registry import REWARD_FNS, TASKS, resolve
 from rubrics.rubric import RewardFn, Rubric
-from tasks.task import Task
+from tasks.datasets import load_file_rows
+from tasks.task import Split, Task
 
 
 def _reward_fn(entry: RubricConfig.RewardFnEntry, *, group: bool) -> RewardFn:
@@ -43,6 +44,14 @@ class BuiltTask:
     config: TaskConfig
     task: Task
     rubric: Rubric
+
+    def load_rows(self, split: Split) -> list[dict[str, Any]]:
+        """A split's rows: from the file the config names for it, else from the task."""
+        data = self.config.data
+        path = getattr(data, split) if data is not None else None
+        if path is None:
+            return self.task.load_dataset(split)
+        return load_file_rows(path, data.columns, required=self.task.row_fields)
 
 
 def build_task(task_config: TaskConfig) -> BuiltTask:

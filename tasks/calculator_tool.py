@@ -62,6 +62,8 @@ class CalculatorToolTask(Task):
     `tool_use_weight` adds `used_calculator` to the rubric (0 = correctness only).
     """
 
+    row_fields = ("expression", "answer")
+
     def __init__(self, num_train: int = 2000, num_validation: int = 64, seed: int = 0, tool_use_weight: float = 0.0,
                  timeout_s: float = 5.0, memory_mb: int = 256, isolate: bool = True):
         rng = random.Random(seed)

@@ -40,6 +40,8 @@ class ReverseTextEnv(MessageEnv):
 class ReverseTextTask(Task):
     """Texts of `min_words`..`max_words` words from a shipped list; seeded, distinct, disjoint splits."""
 
+    row_fields = ("text", "answer")
+
     def __init__(self, num_train: int = 2000, num_validation: int = 64, min_words: int = 1, max_words: int = 3, seed: int = 0):
         if not 1 <= min_words <= max_words:
             raise ValueError(f"need 1 <= min_words <= max_words, got {min_words}, {max_words}")

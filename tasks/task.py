@@ -27,6 +27,8 @@ class Task(abc.ABC):
     """
 
     rubric: Rubric
+    row_fields: tuple[str, ...] = ()
+    """Fields `make_env` and the rubric read from a row; rows loaded from files must have them."""
 
     @abc.abstractmethod
     def load_dataset(self, split: Split) -> list[dict[str, Any]]:
