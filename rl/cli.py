@@ -1,4 +1,4 @@
-"""`rlmesh train --config FILE [--section.key value ...]` and `rlmesh validate --config FILE ...`."""
+"""`rlmesh train --config FILE [--section.key value ...]`, `rlmesh validate --config FILE ...` and `rlmesh new-task NAME`."""
 
 from __future__ import annotations
 
@@ -36,7 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     for name, help_text in (("train", "run training"), ("validate", "print the resolved config and start nothing")):
         command = commands.add_parser(name, help=help_text)
         command.add_argument("--config", help="TOML config file (defaults apply to anything it leaves out)")
+    new_task = commands.add_parser("new-task", help="write a task package (task, rubric, config, test) to start from")
+    new_task.add_argument("name", help="package name, a lower-case Python identifier")
+    new_task.add_argument("--dir", default=".", help="folder to create the package in")
     args, extra = parser.parse_known_args(argv)
+    if args.command == "new-task":
+        return _new_task(args.name, args.dir, extra)
     try:
         config = load_config(args.config, parse_overrides(extra))
         for task_config in config.tasks:
@@ -64,6 +69,23 @@ def main(argv: list[str] | None = None) -> int:
         print("rlmesh: interrupted; actors stopped", file=sys.stderr)
         return 130
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _new_task(name: str, directory: str, extra: list[str]) -> int:
+    from pathlib import Path
+
+    from tasks.scaffold import write_task_package
+
+    if extra:
+        print(f"rlmesh new-task: unexpected arguments {extra}", file=sys.stderr)
+        return 2
+    try:
+        package = write_task_package(name, Path(directory))
+    except ValueError as exc:
+        print(f"rlmesh: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {package}/ (task.py, config.toml, test_task.py); run its test with: python -m pytest {package}/test_task.py")
     return 0
 
 
