@@ -26,6 +26,7 @@ REWARD_FNS: dict[str, str] = {
         for name in ("exact_match", "numeric_match", "math_verify", "answer_tag_format", "boxed_format",
                      "length_penalty", "env_reward", "diversity_bonus")
     },
+    "judge": "rubrics.judge:judge",
 }
 
 
