@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from env_types.renderer_env import RendererEnvConfig
 from rl.renderer import RendererConfig
@@ -101,8 +101,20 @@ class RubricConfig(Section):
     """Functions of `(rollouts, example)` returning one number per rollout of the group."""
     truncation_reward: float | None = None
     error_reward: float | None = 0.0
-    """None grades the partial turns of ERROR / TIMEOUT / ABORTED rollouts instead."""
+    """`"none"` (TOML has no null) grades the partial turns of ERROR / TIMEOUT / ABORTED rollouts instead."""
     timeout_s: float = Field(60.0, gt=0)
+
+    @field_validator("error_reward", mode="before")
+    @classmethod
+    def _none_word(cls, value: Any) -> Any:
+        return None if value == "none" else value
+
+    @model_serializer(mode="wrap")
+    def _dump_none(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if self.error_reward is None:
+            data["error_reward"] = "none"  # survives exclude_none, so the resolved config.toml keeps it
+        return data
 
     @model_validator(mode="after")
     def _has_functions(self) -> RubricConfig:

@@ -103,3 +103,17 @@ def test_bad_builtin_args_fail_at_build_time():
         build_rubric(config)
     with pytest.raises(ValueError, match="at least one"):
         RubricConfig.model_validate({"reward_fns": []})
+
+
+def test_error_reward_none_from_toml_and_round_trip():
+    from rl.config import dump_toml, load_config
+
+    config = load_config(None, {"tasks": "[{name = 'sum_digits', rubric = {reward_fns = [{fn = 'exact_match'}]}}]",
+                                "tasks.0.rubric.error_reward": "none"})
+    assert config.tasks[0].rubric.error_reward is None and build_rubric(config.tasks[0].rubric).error_reward is None
+    assert 'error_reward = "none"' in dump_toml(config)
+    import tomllib
+
+    from rl.config import Config
+
+    assert Config.model_validate(tomllib.loads(dump_toml(config))).tasks[0].rubric.error_reward is None
