@@ -181,19 +181,23 @@ class Controller:
         self._replica += 1
         return await replica.generate.call_one(requests, sampling)
 
-    async def rollout_and_score(self, rows: list[tuple[str, dict]], group_size: int, sampling: SamplingConfig, tag: str) -> list[RolloutGroup]:
+    async def rollout_and_score(
+        self, rows: list[tuple[str, dict]], group_ids: list[str], group_size: int, sampling: SamplingConfig
+    ) -> list[RolloutGroup]:
         specs = [
             GroupSpec(
-                group_id=f"{tag}/{index}",
+                group_id=group_id,
                 task_name=task_name,
                 task=self.tasks[task_name].task,
                 example=row,
                 renderer=self.renderers[task_name],
                 env_config=self.tasks[task_name].config.env,
             )
-            for index, (task_name, row) in enumerate(rows)
+            for group_id, (task_name, row) in zip(group_ids, rows, strict=True)
         ]
-        groups = await collect_groups(specs, group_size, lambda requests: self.generate(requests, sampling))
+        groups = await collect_groups(
+            specs, group_size, lambda requests: self.generate(requests, sampling), run_seed=self.config.run.seed
+        )
         return list(await asyncio.gather(*(self.score(group) for group in groups)))
 
     async def score(self, group: RolloutGroup) -> RolloutGroup:
@@ -213,11 +217,10 @@ class Controller:
             async with self.step_done:
                 await self.step_done.wait_for(lambda: self.state.step >= batch_index - run.max_policy_staleness)
             start = time.perf_counter()
+            first_row = self.stream.cursor
             rows = self.stream.take(run.groups_per_step)
-            self.state.data_cursor = self.stream.cursor
-            groups = await self.rollout_and_score(
-                rows, self.config.algorithm.group_size, self.config.generator.sampling, tag=f"train/batch={batch_index}"
-            )
+            group_ids = [f"train/row={first_row + index}" for index in range(len(rows))]
+            groups = await self.rollout_and_score(rows, group_ids, self.config.algorithm.group_size, self.config.generator.sampling)
             stats = self.generation_stats
             stats.seconds += time.perf_counter() - start
             for group in groups:
@@ -229,9 +232,8 @@ class Controller:
         """Held-out reward through the same rollout path, one sample per row."""
         if not self.validation_rows:
             return {}
-        groups = await self.rollout_and_score(
-            self.validation_rows, 1, self.config.generator.eval_sampling, tag=f"eval/step={self.state.step}"
-        )
+        group_ids = [f"eval/step={self.state.step}/{index}" for index in range(len(self.validation_rows))]
+        groups = await self.rollout_and_score(self.validation_rows, group_ids, 1, self.config.generator.eval_sampling)
         self.logger.log_rollouts(self.state.step, "eval", groups)
         return reward_means([rollout for group in groups for rollout in group.rollouts], prefix="eval/reward")
 
