@@ -27,6 +27,8 @@ class RewardActor(Actor):
         """The group with `reward` / `reward_components` filled in on every rollout."""
         async with self.limit:
             rewards = await self.tasks[group.task_name].score_group(group.rollouts, group.example)
+        if len(rewards) != len(group.rollouts):
+            raise ValueError(f"{group.task_name}: score_group returned {len(rewards)} rewards for {len(group.rollouts)} rollouts")
         for rollout, reward in zip(group.rollouts, rewards):
             apply_reward(rollout, reward)
         return group

@@ -3,12 +3,9 @@
 import asyncio
 
 import pytest
-from transformers import AutoTokenizer
 
 from env_types.renderer_env import Completion
-from rl.assets import resolve_model_path
 from rl.config import RubricConfig
-from rl.renderer import RendererConfig
 from rollouts.types import Rollout, RolloutStatus, RolloutTurn
 from rubrics.judge import Judge, JudgeError, connect_model, parse_score_0_10, parse_yes_no
 from rubrics.rubric import RewardFn, Rubric
@@ -16,16 +13,6 @@ from tasks.build import build_rubric
 
 IM_END = 151645
 TEMPLATE = "Question: {prompt}\nReference: {answer}\nAnswer: {response}\nCorrect? yes or no."
-
-
-@pytest.fixture(scope="module")
-def renderer():
-    return RendererConfig(name="qwen3").build("tiny-qwen3")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen3"))
 
 
 class ScriptedJudgeModel:

@@ -2,12 +2,9 @@
 turns, per-turn rewards and rubric totals checked against hand-computed values."""
 
 import pytest
-from transformers import AutoTokenizer
 
 from env_types.renderer_env import Completion, RendererEnvConfig
-from rl.assets import resolve_model_path
 from rl.config import TaskConfig
-from rl.renderer import RendererConfig
 from rollouts.runner import GroupSpec, collect_groups
 from rollouts.types import RolloutStatus
 from tasks.alphabet_sort import AlphabetSortTask, reply_names
@@ -17,16 +14,6 @@ from tasks.calculator_tool import CalculatorToolTask
 from tasks.reverse_text import ReverseTextTask
 
 IM_END = 151645
-
-
-@pytest.fixture(scope="module")
-def renderer():
-    return RendererConfig(name="qwen3").build("tiny-qwen3")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen3"))
 
 
 async def play(renderer, tokenizer, task, row, replies, *, max_turns=4):

@@ -6,13 +6,10 @@ import os
 import socket
 
 import pytest
-from transformers import AutoTokenizer
 
 from env_types.message_env import ResetOutput, StepOutput
 from env_types.renderer_env import Completion, RendererEnvConfig
 from rl.algorithms.grpo import rollout_to_samples
-from rl.assets import resolve_model_path
-from rl.renderer import RendererConfig
 from rollouts.runner import GroupSpec, collect_groups
 from rollouts.types import RolloutStatus
 from tasks.sum_digits import SumDigitsTask
@@ -49,16 +46,6 @@ class ToolsEnv(ToolEnv):
 class ToolsTask(SumDigitsTask):
     def make_env(self, example):
         return ToolsEnv(TOOLS, limits=LIMITS)
-
-
-@pytest.fixture(scope="module")
-def renderer():
-    return RendererConfig(name="qwen3").build("tiny-qwen3")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen3"))
 
 
 def call(tool_name, **arguments):
