@@ -19,12 +19,14 @@ from __future__ import annotations
 import asyncio
 import re
 import string
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from env_types.renderer_env import Completion, GenerationRequest
 from rl.renderer import parse_completion, render_prompt
-from rollouts.runner import GenerateFn
 from rollouts.types import Rollout
+
+GenerateFn = Callable[[list[GenerationRequest]], Awaitable[list["Completion | str"]]]
+"""A generator's batch call: one completion per request, or the error text of a request that failed."""
 
 DEFAULT_TEMPLATE = (
     "You grade answers. Question:\n{prompt}\n\nReference answer: {answer}\n\nAnswer to grade:\n{response}\n\n"

@@ -10,9 +10,9 @@ import pytest
 from env_types.message_env import ResetOutput, StepOutput
 from env_types.renderer_env import Completion, RendererEnvConfig
 from rl.algorithms.grpo import rollout_to_samples
-from rollouts.runner import GroupSpec, collect_groups
 from rollouts.types import RolloutStatus
 from tasks.sum_digits import SumDigitsTask
+from tasks.testing import play
 from tools.sandbox import Sandbox, SandboxError, SandboxLimits
 from tools.tool import Tool, ToolEnv
 
@@ -70,10 +70,8 @@ def scripted(tokenizer, replies):
 
 
 async def run(renderer, tokenizer, replies, max_turns=8):
-    spec = GroupSpec(group_id="g", task_name="tools", task=ToolsTask(), example={}, renderer=renderer,
-                     env_config=RendererEnvConfig(max_turns=max_turns, max_total_tokens=4096, max_prompt_tokens=4000, env_timeout_s=30))
-    [group] = await collect_groups([spec], 1, scripted(tokenizer, replies))
-    return group.rollouts[0]
+    env_config = RendererEnvConfig(max_turns=max_turns, max_total_tokens=4096, max_prompt_tokens=4000, env_timeout_s=30)
+    return await play(ToolsTask(), {}, renderer, env_config, scripted(tokenizer, replies))
 
 
 def tool_replies(rollout):
