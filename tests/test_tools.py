@@ -125,8 +125,8 @@ async def test_misbehaving_tools_are_stopped_and_reported_to_the_model(renderer,
     replies = tool_replies(rollout)
     assert replies[0] == "Error: tool 'loop' failed: the tool took longer than 3 s and was stopped"
     assert replies[1] == "Error: tool 'allocate' failed: the tool ran out of memory (limit reached)"
-    assert replies[2].startswith("Error: tool 'connect' failed: the tool was denied: OSError: [Errno 101] Network is unreachable")
-    assert replies[3].startswith("Error: tool 'write' failed: the tool was denied: OSError: [Errno 30] Read-only file system")
+    assert replies[2].startswith("Error: tool 'connect' failed: OSError: [Errno 101] Network is unreachable")
+    assert replies[3].startswith("Error: tool 'write' failed: OSError: [Errno 30] Read-only file system")
     assert not outside.exists()
     assert replies[4:6] == ["wrote notes.txt", "x"]  # the scratch directory is writable and persists across calls
     assert [e.kind for turn in rollout.turns for e in turn.tool_call_errors] == ["tool_failed"] * 4

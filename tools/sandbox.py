@@ -158,10 +158,9 @@ def _read_result(returncode: int, stdout: bytes, stderr: bytes, limits: SandboxL
 
 
 def _describe(exc: BaseException) -> str:
+    """What the model is told: the exception line (a denied write reads `OSError: [Errno 30] Read-only file system`)."""
     if isinstance(exc, MemoryError):
         return "the tool ran out of memory (limit reached)"
-    if isinstance(exc, OSError) and exc.errno is not None:
-        return f"the tool was denied: {type(exc).__name__}: {exc}"
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
