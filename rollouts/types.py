@@ -51,9 +51,9 @@ class ToolCallError(_Record):
     """A tool call that did not run as the model asked; the model is told why in a tool message."""
 
     kind: str
-    """"invalid_json", "unclosed_block", "missing_name", "malformed_structure" (from the renderer's
-    parser), "unknown_tool", "bad_arguments" (checked against the tool's schema), "tool_failed"
-    (the tool raised, timed out or hit a sandbox limit)."""
+    """One of `invalid_json`, `unclosed_block`, `missing_name`, `malformed_structure` (from the
+    renderer's parser), `unknown_tool`, `bad_arguments` (checked against the tool's schema),
+    `tool_failed` (the tool raised, timed out or hit a sandbox limit)."""
     detail: str
     tool: str | None = None
 
