@@ -10,20 +10,20 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import torch
 from monarch.actor import Actor, endpoint
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
-from rl import weight_sync
+from rl import checkpoint, weight_sync
 from rl.algorithms.losses import grpo_loss
 from rl.assets import resolve_model_path
 from rl.batching import count_loss_tokens
 from rl.config import Config, TrainerConfig
 from rl.logprobs import token_logprobs
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from rl.precision import TORCH_DTYPES, compute_context
 
 
 def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
@@ -44,7 +44,7 @@ def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
 
 def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(path), dtype=_DTYPES[trainer_config.dtype], attn_implementation="sdpa"
+        resolve_model_path(path), dtype=TORCH_DTYPES[trainer_config.param_dtype], attn_implementation="sdpa"
     )
     return model.to(trainer_config.device)
 
@@ -70,6 +70,11 @@ class PolicyTrainer(Actor):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, config.run.steps))
         self.policy_version = 0
 
+    def compute(self):
+        """Forward passes run in `trainer.dtype` (autocast) over the `trainer.param_dtype` weights."""
+        trainer_config = self.config.trainer
+        return compute_context(trainer_config.device, trainer_config.param_dtype, trainer_config.dtype)
+
     @endpoint
     async def train_step(self, micro_batches: list[TensorDict]) -> dict[str, float]:
         """One optimizer step over all micro-batches; returns loss and diagnostics."""
@@ -81,10 +86,11 @@ class PolicyTrainer(Actor):
         for micro_batch in micro_batches:
             micro_batch = micro_batch.to(self.device)
             ref_logprobs = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref_logprobs = token_logprobs(self.reference, micro_batch["input_ids"], micro_batch["position_ids"])
-            logprobs = token_logprobs(self.model, micro_batch["input_ids"], micro_batch["position_ids"])  # [B,L]
+            with self.compute():
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref_logprobs = token_logprobs(self.reference, micro_batch["input_ids"], micro_batch["position_ids"])
+                logprobs = token_logprobs(self.model, micro_batch["input_ids"], micro_batch["position_ids"])  # [B,L]
             loss, metrics = grpo_loss(
                 logprobs,
                 micro_batch,
@@ -114,7 +120,7 @@ class PolicyTrainer(Actor):
     async def push_weights(self, policy_version: int) -> float:
         """Publish the current weights as `policy_version`; returns seconds spent."""
         start = time.perf_counter()
-        generator_dtype = _DTYPES[self.config.generator.dtype]
+        generator_dtype = TORCH_DTYPES[self.config.generator.dtype]
         state_dict = {  # sent in the generators' dtype: half the bytes when they run bf16
             name: tensor.detach().to(generator_dtype) if tensor.is_floating_point() else tensor.detach()
             for name, tensor in self.model.state_dict().items()
@@ -124,9 +130,20 @@ class PolicyTrainer(Actor):
         return time.perf_counter() - start
 
     @endpoint
+    async def save_checkpoint(self, path: str) -> None:
+        """Model, optimizer, LR schedule and this process's RNG into the checkpoint directory `path`."""
+        checkpoint.save_trainer(Path(path), self.model, self.optimizer, self.scheduler)
+        checkpoint.save_rng(Path(path), "trainer")
+
+    @endpoint
+    async def load_checkpoint(self, path: str) -> None:
+        checkpoint.load_trainer(Path(path), self.model, self.optimizer, self.scheduler)
+        checkpoint.load_rng(Path(path), "trainer")
+
+    @endpoint
     async def logprobs(self, token_ids: list[int]) -> list[float]:
         """Logprob of each token given its prefix under the current weights (position 0 gets 0.0)."""
         input_ids = torch.tensor([token_ids], device=self.device)
         position_ids = torch.arange(len(token_ids), device=self.device).unsqueeze(0)
-        with torch.no_grad():
+        with torch.no_grad(), self.compute():
             return token_logprobs(self.model, input_ids, position_ids)[0].tolist()
