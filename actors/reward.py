@@ -8,9 +8,11 @@ otherwise handles one message at a time); at most `run.reward_concurrency` group
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
-from monarch.actor import concurrent_endpoint
+from monarch.actor import concurrent_endpoint, endpoint
 
+from rl import checkpoint
 from rl.config import Config
 from rl.metrics import timer
 from rl.metrics.actor import MetricsActor
@@ -21,7 +23,7 @@ from tasks.build import build_task
 
 class RewardActor(MetricsActor):
     def __init__(self, config: Config):
-        self.rubrics = {task.name: task.rubric for task in map(build_task, config.tasks)}
+        self.tasks = {task.name: task.task for task in map(build_task, config.tasks)}
         self.limit = asyncio.Semaphore(config.run.reward_concurrency)
 
     @concurrent_endpoint
@@ -29,7 +31,18 @@ class RewardActor(MetricsActor):
         """The group with `reward` / `reward_components` filled in on every rollout."""
         async with self.limit:
             with timer("reward"):  # summed over groups, which score concurrently
-                rewards = await self.rubrics[group.task_name].score_group(group.rollouts, group.example)
+                rewards = await self.tasks[group.task_name].score_group(group.rollouts, group.example)
+        if len(rewards) != len(group.rollouts):
+            raise ValueError(f"{group.task_name}: score_group returned {len(rewards)} rewards for {len(group.rollouts)} rollouts")
         for rollout, reward in zip(group.rollouts, rewards):
             apply_reward(rollout, reward)
         return group
+
+    @endpoint
+    async def save_rng(self, path: str) -> None:
+        """Reward functions may draw random numbers: their process's RNG goes into checkpoints."""
+        checkpoint.save_rng(Path(path), "reward")
+
+    @endpoint
+    async def load_rng(self, path: str) -> None:
+        checkpoint.load_rng(Path(path), "reward")

@@ -1,4 +1,5 @@
-"""`rlmesh train --config FILE [--section.key value ...]`, `rlmesh validate --config FILE ...`, `rlmesh report RUN_DIR`."""
+"""`rlmesh train --config FILE [--section.key value ...]`, `rlmesh train --resume RUN_DIR [...]`, `rlmesh validate ...`,
+`rlmesh new-task NAME`, `rlmesh report RUN_DIR`."""
 
 from __future__ import annotations
 
@@ -38,6 +39,10 @@ def main(argv: list[str] | None = None) -> int:
     for name, help_text in (("train", "run training"), ("validate", "print the resolved config and start nothing")):
         command = commands.add_parser(name, help=help_text)
         command.add_argument("--config", help="TOML config file (defaults apply to anything it leaves out)")
+        command.add_argument("--resume", metavar="RUN_DIR", type=Path, help="continue RUN_DIR from its newest checkpoint")
+    new_task = commands.add_parser("new-task", help="write a task package (task, rubric, config, test) to start from")
+    new_task.add_argument("name", help="package name, a lower-case Python identifier")
+    new_task.add_argument("--dir", default=".", help="folder to create the package in")
     report = commands.add_parser("report", help="plots and an HTML page of a run (finished or running)")
     report.add_argument("run_dir", help="the run directory, e.g. runs/sum_digits_smollm2_cpu")
     args, extra = parser.parse_known_args(argv)
@@ -45,8 +50,24 @@ def main(argv: list[str] | None = None) -> int:
         from rl.report import report_command
 
         return report_command(Path(args.run_dir))
+    if args.command == "new-task":
+        return _new_task(args.name, args.dir, extra)
+    if args.command == "train":
+        from rl.interrupts import EXIT_INTERRUPTED, InterruptibleRun
+
+        interruptible = InterruptibleRun()  # before any other thread starts (numpy, Monarch): see rl/interrupts.py
+    from rl.checkpoint import read_run_state
+    from rl.resume import resume_config, truncate_logs
+
+    resume_from = None
     try:
-        config = load_config(args.config, parse_overrides(extra))
+        overrides = parse_overrides(extra)
+        if args.resume is not None:
+            if args.config is not None:
+                raise ConfigError("--resume takes its config from the run directory; drop --config")
+            config, resume_from = resume_config(args.resume, overrides)
+        else:
+            config = load_config(args.config, overrides)
         for task_config in config.tasks:
             build_task(task_config)
         if config.sample_logging.filters.predicate:
@@ -57,14 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "validate":
         print(dump_toml(config), end="")
         return 0
+    if resume_from is not None:
+        truncate_logs(args.resume, read_run_state(resume_from)["step"])
 
-    from rl.interrupts import EXIT_INTERRUPTED, InterruptibleRun
-
-    interruptible = InterruptibleRun()  # before Monarch starts any thread: see rl/interrupts.py
     from rl.controller import Controller
 
     try:
-        controller = Controller(config)
+        controller = Controller(config, resume_from=resume_from)
     except (OSError, ValueError) as exc:
         print(f"rlmesh: cannot set up the run: {exc}", file=sys.stderr)
         return 2
@@ -79,6 +99,21 @@ def main(argv: list[str] | None = None) -> int:
         print("rlmesh: an actor failed; run stopped:\n" + "\n".join(controller.actor_failures), file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _new_task(name: str, directory: str, extra: list[str]) -> int:
+    from tasks.scaffold import write_task_package
+
+    if extra:
+        print(f"rlmesh new-task: unexpected arguments {extra}", file=sys.stderr)
+        return 2
+    try:
+        package = write_task_package(name, Path(directory))
+    except ValueError as exc:
+        print(f"rlmesh: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {package}/ (task.py, config.toml, test_task.py); run its test with: python -m pytest {package}/test_task.py")
     return 0
 
 

@@ -31,9 +31,10 @@ class MetricsLogger:
         self.backends = backends
         self.rollouts_file = open(run_dir / "rollouts.jsonl", "a") if config.run.log_rollouts else None
 
-    def progress(self, steps: int) -> Iterable[int]:
-        """The training steps behind a live bar (ETA, and the last step's key metrics as its postfix)."""
-        bar = tqdm(range(steps), desc="train", unit="step", dynamic_ncols=True)
+    def progress(self, first: int, steps: int) -> Iterable[int]:
+        """Steps `first`..`steps`-1 (a resumed run starts past 0) behind a live bar: ETA, and the last
+        step's key metrics as its postfix."""
+        bar = tqdm(range(first, steps), desc="train", unit="step", dynamic_ncols=True, initial=first, total=steps)
         self.console.bar = bar
         return bar
 
