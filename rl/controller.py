@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import monarch.actor
 import monarch.config
+import psutil
 from monarch.actor import default_bootstrap_cmd, this_host
 from tqdm import tqdm
 
@@ -33,7 +34,7 @@ from rl.batching import pack_samples, split_micro_batches
 from rl.buffer import RolloutBuffer
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream
-from rl.interrupts import kill_descendants
+from rl.interrupts import reap
 from rl.metrics import MetricsLogger
 from rl.precision import MismatchWatch
 from rl.renderer import stop_token_ids
@@ -218,13 +219,15 @@ class Controller:
     async def shutdown(self) -> None:
         """Stop every actor process and the store; safe after a partial setup."""
         self._shutting_down = True
+        actor_processes = psutil.Process().children(recursive=True)
         if self._actors_ready:
             await asyncio.gather(asyncio.wait_for(self.generators.shutdown.call(), 10), return_exceptions=True)
         stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes), return_exceptions=True)
         try:
             await asyncio.wait_for(stopping, 8)
         except asyncio.TimeoutError:
-            kill_descendants()  # a mesh stops only once its actors have started: vLLM may still be loading
+            pass  # a mesh stops only once its actors have started (vLLM may still be loading): reaped below
+        await asyncio.to_thread(reap, actor_processes, 5)  # a stopped mesh's processes may still be exiting
         self._proc_meshes = []
         self._actors_ready = False
         if self._store_started:
