@@ -19,7 +19,6 @@ from typing import Any, Callable
 
 import monarch.actor
 import monarch.config
-import psutil
 from monarch.actor import default_bootstrap_cmd, this_host
 from tqdm import tqdm
 
@@ -34,7 +33,7 @@ from rl.batching import pack_samples, split_micro_batches
 from rl.buffer import RolloutBuffer
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream
-from rl.interrupts import reap
+from rl.interrupts import monarch_processes, reap
 from rl.metrics import MetricsLogger
 from rl.precision import MismatchWatch
 from rl.renderer import stop_token_ids
@@ -219,7 +218,7 @@ class Controller:
     async def shutdown(self) -> None:
         """Stop every actor process and the store; safe after a partial setup."""
         self._shutting_down = True
-        actor_processes = psutil.Process().children(recursive=True)
+        actor_processes = monarch_processes()
         if self._actors_ready:
             await asyncio.gather(asyncio.wait_for(self.generators.shutdown.call(), 10), return_exceptions=True)
         stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes), return_exceptions=True)

@@ -34,6 +34,18 @@ def kill_descendants() -> None:
     reap(psutil.Process().children(recursive=True), timeout_s=0)
 
 
+def monarch_processes() -> list[psutil.Process]:
+    """This process's Monarch actor processes and their children (not, e.g., wandb's service)."""
+    found = []
+    for child in psutil.Process().children():
+        try:
+            if "monarch" in " ".join(child.cmdline()):
+                found += [child, *child.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return found
+
+
 def reap(processes: list[psutil.Process], timeout_s: float) -> None:
     """Wait up to `timeout_s` for `processes` to exit, then SIGKILL the ones left."""
     _, alive = psutil.wait_procs(processes, timeout=timeout_s)
