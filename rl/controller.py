@@ -27,12 +27,14 @@ from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
 from env_types.renderer_env import GenerationRequest
 from rl import weight_sync
-from rl.algorithms.grpo import group_to_samples
+from rl.algorithms.config import POLICY
+from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
 from rl.batching import pack_samples, split_micro_batches
 from rl.buffer import RolloutBuffer
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream
+from rl.frozen_models import FrozenModels, mark_frozen, task_algorithms
 from rl.metrics import MetricsLogger
 from rl.renderer import stop_token_ids
 from rollouts.runner import GroupSpec, collect_groups
@@ -121,6 +123,11 @@ class Controller:
             max_staleness=config.run.max_policy_staleness,
         )
         self.generation_stats = GenerationStats()
+        self.algorithms = task_algorithms(config)
+        self.frozen = FrozenModels(config)
+        self.samples = SampleBuilder(
+            self.algorithms, self.renderers, lambda name, seqs: self.frozen.prompt_logprobs(name, seqs, policy=self.generators)
+        )
         self.step_done = asyncio.Condition()
         self._replica = 0
         self._proc_meshes: list[Any] = []
@@ -159,12 +166,13 @@ class Controller:
         self.generators = generator_procs.spawn("generator", Generator, self.config, self.stop_token_ids)
         self.reward = reward_procs.spawn("reward", RewardActor, self.config)
         await asyncio.gather(
-            self.trainer.initialized, self.generators.initialized, self.reward.initialized
+            self.trainer.initialized, self.generators.initialized, self.reward.initialized, self.frozen.setup(self.stop_token_ids)
         )
 
     async def shutdown(self) -> None:
         """Stop every actor process and the store; safe after a partial setup."""
         self._shutting_down = True
+        await self.frozen.shutdown()
         if self._proc_meshes:
             await asyncio.gather(self.generators.shutdown.call(), return_exceptions=True)
         for procs in self._proc_meshes:
@@ -181,7 +189,9 @@ class Controller:
         self._replica += 1
         return await replica.generate.call_one(requests, sampling)
 
-    async def rollout_and_score(self, rows: list[tuple[str, dict]], group_size: int, sampling: SamplingConfig, tag: str) -> list[RolloutGroup]:
+    async def rollout_and_score(
+        self, rows: list[tuple[str, dict]], group_size: int, sampling: SamplingConfig, tag: str, frozen_samplers: bool = False
+    ) -> list[RolloutGroup]:
         specs = [
             GroupSpec(
                 group_id=f"{tag}/{index}",
@@ -193,7 +203,17 @@ class Controller:
             )
             for index, (task_name, row) in enumerate(rows)
         ]
-        groups = await collect_groups(specs, group_size, lambda requests: self.generate(requests, sampling))
+        samplers = [self.algorithms[spec.task_name].sampler if frozen_samplers else POLICY for spec in specs]
+        groups = await collect_groups(
+            [spec for spec, sampler in zip(specs, samplers) if sampler == POLICY], group_size, lambda requests: self.generate(requests, sampling)
+        )
+        for name in sorted(set(samplers) - {POLICY}):
+            frozen = await collect_groups(
+                [spec for spec, sampler in zip(specs, samplers) if sampler == name], group_size,
+                lambda requests, name=name: self.frozen.generate(name, requests, sampling),
+            )
+            mark_frozen(frozen, name)
+            groups += frozen
         return list(await asyncio.gather(*(self.score(group) for group in groups)))
 
     async def score(self, group: RolloutGroup) -> RolloutGroup:
@@ -216,7 +236,8 @@ class Controller:
             rows = self.stream.take(run.groups_per_step)
             self.state.data_cursor = self.stream.cursor
             groups = await self.rollout_and_score(
-                rows, self.config.algorithm.group_size, self.config.generator.sampling, tag=f"train/batch={batch_index}"
+                rows, self.config.algorithm.group_size, self.config.generator.sampling, tag=f"train/batch={batch_index}",
+                frozen_samplers=True,
             )
             stats = self.generation_stats
             stats.seconds += time.perf_counter() - start
@@ -237,17 +258,10 @@ class Controller:
 
     async def train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
         """Advantages → packed micro-batches → one optimizer step → weights to the generators."""
-        algorithm, trainer_config = self.config.algorithm, self.config.trainer
-        samples, dropped_groups, too_long = [], 0, 0
-        for group in groups:
-            group_samples = group_to_samples(
-                group, normalize_std=algorithm.normalize_advantage_std, drop_constant_reward=algorithm.drop_constant_reward_groups
-            )
-            fitting = [sample for sample in group_samples if len(sample.input_ids) <= trainer_config.seq_len]
-            too_long += len(group_samples) - len(fitting)
-            dropped_groups += not fitting
-            samples.extend(fitting)
-        metrics: dict[str, float] = {"rollouts/dropped_groups": dropped_groups, "rollouts/too_long": too_long}
+        trainer_config = self.config.trainer
+        all_samples, metrics = await self.samples.build(groups)
+        samples = [sample for sample in all_samples if len(sample.input_ids) <= trainer_config.seq_len]
+        metrics["rollouts/too_long"] = len(all_samples) - len(samples)
         if not samples:
             metrics["train/skipped"] = 1
             return metrics
@@ -256,7 +270,7 @@ class Controller:
         start = time.perf_counter()
         train_metrics = await self.trainer.train_step.call_one(micro_batches)
         metrics["time/train_s"] = time.perf_counter() - start
-        metrics.update({key if key == "loss" else f"train/{key}": value for key, value in train_metrics.items()})
+        metrics.update({key if key == "loss" or "/" in key else f"train/{key}": value for key, value in train_metrics.items()})
 
         start = time.perf_counter()
         new_version = self.state.policy_version + 1

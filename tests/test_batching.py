@@ -8,11 +8,11 @@ from rl.logprobs import token_logprobs
 
 def _hand_samples() -> list[TrainSample]:
     return [
-        TrainSample([11, 12, 13], [False, True, True], [0.0, -0.1, -0.2], advantage=1.0, policy_version=3),
+        TrainSample([11, 12, 13], [False, True, True], [0.0, -0.1, -0.2], advantages=1.0, policy_version=3),
         TrainSample(
             [21, 22, 23, 24, 25], [False, False, True, True, True], [0.0, 0.0, -0.3, -0.4, -0.5], -0.5, 2
         ),
-        TrainSample([31, 32], [False, True], [0.0, -0.6], advantage=2.0, policy_version=3),
+        TrainSample([31, 32], [False, True], [0.0, -0.6], advantages=2.0, policy_version=3),
         # a multi-turn sample: the environment's token 43 sits between two sampled tokens
         TrainSample([41, 42, 43, 44], [False, True, False, True], [0.0, -0.7, 0.0, -0.8], 0.25, 1),
     ]
@@ -49,16 +49,16 @@ def test_pack_samples_first_fit_decreasing_hand_example() -> None:
 
 
 def test_pack_samples_rejects_too_long_sample() -> None:
-    long_sample = TrainSample(list(range(9)), [False] + [True] * 8, [0.0] * 9, advantage=1.0, policy_version=0)
+    long_sample = TrainSample(list(range(9)), [False] + [True] * 8, [0.0] * 9, advantages=1.0, policy_version=0)
     with pytest.raises(ValueError, match=r"sample 1 has 9 tokens, more than seq_len=8"):
         pack_samples([_hand_samples()[0], long_sample], seq_len=8, pad_token_id=0)
 
 
 def test_train_sample_validation() -> None:
     with pytest.raises(ValueError, match="lengths differ"):
-        TrainSample([1, 2, 3], [False, True], [0.0, 0.0, 0.0], advantage=0.0, policy_version=0)
+        TrainSample([1, 2, 3], [False, True], [0.0, 0.0, 0.0], advantages=0.0, policy_version=0)
     with pytest.raises(ValueError, match="first token"):
-        TrainSample([1, 2], [True, True], [0.0, 0.0], advantage=0.0, policy_version=0)
+        TrainSample([1, 2], [True, True], [0.0, 0.0], advantages=0.0, policy_version=0)
 
 
 def test_split_micro_batches_keeps_row_order() -> None:
