@@ -179,3 +179,21 @@ def test_task_algorithm_overrides_only_what_it_sets():
 def test_bad_algorithm_configs_fail_naming_the_keys(overrides, message):
     with pytest.raises(ConfigError, match=message):
         _config(**overrides)
+
+
+def test_sft_from_a_frozen_sampler_trains_its_tokens_and_never_goes_stale():
+    from rl.buffer import RolloutBuffer
+    from rl.frozen_models import mark_frozen
+
+    group = _group("t", [0.0, 1.0])
+    mark_frozen([group], "big")
+    samples, _ = _build({"t": AlgorithmConfig(type="sft", sampler="big")}, [group])
+    assert [s.ce_weights for s in samples] == [[0.0, 0.0, 1.0, 1.0]] * 2
+    assert all(s.rl_weights == [0.0] * 4 and s.loss_mask == [False] * 4 for s in samples)
+
+    async def take():
+        buffer = RolloutBuffer(capacity=2, max_staleness=0)
+        await buffer.put(group)  # sampled at version 0, trained at version 5: a policy group would be evicted
+        return await buffer.get(1, trainer_policy_version=5)
+
+    assert asyncio.run(take()) == ([group], 0)

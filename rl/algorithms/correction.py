@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDict
 
 from rl.algorithms.config import RolloutCorrectionConfig
-from rl.algorithms.losses import segment_sum
+from rl.algorithms.losses import local_sequences, segment_sum
 from rl.stats import MetricStats
 
 SAFETY_BOUND = 20.0
@@ -91,16 +91,15 @@ def normalize_is_weights(micro_batches: list[TensorDict], level: str) -> None:
     """Rescale `is_weights` in place to mean 1 over the step: over tokens, or over sequences for "sequence"."""
     total, n = 0.0, 0.0
     for micro_batch in micro_batches:
-        weights, mask = micro_batch["is_weights"], micro_batch["rl_weights"] != 0
+        weights, mask = micro_batch["is_weights"].double(), micro_batch["rl_weights"] != 0
         if level == "token":
-            total += float(weights[mask].double().sum())
+            total += float(weights[mask].sum())
             n += float(mask.sum())
         else:  # one weight per sequence, repeated on its tokens: average over sequences
-            index, count = torch.unique(micro_batch["sequence_ids"], return_inverse=True)[1], int(micro_batch["sequence_ids"].unique().numel())
-            per_seq_sum = segment_sum(weights.double(), index, count)
+            index, count = local_sequences(micro_batch["sequence_ids"])
             tokens = segment_sum(mask.double(), index, count)
             live = tokens > 0
-            total += float((per_seq_sum[live] / tokens[live]).sum())
+            total += float((segment_sum(torch.where(mask, weights, 0.0), index, count)[live] / tokens[live]).sum())
             n += float(live.sum())
     if n > 0 and total > 0:
         for micro_batch in micro_batches:
