@@ -129,7 +129,7 @@ def train_step(
     """K = `n_minibatches` optimizer steps over the batch; returns the step's metrics (reduced correctly).
 
     `horizon` is the constant normalizer of seq-mean-token-sum-norm (trainer.seq_len). Metrics: loss,
-    pg_loss / ce_loss / ref_kl_loss, clip fractions, ratio_mean/_std/_min/_max, mismatch_k3, kl, grad_norm
+    pg_loss / ce_loss / ref_kl_loss, entropy (rl tokens) / ce_entropy / ref_kl/entropy, clip fractions, ratio_mean/_std/_min/_max, mismatch_k3, kl, grad_norm
     (before clipping; the mean over the K steps), lr, token counts per component, nonfinite_logprob_tokens,
     train_tokens_per_s, and the `rollout_corr/*` diagnostics.
     """
@@ -144,7 +144,10 @@ def train_step(
         counts = component_counts(minibatch)  # [3, 2]; all-reduce here with several ranks
         optimizer.zero_grad(set_to_none=True)
         for micro_batch in minibatch:
-            logprobs = token_logprobs(model, micro_batch["input_ids"], micro_batch["position_ids"])  # [B,L]
+            logprobs, entropy = token_logprobs(model, micro_batch["input_ids"], micro_batch["position_ids"], return_entropy=True)  # [B,L]
+            stats.add("entropy", entropy[micro_batch["rl_weights"] != 0])
+            stats.add("ref_kl/entropy", entropy[micro_batch["ref_kl_weights"] != 0])
+            stats.add("ce_entropy", entropy[micro_batch["ce_weights"] != 0])
             if not diagnosed:
                 index, count = local_sequences(micro_batch["sequence_ids"])
                 correction.offpolicy_metrics(logprobs, micro_batch["sampling_logprobs"], micro_batch["rl_weights"] != 0, index, count, stats)

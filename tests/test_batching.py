@@ -132,3 +132,16 @@ def test_token_logprobs_chunking_matches_plain_log_softmax_with_gradients() -> N
     torch.testing.assert_close(chunked, reference, atol=1e-6, rtol=0)
     torch.testing.assert_close(chunked_grad, reference_grad, atol=1e-6, rtol=0)
     assert chunked.dtype == torch.float32
+
+
+def test_token_entropy_matches_the_softmax_entropy() -> None:
+    model = _tiny_model("qwen3", "sdpa")
+    input_ids = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(3))
+    position_ids = torch.tensor([[0, 1, 2, 3, 0, 1, 2], [0, 1, 2, 3, 4, 5, 6]])
+    logprobs, entropy = token_logprobs(model, input_ids, position_ids, chunk_size=4, return_entropy=True)
+    logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[:, :-1]  # [2,6,100]
+    expected = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    expected = torch.where(position_ids[:, 1:] == 0, 0.0, expected)
+    torch.testing.assert_close(entropy[:, 1:], expected.detach(), atol=1e-5, rtol=0)
+    assert entropy[:, 0].tolist() == [0.0, 0.0] and entropy[0, 4] == 0.0
+    torch.testing.assert_close(logprobs, token_logprobs(model, input_ids, position_ids, chunk_size=4))

@@ -208,3 +208,22 @@ def test_presets_fill_unset_keys_and_yield_to_explicit_ones():
 def test_bad_correction_configs_name_the_key(config, message):
     with pytest.raises(ValueError, match=message):
         RolloutCorrectionConfig(**config)
+
+
+def test_kl_in_reward_moves_the_sequence_kl_into_the_advantages():
+    # reference p = [0.5, 0.25, 0.25]: the sampled tokens (ids 1, 2, 1) have ref logprob ln 0.25. k1 of the
+    # sampler vs the reference, per token: ln(1/3) - ln r - ln(1/4) = ln(4/3) - ln r, r = 3, 0.5, 1e-5.
+    # Sequence sums times 0.1 come off the advantages: A = 1 - 0.1 * ln(32/27), -1 - 0.1 * (ln(4/3) - ln 1e-5).
+    # PPO vs the sampler (bypass): r = 3 (A > 0) clipped at 1.28, r = 0.5 -> r*A, r = 1e-5 (A < 0) clipped at 0.8.
+    reference = UnigramLM()
+    with torch.no_grad():
+        reference.logits.copy_(torch.tensor([math.log(2.0), 0.0, 0.0]))
+    model = UnigramLM()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    algorithm = AlgorithmConfig(kl_coef=0.1, kl_estimator="k1", kl_in_reward=True)
+    metrics = train_step(model, optimizer, scheduler, [_batch()], algorithm, max_grad_norm=1e9, horizon=6, reference=reference)
+    a0 = 1 - 0.1 * math.log(32 / 27)
+    a1 = -1 - 0.1 * (math.log(4 / 3) - math.log(1e-5))
+    assert metrics["loss"] == pytest.approx((-1.28 * a0 - 0.5 * a0 - 0.8 * a1) / 3, abs=1e-6)  # float32 cancellation
+    assert metrics["kl"] == pytest.approx(math.log(4 / 3), rel=1e-5)  # the policy's own KL, logged not added

@@ -190,6 +190,8 @@ def compute_loss(
         advantages = batch["advantages"]
         stats.add("clip_frac_low", (clipped & (advantages < 0))[mask].float())
         stats.add("clip_frac_high", (clipped & (advantages > 0))[mask].float())
+        if algorithm.dual_clip_c is not None:
+            stats.add("dual_clip_frac", ((advantages < 0) & (ratio > algorithm.dual_clip_c))[mask].float())
         stats.add("ratio", ratio[mask])
         sampling = torch.where(mask, batch["sampling_logprobs"], logprobs.detach())
         stats.add("mismatch_k3", k3_kl(sampling, logprobs.detach())[mask])
