@@ -1,6 +1,7 @@
 """Advantage types, per-task algorithm bundles and their validation, against hand-computed numbers."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 import torch
@@ -197,3 +198,12 @@ def test_sft_from_a_frozen_sampler_trains_its_tokens_and_never_goes_stale():
         return await buffer.get(1, trainer_policy_version=5)
 
     assert asyncio.run(take()) == ([group], 0)
+
+
+def test_the_resolved_config_round_trips():
+    import tomllib
+
+    from rl.config import Config, dump_toml
+
+    config = load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny_qwen3_algorithms_e2e.toml")
+    assert Config.model_validate(tomllib.loads(dump_toml(config))) == config

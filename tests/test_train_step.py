@@ -49,7 +49,7 @@ def _sgd(model):
 
 
 def _grads(model, samples, micro_batch_size, algorithm=AlgorithmConfig(), max_grad_norm=1e9):
-    model.zero_grad()
+    """Gradients left by one train_step (no zero_grad here: train_step must clear the previous call's)."""
     optimizer, scheduler = _sgd(model)
     batch = pack_samples(samples, seq_len=SEQ_LEN, pad_token_id=0)
     metrics = train_step(model, optimizer, scheduler, split_micro_batches(batch, micro_batch_size), algorithm,
