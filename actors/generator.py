@@ -47,15 +47,16 @@ class Generator(Actor):
             seed=generator_config.seed,
         )
 
-    def _sampling_params(self, sampling: SamplingConfig, max_new_tokens: int) -> Any:
+    def _sampling_params(self, sampling: SamplingConfig, request: GenerationRequest) -> Any:
         from vllm import SamplingParams
 
         return SamplingParams(
             n=1,
+            seed=request.seed,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
-            max_tokens=max_new_tokens,
+            max_tokens=request.max_new_tokens,
             stop_token_ids=self.stop_token_ids,
             logprobs=0,
             detokenize=False,
@@ -66,7 +67,7 @@ class Generator(Actor):
 
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=request.prompt_token_ids) for request in requests],
-            sampling_params=[self._sampling_params(sampling, request.max_new_tokens) for request in requests],
+            sampling_params=[self._sampling_params(sampling, request) for request in requests],
             use_tqdm=False,
         )
         completions = []

@@ -190,27 +190,29 @@ class Controller:
         return await replica.generate.call_one(requests, sampling)
 
     async def rollout_and_score(
-        self, rows: list[tuple[str, dict]], group_size: int, sampling: SamplingConfig, tag: str, frozen_samplers: bool = False
+        self, rows: list[tuple[str, dict]], group_ids: list[str], group_size: int, sampling: SamplingConfig,
+        frozen_samplers: bool = False,
     ) -> list[RolloutGroup]:
         specs = [
             GroupSpec(
-                group_id=f"{tag}/{index}",
+                group_id=group_id,
                 task_name=task_name,
                 task=self.tasks[task_name].task,
                 example=row,
                 renderer=self.renderers[task_name],
                 env_config=self.tasks[task_name].config.env,
             )
-            for index, (task_name, row) in enumerate(rows)
+            for group_id, (task_name, row) in zip(group_ids, rows, strict=True)
         ]
         samplers = [self.algorithms[spec.task_name].sampler if frozen_samplers else POLICY for spec in specs]
         groups = await collect_groups(
-            [spec for spec, sampler in zip(specs, samplers) if sampler == POLICY], group_size, lambda requests: self.generate(requests, sampling)
+            [spec for spec, sampler in zip(specs, samplers) if sampler == POLICY], group_size,
+            lambda requests: self.generate(requests, sampling), run_seed=self.config.run.seed,
         )
         for name in sorted(set(samplers) - {POLICY}):
             frozen = await collect_groups(
                 [spec for spec, sampler in zip(specs, samplers) if sampler == name], group_size,
-                lambda requests, name=name: self.frozen.generate(name, requests, sampling),
+                lambda requests, name=name: self.frozen.generate(name, requests, sampling), run_seed=self.config.run.seed,
             )
             mark_frozen(frozen, name)
             groups += frozen
@@ -233,11 +235,11 @@ class Controller:
             async with self.step_done:
                 await self.step_done.wait_for(lambda: self.state.step >= batch_index - run.max_policy_staleness)
             start = time.perf_counter()
+            first_row = self.stream.cursor
             rows = self.stream.take(run.groups_per_step)
-            self.state.data_cursor = self.stream.cursor
+            group_ids = [f"train/row={first_row + index}" for index in range(len(rows))]
             groups = await self.rollout_and_score(
-                rows, self.config.algorithm.group_size, self.config.generator.sampling, tag=f"train/batch={batch_index}",
-                frozen_samplers=True,
+                rows, group_ids, self.config.algorithm.group_size, self.config.generator.sampling, frozen_samplers=True
             )
             stats = self.generation_stats
             stats.seconds += time.perf_counter() - start
@@ -250,9 +252,8 @@ class Controller:
         """Held-out reward through the same rollout path, one sample per row."""
         if not self.validation_rows:
             return {}
-        groups = await self.rollout_and_score(
-            self.validation_rows, 1, self.config.generator.eval_sampling, tag=f"eval/step={self.state.step}"
-        )
+        group_ids = [f"eval/step={self.state.step}/{index}" for index in range(len(self.validation_rows))]
+        groups = await self.rollout_and_score(self.validation_rows, group_ids, 1, self.config.generator.eval_sampling)
         self.logger.log_rollouts(self.state.step, "eval", groups)
         return reward_means([rollout for group in groups for rollout in group.rollouts], prefix="eval/reward")
 

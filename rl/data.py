@@ -6,6 +6,7 @@ run can continue exactly where it stopped by replaying the cursor.
 
 from __future__ import annotations
 
+import copy
 import random
 from typing import Any
 
@@ -43,7 +44,7 @@ class RowStream:
     def next(self) -> tuple[str, dict[str, Any]]:
         task_name = self._task_rng.choices(self.task_names, weights=self.weights)[0]
         self.cursor += 1
-        return task_name, self.rows_by_task[task_name][self._next_index(task_name)]
+        return task_name, copy.deepcopy(self.rows_by_task[task_name][self._next_index(task_name)])
 
     def take(self, count: int) -> list[tuple[str, dict[str, Any]]]:
         return [self.next() for _ in range(count)]

@@ -8,6 +8,7 @@ full; the generator isolates a failing request so one bad group does not fail th
 from __future__ import annotations
 
 import asyncio
+import copy
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -31,8 +32,13 @@ class GroupSpec:
     env_config: RendererEnvConfig
 
 
-async def collect_groups(specs: list[GroupSpec], group_size: int, generate: GenerateFn) -> list[RolloutGroup]:
-    """Run `group_size` rollouts of every spec to a terminal status."""
+async def collect_groups(
+    specs: list[GroupSpec], group_size: int, generate: GenerateFn, *, run_seed: int | None = None
+) -> list[RolloutGroup]:
+    """Run `group_size` rollouts of every spec to a terminal status.
+
+    With `run_seed`, every request carries a seed derived from it and its rollout id (see `sampling_seed`).
+    """
     groups: list[RolloutGroup] = []
     renderer_envs: list[RendererEnv] = []
     for spec in specs:
@@ -47,14 +53,16 @@ async def collect_groups(specs: list[GroupSpec], group_size: int, generate: Gene
         ]
         groups.append(RolloutGroup(group_id=spec.group_id, task_name=spec.task_name, example=spec.example, rollouts=rollouts))
         try:
-            envs = spec.task.make_envs(spec.example, group_size)
+            envs = spec.task.make_envs(copy.deepcopy(spec.example), group_size)
             if len(envs) != group_size:
                 raise ValueError(f"make_envs returned {len(envs)} environments for a group of {group_size}")
         except Exception as exc:
             for rollout in rollouts:
                 rollout.fail(RolloutStatus.ERROR, f"make_envs failed: {exc!r}")
             continue
-        renderer_envs.extend(RendererEnv(env, spec.renderer, spec.env_config, rollout) for env, rollout in zip(envs, rollouts))
+        renderer_envs.extend(
+            RendererEnv(env, spec.renderer, spec.env_config, rollout, run_seed=run_seed) for env, rollout in zip(envs, rollouts)
+        )
 
     requests = await asyncio.gather(*(renderer_env.start() for renderer_env in renderer_envs))
     pending = [(env, request) for env, request in zip(renderer_envs, requests) if request is not None]

@@ -9,6 +9,7 @@ A user's task is any `Task` subclass importable by path; its constructor receive
 from __future__ import annotations
 
 import abc
+import copy
 from typing import Any, Literal
 
 from env_types.message_env import MessageEnv
@@ -33,5 +34,9 @@ class Task(abc.ABC):
         """The task's default rubric; a config can replace it."""
 
     def make_envs(self, example: dict[str, Any], group_size: int) -> list[MessageEnv]:
-        """Environments for the `group_size` rollouts of a row; override to pool expensive ones."""
-        return [self.make_env(example) for _ in range(group_size)]
+        """Environments for the `group_size` rollouts of a row; override to pool expensive ones.
+
+        Each environment gets its own deep copy of the row, so one that mutates it cannot change
+        what its siblings see.
+        """
+        return [self.make_env(copy.deepcopy(example)) for _ in range(group_size)]
