@@ -98,12 +98,14 @@ def prepare(
 
 
 def split_minibatches(micro_batches: list[TensorDict], n: int) -> list[list[TensorDict]]:
-    """`n` disjoint, contiguous, non-empty groups of micro-batches (one optimizer step each)."""
+    """`n` disjoint, contiguous, non-empty groups of micro-batches (one optimizer step each).
+
+    With fewer micro-batches than `n`, the micro-batches are split into single rows first.
+    """
     if n > len(micro_batches):
-        raise ValueError(
-            f"trainer.ppo_n_minibatches = {n} but the batch has only {len(micro_batches)} micro-batches: "
-            "lower it or trainer.micro_batch_size"
-        )
+        micro_batches = [row for micro_batch in micro_batches for row in micro_batch.split(1)]
+    if n > len(micro_batches):
+        raise ValueError(f"trainer.ppo_n_minibatches = {n} but the batch has only {len(micro_batches)} packed rows")
     size, extra = divmod(len(micro_batches), n)
     out, start = [], 0
     for k in range(n):

@@ -165,3 +165,17 @@ def test_nonfinite_sampler_logprobs_are_masked_and_counted(base_model):
     for g_clean, g in zip(clean_grads, grads):
         assert torch.isfinite(g).all()
         torch.testing.assert_close(g, g_clean, atol=1e-6, rtol=0)
+
+
+def test_minibatches_are_disjoint_and_fall_back_to_rows():
+    from tensordict import TensorDict
+
+    from rl.train_step import split_minibatches
+
+    rows = TensorDict({"x": torch.arange(5)[:, None]}, batch_size=[5])
+    groups = split_minibatches(list(rows.split(2)), 2)  # micro-batches of 2, 2, 1 rows
+    assert [[mb["x"][:, 0].tolist() for mb in group] for group in groups] == [[[0, 1], [2, 3]], [[4]]]
+    groups = split_minibatches(list(rows.split(4)), 3)  # 2 micro-batches < 3: single rows
+    assert [[mb["x"][0, 0].item() for mb in group] for group in groups] == [[0, 1], [2, 3], [4]]
+    with pytest.raises(ValueError, match="ppo_n_minibatches = 6 but the batch has only 5 packed rows"):
+        split_minibatches(list(rows.split(4)), 6)
