@@ -31,7 +31,7 @@ from rl.algorithms.config import POLICY
 from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
 from rl.batching import pack_samples, split_micro_batches
-from rl.buffer import RolloutBuffer
+from rl.buffer import RolloutBuffer, is_frozen_sampled
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream
 from rl.frozen_models import FrozenModels, mark_frozen, task_algorithms
@@ -349,7 +349,9 @@ class Controller:
         metrics: dict[str, float] = {
             "rollouts/evicted_stale_groups": evicted,
             "rollouts/completion_tokens_mean": sum(r.num_completion_tokens for r in rollouts) / len(rollouts),
-            "rollouts/policy_lag_max": max(self.state.policy_version - group.min_policy_version for group in groups),
+            "rollouts/policy_lag_max": max(
+                (self.state.policy_version - group.min_policy_version for group in groups if not is_frozen_sampled(group)), default=0
+            ),
             "time/generation_s": stats.seconds,
             "time/wait_for_rollouts_s": wait_seconds,
             "perf/generation_tokens_per_s": stats.completion_tokens / stats.seconds if stats.seconds else 0.0,
