@@ -19,9 +19,8 @@ from rl import weight_sync
 from rl.assets import resolve_model_path
 from rl.config import Config, TrainerConfig
 from rl.logprobs import token_logprobs
+from rl.precision import TORCH_DTYPES, compute_context
 from rl.train_step import train_step
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
@@ -42,7 +41,7 @@ def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
 
 def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(path), dtype=_DTYPES[trainer_config.dtype], attn_implementation="sdpa"
+        resolve_model_path(path), dtype=TORCH_DTYPES[trainer_config.param_dtype], attn_implementation="sdpa"
     )
     return model.to(trainer_config.device)
 
@@ -68,6 +67,11 @@ class PolicyTrainer(Actor):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, config.run.steps * trainer_config.ppo_n_minibatches))
         self.policy_version = 0
 
+    def compute(self):
+        """Forward passes run in `trainer.dtype` (autocast) over the `trainer.param_dtype` weights."""
+        trainer_config = self.config.trainer
+        return compute_context(trainer_config.device, trainer_config.param_dtype, trainer_config.dtype)
+
     @endpoint
     async def train_step(self, micro_batches: list[TensorDict]) -> dict[str, float]:
         """K optimizer steps over the batch's micro-batches (see `rl.train_step`); returns loss and diagnostics."""
@@ -75,14 +79,15 @@ class PolicyTrainer(Actor):
         return train_step(
             self.model, self.optimizer, self.scheduler, micro_batches, self.config.algorithm,
             max_grad_norm=trainer_config.max_grad_norm, horizon=trainer_config.seq_len,
-            n_minibatches=trainer_config.ppo_n_minibatches, reference=self.reference, device=self.device,
+            n_minibatches=trainer_config.ppo_n_minibatches, reference=self.reference, device=self.device, compute=self.compute,
+        )
         )
 
     @endpoint
     async def push_weights(self, policy_version: int) -> float:
         """Publish the current weights as `policy_version`; returns seconds spent."""
         start = time.perf_counter()
-        generator_dtype = _DTYPES[self.config.generator.dtype]
+        generator_dtype = TORCH_DTYPES[self.config.generator.dtype]
         state_dict = {  # sent in the generators' dtype: half the bytes when they run bf16
             name: tensor.detach().to(generator_dtype) if tensor.is_floating_point() else tensor.detach()
             for name, tensor in self.model.state_dict().items()
@@ -96,5 +101,5 @@ class PolicyTrainer(Actor):
         """Logprob of each token given its prefix under the current weights (position 0 gets 0.0)."""
         input_ids = torch.tensor([token_ids], device=self.device)
         position_ids = torch.arange(len(token_ids), device=self.device).unsqueeze(0)
-        with torch.no_grad():
+        with torch.no_grad(), self.compute():
             return token_logprobs(self.model, input_ids, position_ids)[0].tolist()

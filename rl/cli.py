@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
         print(dump_toml(config), end="")
         return 0
 
+    from rl.interrupts import EXIT_INTERRUPTED, InterruptibleRun
+
+    interruptible = InterruptibleRun()  # before Monarch starts any thread: see rl/interrupts.py
     from rl.controller import Controller
 
     try:
@@ -56,13 +59,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlmesh: cannot set up the run: {exc}", file=sys.stderr)
         return 2
     try:
-        summary = asyncio.run(controller.run())
+        summary = interruptible.run(controller.run())
     except KeyboardInterrupt:
-        if controller.actor_failures:
-            print("rlmesh: an actor failed; run stopped:\n" + "\n".join(controller.actor_failures), file=sys.stderr)
-            return 1
         print("rlmesh: interrupted; actors stopped", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except asyncio.CancelledError:
+        if not controller.actor_failures:
+            raise
+        print("rlmesh: an actor failed; run stopped:\n" + "\n".join(controller.actor_failures), file=sys.stderr)
+        return 1
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -35,7 +35,9 @@ from rl.buffer import RolloutBuffer, is_frozen_sampled
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream
 from rl.frozen_models import FrozenModels, mark_frozen, task_algorithms
+from rl.interrupts import kill_descendants
 from rl.metrics import MetricsLogger
+from rl.precision import MismatchWatch
 from rl.renderer import stop_token_ids
 from rollouts.runner import GroupSpec, collect_groups
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus
@@ -123,6 +125,7 @@ class Controller:
             max_staleness=config.run.max_policy_staleness,
         )
         self.generation_stats = GenerationStats()
+        self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
         self.algorithms = task_algorithms(config)
         self.frozen = FrozenModels(config)
         self.samples = SampleBuilder(
@@ -134,22 +137,29 @@ class Controller:
         self.actor_failures: list[str] = []
         self._store_started = False
         self._shutting_down = False
+        self._actors_ready = False
+        self._run_task: asyncio.Task | None = None
+        self._previous_fault_hook: Callable[[Any], None] | None = None
 
     def _on_actor_failure(self, failure: Any) -> None:
-        """Monarch's hook for an actor that died: keep its report, then stop the run.
+        """Monarch's hook for an actor that died: keep its report and cancel the run's task.
 
-        Monarch stops the launcher's main thread with a KeyboardInterrupt after this hook
-        raises; the CLI tells that apart from a user's Ctrl-C by `actor_failures`.
+        Returning normally tells Monarch the fault is handled; the run then stops through
+        ordinary cancellation (teardown included), and the CLI tells it apart from a user's
+        Ctrl-C by `actor_failures`. (Monarch's own answer, a KeyboardInterrupt delivered to the
+        main thread, can be delayed indefinitely: see rl/interrupts.py.)
         """
         if self._shutting_down:
             return  # a slow teardown (e.g. vLLM freeing its engine) is not a failure of the run
         self.actor_failures.append(failure.report())
-        sys.exit(1)
+        if self._run_task is not None:
+            self._run_task.get_loop().call_soon_threadsafe(self._run_task.cancel)
 
     async def setup(self) -> None:
         """Start the store and spawn the actors, each kind on its own processes."""
+        self._previous_fault_hook = monarch.actor.unhandled_fault_hook
         monarch.actor.unhandled_fault_hook = self._on_actor_failure
-        monarch.config.configure(cleanup_timeout="60s")
+        monarch.config.configure(cleanup_timeout="10s")
         await weight_sync.initialize_store()
         self._store_started = True
         generator_config = self.config.generator
@@ -168,19 +178,27 @@ class Controller:
         await asyncio.gather(
             self.trainer.initialized, self.generators.initialized, self.reward.initialized, self.frozen.setup(self.stop_token_ids)
         )
+        self._actors_ready = True
 
     async def shutdown(self) -> None:
         """Stop every actor process and the store; safe after a partial setup."""
         self._shutting_down = True
-        await self.frozen.shutdown()
-        if self._proc_meshes:
-            await asyncio.gather(self.generators.shutdown.call(), return_exceptions=True)
-        for procs in self._proc_meshes:
-            await procs.stop()
+        if self._actors_ready:
+            await asyncio.gather(
+                asyncio.wait_for(self.generators.shutdown.call(), 10), self.frozen.stop_engines(), return_exceptions=True
+            )
+        stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes + self.frozen.take_procs()), return_exceptions=True)
+        try:
+            await asyncio.wait_for(stopping, 8)
+        except asyncio.TimeoutError:
+            kill_descendants()  # a mesh stops only once its actors have started: vLLM may still be loading
         self._proc_meshes = []
+        self._actors_ready = False
         if self._store_started:
             self._store_started = False
             await weight_sync.shutdown_store()
+        if self._previous_fault_hook is not None:
+            monarch.actor.unhandled_fault_hook, self._previous_fault_hook = self._previous_fault_hook, None
 
     async def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[Any]:
         """Send a batch to the next generator replica (round-robin)."""
@@ -272,6 +290,8 @@ class Controller:
         train_metrics = await self.trainer.train_step.call_one(micro_batches)
         metrics["time/train_s"] = time.perf_counter() - start
         metrics.update({key if key == "loss" or "/" in key else f"train/{key}": value for key, value in train_metrics.items()})
+        if "train/mismatch_k3" in metrics and (warning := self.mismatch_watch.check(metrics["train/mismatch_k3"])):
+            tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
 
         start = time.perf_counter()
         new_version = self.state.policy_version + 1
@@ -283,6 +303,7 @@ class Controller:
 
     async def run(self) -> dict[str, Any]:
         """The whole run: start the actors, train, stop them (also on error or Ctrl-C)."""
+        self._run_task = asyncio.current_task()
         try:
             await self.setup()
             return await self.train()

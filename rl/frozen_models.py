@@ -45,11 +45,15 @@ class FrozenModels:
             self._next[name] = 0
         await asyncio.gather(*(actor.initialized for actor in self.actors.values()))
 
-    async def shutdown(self) -> None:
-        await asyncio.gather(*(actor.shutdown.call() for actor in self.actors.values()), return_exceptions=True)
-        for procs in self.procs:
-            await procs.stop()
-        self.procs, self.actors = [], {}
+    async def stop_engines(self) -> None:
+        """Free every frozen engine (as the policy generators are freed) before their processes stop."""
+        calls = [asyncio.wait_for(actor.shutdown.call(), 10) for actor in self.actors.values()]
+        await asyncio.gather(*calls, return_exceptions=True)
+
+    def take_procs(self) -> list[Any]:
+        """The frozen models' process meshes, handed over to be stopped (and forgotten here)."""
+        procs, self.procs, self.actors = self.procs, [], {}
+        return procs
 
     def _replica(self, name: str, actors: Any, replicas: int) -> Any:
         index = self._next.get(name, 0)

@@ -9,7 +9,9 @@ there is no extra forward pass: this is the plain PPO update against the sampler
 
 from __future__ import annotations
 
+import contextlib
 import time
+from typing import Callable, ContextManager
 
 import torch
 from tensordict import TensorDict
@@ -45,7 +47,7 @@ def needs_old_pass(algorithm: AlgorithmConfig, n_minibatches: int) -> bool:
 
 def prepare(
     micro_batches: list[TensorDict], model: torch.nn.Module, reference: torch.nn.Module | None,
-    algorithm: AlgorithmConfig, n_minibatches: int, stats: MetricStats,
+    algorithm: AlgorithmConfig, n_minibatches: int, stats: MetricStats, compute: Callable[[], ContextManager],
 ) -> bool:
     """The no-grad pass: π_old, reference logprobs, KL-in-reward, IS weights and rejection, in place.
 
@@ -58,7 +60,7 @@ def prepare(
         micro_batch["old_logprobs"] = sampling
         if not old_pass and reference is None:
             continue
-        with torch.no_grad():
+        with torch.no_grad(), compute():
             ids, positions = micro_batch["input_ids"], micro_batch["position_ids"]
             if reference is not None:
                 micro_batch["kl_ref_logprobs"] = token_logprobs(reference, ids, positions)  # [B,L]
@@ -127,9 +129,11 @@ def train_step(
     n_minibatches: int = 1,
     reference: torch.nn.Module | None = None,
     device: torch.device | str = "cpu",
+    compute: Callable[[], ContextManager] = contextlib.nullcontext,
 ) -> dict[str, float]:
     """K = `n_minibatches` optimizer steps over the batch; returns the step's metrics (reduced correctly).
 
+    `compute()` is entered around every forward pass (the trainer's bf16 autocast); losses stay float32.
     `horizon` is the constant normalizer of seq-mean-token-sum-norm (trainer.seq_len). Metrics: loss,
     pg_loss / ce_loss / ref_kl_loss, entropy (rl tokens) / ce_entropy / ref_kl/entropy, clip fractions, ratio_mean/_std/_min/_max, mismatch_k3, kl, grad_norm
     (before clipping; the mean over the K steps), lr, token counts per component, nonfinite_logprob_tokens,
@@ -139,14 +143,15 @@ def train_step(
     micro_batches = [micro_batch.to(device).clone() for micro_batch in micro_batches]
     stats = MetricStats()
     stats.add_total("nonfinite_logprob_tokens", sum(sanitize(micro_batch) for micro_batch in micro_batches))
-    diagnosed = prepare(micro_batches, model, reference, algorithm, n_minibatches, stats)
+    diagnosed = prepare(micro_batches, model, reference, algorithm, n_minibatches, stats, compute)
     counts_all = component_counts(micro_batches)
     grad_norms = []
     for minibatch in split_minibatches(micro_batches, n_minibatches):
         counts = component_counts(minibatch)  # [3, 2]; all-reduce here with several ranks
         optimizer.zero_grad(set_to_none=True)
         for micro_batch in minibatch:
-            logprobs, entropy = token_logprobs(model, micro_batch["input_ids"], micro_batch["position_ids"], return_entropy=True)  # [B,L]
+            with compute():
+                logprobs, entropy = token_logprobs(model, micro_batch["input_ids"], micro_batch["position_ids"], return_entropy=True)  # [B,L]
             stats.add("entropy", entropy[micro_batch["rl_weights"] != 0])
             stats.add("ref_kl/entropy", entropy[micro_batch["ref_kl_weights"] != 0])
             stats.add("ce_entropy", entropy[micro_batch["ce_weights"] != 0])

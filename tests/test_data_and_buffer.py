@@ -51,3 +51,26 @@ async def test_buffer_evicts_stale_groups_and_blocks_when_full():
     groups, evicted = await buffer.get(2, trainer_policy_version=2)
     assert [g.group_id for g in groups] == ["ok1", "ok2"] and evicted == 1
     await blocked
+
+
+def test_rows_are_copies_per_draw_and_per_environment():
+    from tasks.task import Task
+
+    rows = [{"n": 1, "seen": []}]
+    stream = RowStream({"t": rows}, {"t": 1.0}, seed=0)
+    stream.next()[1]["seen"].append("mutated")
+    assert stream.next()[1] == {"n": 1, "seen": []} and rows[0] == {"n": 1, "seen": []}
+
+    class RecordingTask(Task):
+        def load_dataset(self, split):
+            return rows
+
+        def make_env(self, example):
+            example["seen"].append("env")  # an environment that mutates its row
+            return example
+
+        def build_rubric(self):
+            raise NotImplementedError
+
+    envs = RecordingTask().make_envs(rows[0], 3)
+    assert envs == [{"n": 1, "seen": ["env"]}] * 3 and rows[0] == {"n": 1, "seen": []}
