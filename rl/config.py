@@ -174,11 +174,6 @@ class Config(Section):
         if self.generator.device != self.trainer.device:
             raise ValueError("generator.device and trainer.device must match on one machine")
         self._check_precision()
-        if self.algorithm.group_size < 2:
-            raise ValueError(
-                f"algorithm.group_size = {self.algorithm.group_size}: {self.algorithm.name}'s advantages are relative to "
-                "the other samples of a group, so it needs group_size >= 2"
-            )
         for index, task in enumerate(self.tasks):
             if task.env.max_total_tokens > self.trainer.seq_len:
                 raise ValueError(
