@@ -81,7 +81,6 @@ class PolicyTrainer(Actor):
             max_grad_norm=trainer_config.max_grad_norm, horizon=trainer_config.seq_len,
             n_minibatches=trainer_config.ppo_n_minibatches, reference=self.reference, device=self.device, compute=self.compute,
         )
-        )
 
     @endpoint
     async def push_weights(self, policy_version: int) -> float:
