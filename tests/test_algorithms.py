@@ -170,6 +170,7 @@ def test_task_algorithm_overrides_only_what_it_sets():
         ({"algorithm.type": "opd", "algorithm.teacher": "'big'"}, r"algorithm.teacher = 'big' is not a declared model"),
         ({"models.big.path": "'tiny-qwen3'", "algorithm.sampler": "'big'"}, r"algorithm.sampler = 'big' \(a frozen model\) cannot feed algorithm.type = 'grpo'"),
         ({"models.policy.path": "'tiny-qwen3'"}, r"models.policy: the name 'policy' is reserved"),
+        ({"models.big.path": "'/no/such/model'"}, r"models.big.path: '/no/such/model' is neither a built-in model"),
         ({"algorithm.type": "custom"}, r"needs algorithm.custom_advantage_fn"),
         ({"algorithm.kl_in_reward": "true"}, r"kl_in_reward is set but algorithm.kl_coef is 0"),
         ({"algorithm.rollout_correction.rollout_rs": "'token'"}, r"algorithm.rollout_correction.*rollout_rs_threshold is not"),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 AdvantageType = Literal["grpo", "rloo", "max_rl", "reinforce_pp", "reward", "custom", "echo", "sft", "opd", "opsd"]
 GROUP_RELATIVE = ("grpo", "rloo", "max_rl", "reinforce_pp", "echo")
@@ -181,6 +181,11 @@ def check_algorithms(config: Any) -> None:
     models = config.models
     if POLICY in models:
         raise ValueError(f"models.{POLICY}: the name {POLICY!r} is reserved for the trained policy")
+    for name, model in models.items():
+        try:
+            type(config.model)(path=model.path)  # the policy's check of a model path
+        except ValidationError as exc:
+            raise ValueError(f"models.{name}.path: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     for index, task in enumerate(config.tasks):
         algorithm = config.algorithm.for_task(task.algorithm)
         where = f"tasks.{index}.algorithm" if task.algorithm is not None and task.algorithm.type is not None else "algorithm"
