@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import torch
 from monarch.actor import Actor, endpoint
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
-from rl import weight_sync
+from rl import checkpoint, weight_sync
 from rl.assets import resolve_model_path
 from rl.config import Config, TrainerConfig
 from rl.logprobs import token_logprobs
@@ -94,6 +95,17 @@ class PolicyTrainer(Actor):
         await weight_sync.push_state_dict(state_dict, policy_version, keep_versions=2)
         self.policy_version = policy_version
         return time.perf_counter() - start
+
+    @endpoint
+    async def save_checkpoint(self, path: str) -> None:
+        """Model, optimizer, LR schedule and this process's RNG into the checkpoint directory `path`."""
+        checkpoint.save_trainer(Path(path), self.model, self.optimizer, self.scheduler)
+        checkpoint.save_rng(Path(path), "trainer")
+
+    @endpoint
+    async def load_checkpoint(self, path: str) -> None:
+        checkpoint.load_trainer(Path(path), self.model, self.optimizer, self.scheduler)
+        checkpoint.load_rng(Path(path), "trainer")
 
     @endpoint
     async def logprobs(self, token_ids: list[int]) -> list[float]:

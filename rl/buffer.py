@@ -32,14 +32,14 @@ class RolloutBuffer:
     async def put(self, group: RolloutGroup) -> None:
         await self._queue.put(group)
 
-    async def get(self, count: int, trainer_policy_version: int) -> tuple[list[RolloutGroup], int]:
-        """The next `count` fresh groups, and how many stale ones were evicted on the way."""
+    async def get(self, count: int, trainer_policy_version: int) -> tuple[list[RolloutGroup], list[RolloutGroup]]:
+        """The next `count` fresh groups, and the stale ones evicted on the way."""
         groups: list[RolloutGroup] = []
-        evicted = 0
+        evicted: list[RolloutGroup] = []
         while len(groups) < count:
             group = await self._queue.get()
             if is_frozen_sampled(group) or is_fresh(group.min_policy_version, trainer_policy_version, self.max_staleness):
                 groups.append(group)
             else:
-                evicted += 1
+                evicted.append(group)
         return groups, evicted

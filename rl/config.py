@@ -155,6 +155,13 @@ class RunConfig(Section):
     mismatch_warn_floor: float = Field(1e-3, ge=0)
 
 
+class CheckpointConfig(Section):
+    every_steps: int = Field(0, ge=0)
+    """Write a checkpoint every N optimizer steps; 0 = only the final one (always written when a run ends)."""
+    keep: int = Field(2, ge=1)
+    """Newest committed checkpoints kept; older ones are deleted after each commit."""
+
+
 class Config(Section):
     model: ModelConfig = ModelConfig()
     generator: GeneratorConfig = GeneratorConfig()
@@ -164,6 +171,7 @@ class Config(Section):
     """Frozen models by name (teachers, samplers), each served by its own never-updated generators."""
     tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)
     run: RunConfig = RunConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     wandb: WandbConfig = WandbConfig()
 
     @model_validator(mode="after")

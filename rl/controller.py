@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,7 +26,7 @@ from actors.generator import Generator
 from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
 from env_types.renderer_env import GenerationRequest
-from rl import weight_sync
+from rl import checkpoint, weight_sync
 from rl.algorithms.config import POLICY
 from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
@@ -78,16 +78,34 @@ def reward_means(rollouts: list[Rollout], prefix: str) -> dict[str, float]:
     return metrics
 
 
+def train_group_id(row_index: int) -> str:
+    """Id of the group of training row `row_index` (rollout ids and sampling seeds derive from it)."""
+    return f"train/row={row_index}"
+
+
+def row_index_of(group_id: str) -> int:
+    return int(group_id.removeprefix("train/row="))
+
+
 @dataclass
 class RunState:
-    """Everything about the run's progress in one place."""
+    """Everything about the run's progress in one place; a checkpoint saves it as is."""
 
     step: int = 0
     """Optimizer steps done (consumed batches, including skipped ones)."""
     policy_version: int = 0
     """Version of the newest weights; the generators run it once the step's sync is done."""
     data_cursor: int = 0
-    """Training rows drawn from the row stream."""
+    """Every training row below this index has been consumed (trained, or evicted as stale)."""
+    rows_done_ahead: list[int] = field(default_factory=list)
+    """Rows at or above `data_cursor` already consumed (groups may finish out of row order)."""
+
+    def mark_rows_done(self, row_indices: list[int]) -> None:
+        done = set(self.rows_done_ahead) | set(row_indices)
+        while self.data_cursor in done:
+            done.remove(self.data_cursor)
+            self.data_cursor += 1
+        self.rows_done_ahead = sorted(done)
 
 
 @dataclass
@@ -104,9 +122,11 @@ class GenerationStats:
 
 
 class Controller:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, resume_from: Path | None = None):
+        """`resume_from`: a committed checkpoint directory to continue from (see `rl.checkpoint`)."""
         self.config = config
-        self.state = RunState()
+        self.resume_from = resume_from
+        self.state = RunState(**checkpoint.read_run_state(resume_from)) if resume_from else RunState()
         self.tasks: dict[str, BuiltTask] = {task_config.name: build_task(task_config) for task_config in config.tasks}
         model_path = resolve_model_path(config.model.path)
         self.renderers = {name: task.config.renderer.build(model_path) for name, task in self.tasks.items()}
@@ -117,6 +137,7 @@ class Controller:
             {name: task.config.weight for name, task in self.tasks.items()},
             seed=config.run.seed,
         )
+        self.stream.seek(self.state.data_cursor)
         self.validation_rows = [
             (name, row) for name, task in sorted(self.tasks.items()) for row in task.task.load_dataset("validation")
         ][: config.run.eval_groups]
@@ -179,6 +200,29 @@ class Controller:
             self.trainer.initialized, self.generators.initialized, self.reward.initialized, self.frozen.setup(self.stop_token_ids)
         )
         self._actors_ready = True
+        if self.resume_from is not None:
+            await self.restore(self.resume_from)
+
+    async def restore(self, path: Path) -> None:
+        """Load a checkpoint into every actor; the generators get its weights through the normal sync."""
+        await asyncio.gather(self.trainer.load_checkpoint.call_one(str(path)), self.reward.load_rng.call_one(str(path)))
+        checkpoint.load_rng(path, "controller")
+        await self.sync_weights(self.state.policy_version)
+
+    async def save_checkpoint(self, run_dir: Path) -> float:
+        """Write a committed checkpoint of the current step; returns seconds spent."""
+        start = time.perf_counter()
+        tmp = checkpoint.begin(run_dir, self.state.step)
+        await asyncio.gather(self.trainer.save_checkpoint.call_one(str(tmp)), self.reward.save_rng.call_one(str(tmp)))
+        checkpoint.save_rng(tmp, "controller")
+        checkpoint.write_run_state(tmp, self.state)
+        (tmp / "config.toml").write_text(dump_toml(self.config))
+        checkpoint.commit(run_dir, tmp, self.state.step, keep=self.config.checkpoint.keep)
+        return time.perf_counter() - start
+
+    def checkpoint_due(self) -> bool:
+        every = self.config.checkpoint.every_steps
+        return self.state.step == self.config.run.steps or (every > 0 and self.state.step % every == 0)
 
     async def shutdown(self) -> None:
         """Stop every actor process and the store; safe after a partial setup."""
@@ -248,14 +292,19 @@ class Controller:
     async def produce(self) -> None:
         """Fill the buffer batch after batch, never more than the staleness budget ahead of training."""
         run = self.config.run
-        batch_index = 0
+        batch_index = self.state.step
+        rows_done_ahead = set(self.state.rows_done_ahead)  # consumed before a resume: not drawn again
         while True:
             async with self.step_done:
                 await self.step_done.wait_for(lambda: self.state.step >= batch_index - run.max_policy_staleness)
             start = time.perf_counter()
-            first_row = self.stream.cursor
-            rows = self.stream.take(run.groups_per_step)
-            group_ids = [f"train/row={first_row + index}" for index in range(len(rows))]
+            rows, group_ids = [], []
+            while len(rows) < run.groups_per_step:
+                row_index = self.stream.cursor
+                row = self.stream.next()
+                if row_index not in rows_done_ahead:
+                    rows.append(row)
+                    group_ids.append(train_group_id(row_index))
             groups = await self.rollout_and_score(
                 rows, group_ids, self.config.algorithm.group_size, self.config.generator.sampling, frozen_samplers=True
             )
@@ -294,12 +343,15 @@ class Controller:
             tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
 
         start = time.perf_counter()
-        new_version = self.state.policy_version + 1
-        await self._within(self.trainer.push_weights.call_one(new_version), "trainer weight push")
-        await self._within(self.generators.update_weights.call(new_version), "generator weight reload")
-        self.state.policy_version = new_version
+        await self.sync_weights(self.state.policy_version + 1)
         metrics["time/weight_sync_s"] = time.perf_counter() - start
         return metrics
+
+    async def sync_weights(self, policy_version: int) -> None:
+        """The trainer publishes its weights as `policy_version`; every generator reloads them."""
+        await self._within(self.trainer.push_weights.call_one(policy_version), "trainer weight push", policy_version)
+        await self._within(self.generators.update_weights.call(policy_version), "generator weight reload", policy_version)
+        self.state.policy_version = policy_version
 
     async def run(self) -> dict[str, Any]:
         """The whole run: start the actors, train, stop them (also on error or Ctrl-C)."""
@@ -313,21 +365,26 @@ class Controller:
     async def train(self) -> dict[str, Any]:
         """Validate, then `run.steps` optimizer steps; returns the first and last validation metrics."""
         config = self.config
-        run_dir = fresh_run_dir(config.run_dir)
-        (run_dir / "config.toml").write_text(dump_toml(config))
+        if self.resume_from is not None:
+            run_dir = self.resume_from.parent.parent
+        else:
+            run_dir = fresh_run_dir(config.run_dir)
+            (run_dir / "config.toml").write_text(dump_toml(config))
         self.logger = MetricsLogger(config, run_dir)
         summary: dict[str, Any] = {"run_dir": str(run_dir)}
         producer = asyncio.create_task(self.produce())
         try:
-            if config.run.eval_every > 0:
+            if config.run.eval_every > 0 and self.state.step == 0:
                 summary["eval_start"] = await self.validate()
                 self.logger.log({"step": 0, "policy_version": 0, **summary["eval_start"]})
-            for _ in tqdm(range(config.run.steps), desc="train", unit="step", dynamic_ncols=True):
+            steps = range(self.state.step, config.run.steps)
+            for _ in tqdm(steps, desc="train", unit="step", dynamic_ncols=True, initial=self.state.step, total=config.run.steps):
                 step_start = time.perf_counter()
                 groups, evicted = await self._next_batch(producer)
                 self.logger.log_rollouts(self.state.step + 1, "train", groups)
-                metrics = self._rollout_metrics(groups, evicted, wait_seconds=time.perf_counter() - step_start)
+                metrics = self._rollout_metrics(groups, len(evicted), wait_seconds=time.perf_counter() - step_start)
                 metrics.update(await self.train_step(groups))
+                self.state.mark_rows_done([row_index_of(group.group_id) for group in groups + evicted])
                 async with self.step_done:
                     self.state.step += 1
                     self.step_done.notify_all()
@@ -337,6 +394,8 @@ class Controller:
                     metrics.update(eval_metrics)
                     if is_last:
                         summary["eval_end"] = eval_metrics
+                if self.checkpoint_due():
+                    metrics["time/checkpoint_s"] = await self.save_checkpoint(run_dir)
                 metrics["time/step_s"] = time.perf_counter() - step_start
                 self.logger.log({"step": self.state.step, "policy_version": self.state.policy_version, **metrics})
         finally:
@@ -345,17 +404,17 @@ class Controller:
             self.logger.close()
         return summary
 
-    async def _within(self, call: Any, what: str) -> Any:
+    async def _within(self, call: Any, what: str, policy_version: int) -> Any:
         """Await an actor call, failing loudly instead of hanging when it exceeds `run.weight_sync_timeout_s`."""
         try:
             return await asyncio.wait_for(call, self.config.run.weight_sync_timeout_s)
         except asyncio.TimeoutError:
             raise RuntimeError(
                 f"{what} took longer than run.weight_sync_timeout_s={self.config.run.weight_sync_timeout_s} s "
-                f"(policy version {self.state.policy_version + 1})"
+                f"(policy version {policy_version})"
             ) from None
 
-    async def _next_batch(self, producer: asyncio.Task) -> tuple[list[RolloutGroup], int]:
+    async def _next_batch(self, producer: asyncio.Task) -> tuple[list[RolloutGroup], list[RolloutGroup]]:
         """The next batch from the buffer; a crashed producer raises here instead of hanging the run."""
         get = asyncio.ensure_future(self.buffer.get(self.config.run.groups_per_step, self.state.policy_version))
         await asyncio.wait([get, producer], return_when=asyncio.FIRST_COMPLETED)

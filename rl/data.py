@@ -48,3 +48,10 @@ class RowStream:
 
     def take(self, count: int) -> list[tuple[str, dict[str, Any]]]:
         return [self.next() for _ in range(count)]
+
+    def seek(self, cursor: int) -> None:
+        """Continue from row `cursor` of a fresh stream with the same seed (replays the draws before it)."""
+        if cursor < self.cursor:
+            raise ValueError(f"cannot seek back from row {self.cursor} to {cursor}")
+        while self.cursor < cursor:
+            self.next()

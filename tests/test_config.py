@@ -77,11 +77,14 @@ def test_shipped_configs_validate(config_file):
     assert result.returncode == 0, result.stderr
 
 
-def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path, capsys):
-    code = main(["train", "--config", str(CONFIGS / "tiny_qwen3_e2e.toml"), "--model.path", str(tmp_path / "no_model"),
-                 "--run.output_dir", str(tmp_path)])
-    assert code == 2
-    err = capsys.readouterr().err
+def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "rl.cli", "train", "--config", str(CONFIGS / "tiny_qwen3_e2e.toml"),
+         "--model.path", str(tmp_path / "no_model"), "--run.output_dir", str(tmp_path)],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 2
+    err = result.stderr
     assert "model.path:" in err and "is neither a built-in model (smollm2-135m-instruct, tiny-qwen3)" in err
     assert not list(tmp_path.iterdir())
 
