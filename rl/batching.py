@@ -1,4 +1,4 @@
-"""Training samples and their packing into fixed-length rows, micro-batches and component counts.
+"""Training samples and their packing into fixed-length rows and micro-batches.
 
 A sample carries every per-token stream the loss needs, aligned with its input ids, so the trainer
 stays algorithm-blind: which tokens feed which loss component (`rl`, `ce`, `ref_kl`) and with what
@@ -156,7 +156,3 @@ def split_micro_batches(batch: TensorDict, micro_batch_size: int) -> list[Tensor
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     return list(batch.split(micro_batch_size, dim=0))
 
-
-def count_loss_tokens(batches: list[TensorDict]) -> int:
-    """Number of generator-sampled tokens over all micro-batches (loss_mask True)."""
-    return sum(int(batch["loss_mask"].sum()) for batch in batches)

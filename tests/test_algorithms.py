@@ -198,7 +198,7 @@ def test_sft_from_a_frozen_sampler_trains_its_tokens_and_never_goes_stale():
         await buffer.put(group)  # sampled at version 0, trained at version 5: a policy group would be evicted
         return await buffer.get(1, trainer_policy_version=5)
 
-    assert asyncio.run(take()) == ([group], 0)
+    assert asyncio.run(take()) == ([group], [])  # nothing evicted
 
 
 def test_the_resolved_config_round_trips():
@@ -208,3 +208,11 @@ def test_the_resolved_config_round_trips():
 
     config = load_config(Path(__file__).resolve().parent.parent / "configs" / "tiny_qwen3_algorithms_e2e.toml")
     assert Config.model_validate(tomllib.loads(dump_toml(config))) == config
+
+
+def test_task_echo_override_keeps_typed_role_weights():
+    config = _config(**{"tasks.0.algorithm": "{type = 'echo', echo_role_weights = {user = 0.5}}"})
+    resolved = config.algorithm.for_task(config.tasks[0].algorithm)
+    assert resolved.echo_role_weights.model_dump() == {"system": 0.0, "user": 0.5, "assistant": 0.0, "tool": 0.1}
+    with pytest.raises(ConfigError, match="echo_role_weights.narrator"):
+        _config(**{"algorithm.echo_role_weights.narrator": "1.0"})

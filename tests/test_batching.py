@@ -2,7 +2,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-from rl.batching import TrainSample, count_loss_tokens, pack_samples, split_micro_batches
+from rl.algorithms.losses import component_counts
+from rl.batching import TrainSample, pack_samples, split_micro_batches
 from rl.logprobs import token_logprobs
 
 
@@ -45,7 +46,7 @@ def test_pack_samples_first_fit_decreasing_hand_example() -> None:
     assert batch["loss_mask"].dtype == torch.bool
     assert batch["sampling_logprobs"].dtype == torch.float32 and batch["advantages"].dtype == torch.float32
     # row 0: 3 + 2 trained tokens, row 1: 2 + 1
-    assert count_loss_tokens([batch]) == 8
+    assert component_counts([batch])[0].tolist() == [8.0, 4.0]  # rl: 8 weighted tokens in 4 sequences
 
 
 def test_pack_samples_rejects_too_long_sample() -> None:
@@ -70,7 +71,7 @@ def test_split_micro_batches_keeps_row_order() -> None:
     assert [mb.batch_size[0] for mb in micro_batches] == [2, 2, 1]
     assert [mb["input_ids"][:, 0].tolist() for mb in micro_batches] == [[0, 1], [2, 3], [4]]
     # trained tokens per row: 3, 2, 3, 2, 3
-    assert count_loss_tokens(micro_batches) == 13
+    assert component_counts(micro_batches)[0, 0] == 13
     with pytest.raises(ValueError, match="micro_batch_size"):
         split_micro_batches(batch, 0)
 

@@ -123,6 +123,15 @@ class RolloutCorrectionConfig(_Section):
         return self.rollout_is is not None or self.rollout_rs is not None or self.rollout_token_veto_threshold is not None
 
 
+class EchoRoleWeights(_Section):
+    """echo: cross-entropy weight of environment tokens by the role of the message they render."""
+
+    system: float = Field(0.0, ge=0)
+    user: float = Field(0.0, ge=0)
+    assistant: float = Field(0.0, ge=0)
+    tool: float = Field(0.1, ge=0)
+
+
 class TaskAlgorithmConfig(_Section):
     """How a task's scored groups become training samples. Every field left unset comes from `[algorithm]`."""
 
@@ -133,7 +142,7 @@ class TaskAlgorithmConfig(_Section):
     teacher: str | None = None
     sampler: str | None = None
     demo_key: str | None = None
-    echo_role_weights: dict[str, float] | None = None
+    echo_role_weights: EchoRoleWeights | None = None
 
 
 class AlgorithmConfig(_Section):
@@ -152,8 +161,8 @@ class AlgorithmConfig(_Section):
     """Who samples the task's rollouts: "policy" or a `[models.<name>]` (then only ce/ref_kl can be trained)."""
     demo_key: str = "demonstration"
     """sft / opsd: the dataset row key holding the demonstration text."""
-    echo_role_weights: dict[str, float] = Field(default_factory=lambda: {"tool": 0.1})
-    """echo: cross-entropy weight of environment tokens by the role of the message they render (others 0)."""
+    echo_role_weights: EchoRoleWeights = EchoRoleWeights()
+    """echo: cross-entropy weight of environment tokens by message role (tool-response bodies at 0.1)."""
 
     loss: Literal["ppo", "gspo", "cispo", "pg"] = "ppo"
     clip_eps_low: float = Field(0.2, ge=0)
@@ -173,7 +182,8 @@ class AlgorithmConfig(_Section):
         """This algorithm with a task's override applied."""
         if override is None:
             return self
-        return self.model_copy(update=override.model_dump(exclude_none=True))
+        update = {name: value for name in type(override).model_fields if (value := getattr(override, name)) is not None}
+        return self.model_copy(update=update)
 
 
 def check_algorithms(config: Any) -> None:

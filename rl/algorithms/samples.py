@@ -146,7 +146,7 @@ class SampleBuilder:
         algorithm, kind = p.algorithm, p.algorithm.type
         if kind == "sft":
             return self._sft_samples(p)
-        env_weights = algorithm.echo_role_weights if kind == "echo" else None
+        env_weights = algorithm.echo_role_weights.model_dump() if kind == "echo" else None
         per_rollout = [rollout_to_samples(r, float(a), env_weights=env_weights) for r, a in zip(p.rollouts, p.advantages.tolist())]
         samples = [s for group in per_rollout for s in group]
         if kind == "opd":
