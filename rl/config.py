@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from env_types.renderer_env import RendererEnvConfig
 from rl.algorithms.config import AlgorithmConfig, FrozenModelConfig, TaskAlgorithmConfig, check_algorithms
@@ -104,11 +104,45 @@ class RubricConfig(Section):
         """Registered name or import path `package.module:function`."""
         weight: float = Field(1.0, ge=0)
         name: str = ""
+        args: dict[str, Any] = Field(default_factory=dict)
+        """Keyword arguments bound to the function (`functools.partial`), e.g. `{ tolerance = 0.01 }`."""
 
-    reward_fns: list[RewardFnEntry] = Field(min_length=1)
+    reward_fns: list[RewardFnEntry] = Field(default_factory=list)
+    group_reward_fns: list[RewardFnEntry] = Field(default_factory=list)
+    """Functions of `(rollouts, example)` returning one number per rollout of the group."""
     truncation_reward: float | None = None
-    error_reward: float = 0.0
+    error_reward: float | None = 0.0
+    """`"none"` (TOML has no null) grades the partial turns of ERROR / TIMEOUT / ABORTED rollouts instead."""
     timeout_s: float = Field(60.0, gt=0)
+
+    @field_validator("error_reward", mode="before")
+    @classmethod
+    def _none_word(cls, value: Any) -> Any:
+        return None if value == "none" else value
+
+    @model_serializer(mode="wrap")
+    def _dump_none(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if self.error_reward is None:
+            data["error_reward"] = "none"  # survives exclude_none, so the resolved config.toml keeps it
+        return data
+
+    @model_validator(mode="after")
+    def _has_functions(self) -> RubricConfig:
+        if not self.reward_fns and not self.group_reward_fns:
+            raise ValueError("a rubric needs at least one entry in reward_fns or group_reward_fns")
+        return self
+
+
+class DataConfig(Section):
+    """Rows of a task from local files instead of the task's own generator (`Task.load_dataset`)."""
+
+    train: str | None = None
+    """A .jsonl, .json or .parquet file; None keeps the task's own training rows."""
+    validation: str | None = None
+    """Same for the held-out split."""
+    columns: dict[str, str] = Field(default_factory=dict)
+    """Task row field -> file column, e.g. `{ question = "problem" }`; other columns keep their names."""
 
 
 class TaskConfig(Section):
@@ -121,6 +155,7 @@ class TaskConfig(Section):
     env: RendererEnvConfig = RendererEnvConfig()
     renderer: RendererConfig = RendererConfig()
     rubric: RubricConfig | None = None
+    data: DataConfig | None = None
     algorithm: TaskAlgorithmConfig | None = None
     """Overrides of `[algorithm]` for this task (type, teacher, sampler, ...); None = `[algorithm]` as is."""
 

@@ -133,13 +133,13 @@ class Controller:
         self.stop_token_ids = sorted({token for renderer in self.renderers.values() for token in stop_token_ids(renderer)})
         self.pad_token_id = self.stop_token_ids[0]
         self.stream = RowStream(
-            {name: task.task.load_dataset("train") for name, task in self.tasks.items()},
+            {name: task.load_rows("train") for name, task in self.tasks.items()},
             {name: task.config.weight for name, task in self.tasks.items()},
             seed=config.run.seed,
         )
         self.stream.seek(self.state.data_cursor)
         self.validation_rows = [
-            (name, row) for name, task in sorted(self.tasks.items()) for row in task.task.load_dataset("validation")
+            (name, row) for name, task in sorted(self.tasks.items()) for row in task.load_rows("validation")
         ][: config.run.eval_groups]
         self.buffer = RolloutBuffer(
             capacity=config.run.groups_per_step * (config.run.max_policy_staleness + 1),
