@@ -146,3 +146,19 @@ def test_token_entropy_matches_the_softmax_entropy() -> None:
     torch.testing.assert_close(entropy[:, 1:], expected.detach(), atol=1e-5, rtol=0)
     assert entropy[:, 0].tolist() == [0.0, 0.0] and entropy[0, 4] == 0.0
     torch.testing.assert_close(logprobs, token_logprobs(model, input_ids, position_ids, chunk_size=4))
+
+
+def test_packing_check_fails_loudly_on_a_misaligned_stream() -> None:
+    from rl.batching import check_packing
+
+    samples = _hand_samples()
+    batch = pack_samples(samples, seq_len=8, pad_token_id=0)
+    shifted = batch.clone()
+    shifted["sampling_logprobs"] = torch.roll(shifted["sampling_logprobs"], 1, dims=1)  # off by one token
+    with pytest.raises(AssertionError, match="sampling_logprobs' misaligned"):
+        check_packing(shifted, samples)
+    weighted_pad = batch.clone()
+    weighted_pad["ce_weights"][1, 7] = 1.0  # row 1 ends with padding
+    with pytest.raises(AssertionError, match="'ce_weights' has weight on padding"):
+        check_packing(weighted_pad, samples)
+    assert batch["sequence_ids"].tolist() == [[1, 1, 1, 1, 1, 0, 0, 0], [3, 3, 3, 3, 2, 2, -1, -1]]
