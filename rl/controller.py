@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 import monarch.actor
 import monarch.config
+import psutil
 from monarch.actor import default_bootstrap_cmd, this_host
 from tqdm import tqdm
 
@@ -35,7 +36,7 @@ from rl.buffer import RolloutBuffer, is_frozen_sampled
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream
 from rl.frozen_models import FrozenModels, mark_frozen, task_algorithms
-from rl.interrupts import kill_descendants
+from rl.interrupts import reap
 from rl.metrics import MetricsLogger
 from rl.precision import MismatchWatch
 from rl.renderer import stop_token_ids
@@ -227,6 +228,7 @@ class Controller:
     async def shutdown(self) -> None:
         """Stop every actor process and the store; safe after a partial setup."""
         self._shutting_down = True
+        actor_processes = psutil.Process().children(recursive=True)
         if self._actors_ready:
             await asyncio.gather(
                 asyncio.wait_for(self.generators.shutdown.call(), 10), self.frozen.stop_engines(), return_exceptions=True
@@ -235,7 +237,8 @@ class Controller:
         try:
             await asyncio.wait_for(stopping, 8)
         except asyncio.TimeoutError:
-            kill_descendants()  # a mesh stops only once its actors have started: vLLM may still be loading
+            pass  # a mesh stops only once its actors have started (vLLM may still be loading): reaped below
+        await asyncio.to_thread(reap, actor_processes, 5)  # a stopped mesh's processes may still be exiting
         self._proc_meshes = []
         self._actors_ready = False
         if self._store_started:

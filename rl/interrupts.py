@@ -31,11 +31,18 @@ EXIT_INTERRUPTED = 130
 
 def kill_descendants() -> None:
     """SIGKILL every process this one started, children of children included."""
-    for child in psutil.Process().children(recursive=True):
+    reap(psutil.Process().children(recursive=True), timeout_s=0)
+
+
+def reap(processes: list[psutil.Process], timeout_s: float) -> None:
+    """Wait up to `timeout_s` for `processes` to exit, then SIGKILL the ones left."""
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    for process in alive:
         try:
-            child.kill()
+            process.kill()
         except psutil.Error:
             pass
+    psutil.wait_procs(alive, timeout=5)
 
 
 class InterruptibleRun:
