@@ -9,7 +9,7 @@ import pytest
 
 from env_types.message_env import ResetOutput, StepOutput
 from env_types.renderer_env import Completion, RendererEnvConfig
-from rl.algorithms.grpo import rollout_to_samples
+from rl.algorithms.samples import rollout_to_samples
 from rollouts.types import RolloutStatus
 from tasks.sum_digits import SumDigitsTask
 from tasks.testing import play
