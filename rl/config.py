@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from env_types.renderer_env import RendererEnvConfig
+from rl.algorithms.config import AlgorithmConfig, FrozenModelConfig, TaskAlgorithmConfig, check_algorithms
 from rl.renderer import RendererConfig
 
 Device = Literal["cpu", "cuda"]
@@ -89,21 +90,10 @@ class TrainerConfig(Section):
     """Row length L of packed `[B, L]` training batches; a longer rollout is dropped."""
     micro_batch_size: int = Field(8, ge=1)
     """Rows per forward/backward; gradients accumulate over the micro-batches of a step."""
+    ppo_n_minibatches: int = Field(1, ge=1)
+    """K optimizer steps per batch on disjoint minibatches, against π_old computed once without gradients."""
     seed: int = 0
     gradient_checkpointing: bool = False
-
-
-class AlgorithmConfig(Section):
-    name: Literal["grpo"] = "grpo"
-    group_size: int = Field(8, ge=1)
-    normalize_advantage_std: bool = False
-    clip_eps_low: float = Field(0.2, ge=0)
-    clip_eps_high: float = Field(0.28, ge=0)
-    kl_coef: float = Field(0.0, ge=0)
-    """Weight of the k3 KL to a frozen reference model; 0 loads no reference."""
-    kl_log_ratio_clamp: float = Field(20.0, gt=0)
-    drop_constant_reward_groups: bool = False
-    """Skip groups whose rewards are all equal (zero advantage everywhere)."""
 
 
 class RubricConfig(Section):
@@ -166,6 +156,8 @@ class TaskConfig(Section):
     renderer: RendererConfig = RendererConfig()
     rubric: RubricConfig | None = None
     data: DataConfig | None = None
+    algorithm: TaskAlgorithmConfig | None = None
+    """Overrides of `[algorithm]` for this task (type, teacher, sampler, ...); None = `[algorithm]` as is."""
 
 
 class WandbConfig(Section):
@@ -242,6 +234,8 @@ class Config(Section):
     generator: GeneratorConfig = GeneratorConfig()
     trainer: TrainerConfig = TrainerConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
+    models: dict[str, FrozenModelConfig] = Field(default_factory=dict)
+    """Frozen models by name (teachers, samplers), each served by its own never-updated generators."""
     tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)
     run: RunConfig = RunConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -256,11 +250,6 @@ class Config(Section):
         if self.generator.device != self.trainer.device:
             raise ValueError("generator.device and trainer.device must match on one machine")
         self._check_precision()
-        if self.algorithm.group_size < 2:
-            raise ValueError(
-                f"algorithm.group_size = {self.algorithm.group_size}: {self.algorithm.name}'s advantages are relative to "
-                "the other samples of a group, so it needs group_size >= 2"
-            )
         for index, task in enumerate(self.tasks):
             if task.env.max_total_tokens > self.trainer.seq_len:
                 raise ValueError(
@@ -269,6 +258,7 @@ class Config(Section):
                 )
             if task.env.max_total_tokens > self.generator.max_model_len:
                 raise ValueError(f"tasks.{index}.env.max_total_tokens exceeds generator.max_model_len")
+        check_algorithms(self)
         return self
 
     def _check_precision(self) -> None:

@@ -27,13 +27,15 @@ from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
 from env_types.renderer_env import GenerationRequest
 from rl import checkpoint, weight_sync
-from rl.algorithms.grpo import group_to_samples
+from rl.algorithms.config import POLICY
+from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
 from rl.batching import pack_samples, split_micro_batches
-from rl.buffer import RolloutBuffer
+from rl.buffer import RolloutBuffer, is_frozen_sampled
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream
-from rl.interrupts import kill_descendants
+from rl.frozen_models import FrozenModels, mark_frozen, task_algorithms
+from rl.interrupts import monarch_processes, reap
 from rl.metrics import MetricsLogger, timer
 from rl.metrics.actor import gather_states
 from rl.metrics.run_log import RunLog
@@ -141,6 +143,11 @@ class Controller:
         )
         self.generation_stats = GenerationStats()
         self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
+        self.algorithms = task_algorithms(config)
+        self.frozen = FrozenModels(config)
+        self.samples = SampleBuilder(
+            self.algorithms, self.renderers, lambda name, seqs: self.frozen.prompt_logprobs(name, seqs, policy=self.generators)
+        )
         self.step_done = asyncio.Condition()
         self._replica = 0
         self._proc_meshes: list[Any] = []
@@ -187,7 +194,9 @@ class Controller:
         self.trainer = trainer_procs.spawn("trainer", PolicyTrainer, self.config)
         self.generators = generator_procs.spawn("generator", Generator, self.config, self.stop_token_ids)
         self.reward = reward_procs.spawn("reward", RewardActor, self.config)
-        await asyncio.gather(self.trainer.initialized, self.generators.initialized, self.reward.initialized)
+        await asyncio.gather(
+            self.trainer.initialized, self.generators.initialized, self.reward.initialized, self.frozen.setup(self.stop_token_ids)
+        )
         self._actors_ready = True
         if self.resume_from is not None:
             await self.restore(self.resume_from)
@@ -216,13 +225,17 @@ class Controller:
     async def shutdown(self) -> None:
         """Stop every actor process and the store; safe after a partial setup."""
         self._shutting_down = True
+        actor_processes = monarch_processes()
         if self._actors_ready:
-            await asyncio.gather(asyncio.wait_for(self.generators.shutdown.call(), 10), return_exceptions=True)
-        stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes), return_exceptions=True)
+            await asyncio.gather(
+                asyncio.wait_for(self.generators.shutdown.call(), 10), self.frozen.stop_engines(), return_exceptions=True
+            )
+        stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes + self.frozen.take_procs()), return_exceptions=True)
         try:
             await asyncio.wait_for(stopping, 8)
         except asyncio.TimeoutError:
-            kill_descendants()  # a mesh stops only once its actors have started: vLLM may still be loading
+            pass  # a mesh stops only once its actors have started (vLLM may still be loading): reaped below
+        await asyncio.to_thread(reap, actor_processes, 5)  # a stopped mesh's processes may still be exiting
         self._proc_meshes = []
         self._actors_ready = False
         if self._store_started:
@@ -241,7 +254,8 @@ class Controller:
         return await replica.generate.call_one(requests, sampling)
 
     async def rollout_and_score(
-        self, rows: list[tuple[str, dict]], group_ids: list[str], group_size: int, sampling: SamplingConfig
+        self, rows: list[tuple[str, dict]], group_ids: list[str], group_size: int, sampling: SamplingConfig,
+        frozen_samplers: bool = False,
     ) -> list[RolloutGroup]:
         specs = [
             GroupSpec(
@@ -254,9 +268,18 @@ class Controller:
             )
             for group_id, (task_name, row) in zip(group_ids, rows, strict=True)
         ]
+        samplers = [self.algorithms[spec.task_name].sampler if frozen_samplers else POLICY for spec in specs]
         groups = await collect_groups(
-            specs, group_size, lambda requests: self.generate(requests, sampling), run_seed=self.config.run.seed
+            [spec for spec, sampler in zip(specs, samplers) if sampler == POLICY], group_size,
+            lambda requests: self.generate(requests, sampling), run_seed=self.config.run.seed,
         )
+        for name in sorted(set(samplers) - {POLICY}):
+            frozen = await collect_groups(
+                [spec for spec, sampler in zip(specs, samplers) if sampler == name], group_size,
+                lambda requests, name=name: self.frozen.generate(name, requests, sampling), run_seed=self.config.run.seed,
+            )
+            mark_frozen(frozen, name)
+            groups += frozen
         return list(await asyncio.gather(*(self.score(group) for group in groups)))
 
     async def score(self, group: RolloutGroup) -> RolloutGroup:
@@ -284,7 +307,9 @@ class Controller:
                 if row_index not in rows_done_ahead:
                     rows.append(row)
                     group_ids.append(train_group_id(row_index))
-            groups = await self.rollout_and_score(rows, group_ids, self.config.algorithm.group_size, self.config.generator.sampling)
+            groups = await self.rollout_and_score(
+                rows, group_ids, self.config.algorithm.group_size, self.config.generator.sampling, frozen_samplers=True
+            )
             stats = self.generation_stats
             stats.seconds += time.perf_counter() - start
             for group in groups:
@@ -303,17 +328,10 @@ class Controller:
 
     async def train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
         """Advantages → packed micro-batches → one optimizer step → weights to the generators."""
-        algorithm, trainer_config = self.config.algorithm, self.config.trainer
-        samples, dropped_groups, too_long = [], 0, 0
-        for group in groups:
-            group_samples = group_to_samples(
-                group, normalize_std=algorithm.normalize_advantage_std, drop_constant_reward=algorithm.drop_constant_reward_groups
-            )
-            fitting = [sample for sample in group_samples if len(sample.input_ids) <= trainer_config.seq_len]
-            too_long += len(group_samples) - len(fitting)
-            dropped_groups += not fitting
-            samples.extend(fitting)
-        metrics: dict[str, float] = {"rollouts/dropped_groups": dropped_groups, "rollouts/too_long": too_long}
+        trainer_config = self.config.trainer
+        all_samples, metrics = await self.samples.build(groups)
+        samples = [sample for sample in all_samples if len(sample.input_ids) <= trainer_config.seq_len]
+        metrics["rollouts/too_long"] = len(all_samples) - len(samples)
         if not samples:
             metrics["train/skipped"] = 1
             return metrics
@@ -321,8 +339,8 @@ class Controller:
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         with timer("train"):
             train_metrics = await self.trainer.train_step.call_one(micro_batches)
-        metrics.update({key if key == "loss" else f"train/{key}": value for key, value in train_metrics.items()})
-        if warning := self.mismatch_watch.check(metrics["train/mismatch_k3"]):
+        metrics.update({key if key == "loss" or "/" in key else f"train/{key}": value for key, value in train_metrics.items()})
+        if "train/mismatch_k3" in metrics and (warning := self.mismatch_watch.check(metrics["train/mismatch_k3"])):
             tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
 
         with timer("weight_sync"):
@@ -417,9 +435,12 @@ class Controller:
         stats = self.generation_stats.drain()
         metrics: dict[str, float] = {
             "rollouts/evicted_stale_groups": evicted,
+            "rollouts/policy_lag_max": max(
+                (self.state.policy_version - group.min_policy_version for group in groups if not is_frozen_sampled(group)), default=0
+            ),
             "time/generation_s": stats.seconds,
             "time/wait_for_rollouts_s": wait_seconds,
             "perf/generation_tokens_per_s": stats.completion_tokens / stats.seconds if stats.seconds else 0.0,
         }
-        metrics.update(rollout_metrics(groups, self.state.policy_version, self.config.algorithm))
+        metrics.update(rollout_metrics(groups))
         return metrics

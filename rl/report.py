@@ -96,7 +96,7 @@ def plots(records: list[dict[str, Any]], out: Path) -> list[str]:
         ("entropy.png", ["rollouts/entropy"], "sampler entropy per token (mean -logprob of sampled tokens)", "nats"),
         ("kl_clip.png", ["train/kl", "train/mismatch_k3", "train/clip_frac_low", "train/clip_frac_high"], "KL and clip fractions", ""),
         ("loss.png", ["loss", "train/pg_loss", "train/grad_norm"], "loss and gradient norm", ""),
-        ("policy_lag.png", ["rollouts/policy_lag_max", "rollouts/policy_lag_mean"], "policy lag", "versions"),
+        ("policy_lag.png", ["rollouts/policy_lag_max"], "policy lag", "versions"),
     ]
     for name, plot_keys, title, ylabel in specs:
         if line_plot(records, plot_keys, title, ylabel, out / name):

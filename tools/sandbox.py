@@ -148,7 +148,10 @@ def _read_result(returncode: int, stdout: bytes, stderr: bytes, limits: SandboxL
     try:
         result = json.loads(stdout.decode(errors="replace").strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
-        if returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGKILL):
+        # unshare --fork re-raises its child's fatal signal on itself; for SIGKILL (the hard CPU limit)
+        # that fails and it exits 1 with "sigprocmask unblock failed" instead.
+        killed_inside_unshare = b"sigprocmask unblock failed" in stderr
+        if killed_inside_unshare or returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGKILL):
             raise SandboxError(f"the tool was killed (CPU limit {limits.cpu_s} s or a signal)") from None
         detail = stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {returncode}"]
         raise SandboxError(f"the tool process failed: {detail[0]}") from None

@@ -10,7 +10,10 @@ from __future__ import annotations
 import random
 from typing import Any, Awaitable, Callable
 
-from rl.algorithms.grpo import rollout_advantages, rollout_to_samples
+import torch
+
+from rl.algorithms.config import GROUP_RELATIVE, AlgorithmConfig
+from rl.algorithms.samples import group_advantages, rollout_to_samples
 from rl.config import Config, SampleFilters
 from rl.metrics.reduce import Reduce, record_metric
 from rl.registry import import_object
@@ -20,6 +23,19 @@ SAMPLES_KEY = "reward/samples"
 
 ReferenceLogprobs = Callable[[list[int]], Awaitable[list[float] | None]]
 """token ids → logprob of each token under the reference model (None without one): the trainer's `logprobs`."""
+
+
+def rollout_advantages(group: RolloutGroup, algorithm: AlgorithmConfig) -> dict[str, float]:
+    """Advantage of each trainable rollout of a group by `rollout_id`, as the train step computes it
+    (`reinforce_pp`'s whitening across groups aside); {} when the group has nothing to learn from."""
+    trainable = [rollout for rollout in group.rollouts if rollout.status.is_trainable() and rollout.reward is not None]
+    if len(trainable) < (2 if algorithm.type in GROUP_RELATIVE else 1):
+        return {}
+    rewards = torch.tensor([rollout.reward for rollout in trainable], dtype=torch.float64)
+    advantages = group_advantages(algorithm, rewards, trainable).tolist()
+    if algorithm.drop_constant_reward_groups and all(advantage == 0 for advantage in advantages):
+        return {}
+    return {rollout.rollout_id: advantage for rollout, advantage in zip(trainable, advantages)}
 
 
 async def mean_reference_logprob(rollout: Rollout, reference_logprobs: ReferenceLogprobs) -> float | None:
@@ -130,13 +146,12 @@ class SampleLogger:
         """
         if not self.config.sample_logging.enabled or not self.filter.wants_step(step):
             return
-        algorithm = self.config.algorithm
-        episode_id = (step - 1) * self.config.run.groups_per_step * algorithm.group_size
+        config = self.config
+        algorithms = {task.name: config.algorithm.for_task(task.algorithm) for task in config.tasks}
+        episode_id = (step - 1) * config.run.groups_per_step * config.algorithm.group_size
         samples, rollouts = [], {}
         for group in groups:
-            advantages = rollout_advantages(
-                group, normalize_std=algorithm.normalize_advantage_std, drop_constant_reward=algorithm.drop_constant_reward_groups
-            )
+            advantages = rollout_advantages(group, algorithms[group.task_name])
             target = self.targets[group.task_name](group.example)
             for rollout in group.rollouts:
                 rollouts[episode_id] = rollout

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import statistics
 
-from rl.algorithms.grpo import rollout_advantages
-from rl.config import AlgorithmConfig
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus
 
 
@@ -23,9 +21,9 @@ def reward_metrics(rollouts: list[Rollout], prefix: str) -> dict[str, float]:
     return metrics
 
 
-def rollout_metrics(groups: list[RolloutGroup], policy_version: int, algorithm: AlgorithmConfig) -> dict[str, float]:
-    """Rewards, response lengths, truncation rate, sampler entropy per token and status counts (overall and
-    per task), advantages of the trained rollouts, and policy lag of a consumed batch trained at `policy_version`."""
+def rollout_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
+    """Rewards, response lengths, truncation rate, sampler entropy per token and status counts of a consumed
+    batch, overall and per task (advantages and policy lag are the train step's and the controller's)."""
     rollouts = [rollout for group in groups for rollout in group.rollouts]
     metrics = reward_metrics(rollouts, prefix="reward")
     metrics["reward/std"] = statistics.pstdev(r.reward or 0.0 for r in rollouts)
@@ -42,18 +40,4 @@ def rollout_metrics(groups: list[RolloutGroup], policy_version: int, algorithm: 
             metrics[f"{scope}/entropy"] = -sum(logprobs) / len(logprobs)
     for status in RolloutStatus:
         metrics[f"rollouts/status/{status.value}"] = sum(r.status is status for r in rollouts)
-    advantages = [
-        advantage
-        for group in groups
-        for advantage in rollout_advantages(
-            group, normalize_std=algorithm.normalize_advantage_std, drop_constant_reward=algorithm.drop_constant_reward_groups
-        ).values()
-    ]
-    if advantages:
-        metrics["advantage/abs_mean"] = sum(abs(a) for a in advantages) / len(advantages)
-        metrics["advantage/std"] = statistics.pstdev(advantages)
-        metrics["advantage/min"], metrics["advantage/max"] = min(advantages), max(advantages)
-    lags = [policy_version - group.min_policy_version for group in groups]
-    metrics["rollouts/policy_lag_max"] = max(lags)
-    metrics["rollouts/policy_lag_mean"] = sum(lags) / len(lags)
     return metrics
