@@ -46,3 +46,15 @@ def test_rollout_metrics_by_hand():
     assert metrics["rollouts/a/entropy"] == pytest.approx((0.5 * 10 + 1.5 * 2) / 12)
     assert metrics["rollouts/status/completed"] == 3 and metrics["rollouts/status/error"] == 1
     assert metrics["rollouts/status/truncated"] == 1 and metrics["rollouts/status/timeout"] == 0
+
+
+def test_malformed_tool_calls_are_counted_per_task_not_failed_tool_runs():
+    from rollouts.types import ToolCallError
+
+    calling = rollout("a", 0, 1.0, 4)
+    calling.turns[0].tool_call_errors = [ToolCallError(kind="invalid_json", detail="x"), ToolCallError(kind="tool_failed", detail="y")]
+    other = rollout("b", 0, 1.0, 4)
+    other.turns[0].tool_call_errors = [ToolCallError(kind="unknown_tool", detail="z"), ToolCallError(kind="bad_arguments", detail="w")]
+    metrics = rollout_metrics([RolloutGroup(group_id="g", task_name="a", example={}, rollouts=[calling, other])])
+    assert metrics["rollouts/malformed_tool_calls"] == 3
+    assert metrics["rollouts/a/malformed_tool_calls"] == 1 and metrics["rollouts/b/malformed_tool_calls"] == 2

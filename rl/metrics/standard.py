@@ -35,6 +35,7 @@ def rollout_metrics(groups: list[RolloutGroup]) -> dict[str, float]:
         metrics[f"{scope}/completion_tokens_mean"] = sum(lengths) / len(lengths)
         metrics[f"{scope}/completion_tokens_max"] = max(lengths)
         metrics[f"{scope}/truncation_rate"] = sum(r.status is RolloutStatus.TRUNCATED for r in members) / len(members)
+        metrics[f"{scope}/malformed_tool_calls"] = sum(r.num_malformed_tool_calls for r in members)
         logprobs = [logprob for r in members for turn in r.turns for logprob in turn.completion_logprobs]
         if logprobs:  # E[-log p(x)] over x ~ p is the entropy: estimated from the sampled tokens
             metrics[f"{scope}/entropy"] = -sum(logprobs) / len(logprobs)
