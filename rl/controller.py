@@ -197,6 +197,8 @@ class Controller:
         await asyncio.gather(
             self.trainer.initialized, self.generators.initialized, self.reward.initialized, self.frozen.setup(self.stop_token_ids)
         )
+        if self.frozen.actors:
+            await self.reward.connect_models.call_one(self.frozen.actors)  # for judge reward functions
         self._actors_ready = True
         if self.resume_from is not None:
             await self.restore(self.resume_from)

@@ -17,11 +17,13 @@ frozen model `grader` once it is connected with `connect_model` (the RewardActor
 from __future__ import annotations
 
 import asyncio
+import itertools
 import re
 import string
 from typing import Any, Awaitable, Callable
 
 from env_types.renderer_env import Completion, GenerationRequest
+from rl.registry import import_object
 from rl.renderer import parse_completion, render_prompt
 from rollouts.types import Rollout
 
@@ -84,7 +86,7 @@ class Judge:
     ):
         self.generate, self.renderer = generate, renderer
         self.template, self.system_prompt = template, system_prompt
-        self.parser = PARSERS[parser] if isinstance(parser, str) else parser
+        self.parser = (PARSERS.get(parser) or import_object(parser)) if isinstance(parser, str) else parser
         self.max_new_tokens, self.max_batch = max_new_tokens, max_batch
         self.batch_window_s, self.timeout_s = batch_window_s, timeout_s
         self._pending: list[tuple[GenerationRequest, asyncio.Future]] = []
@@ -143,6 +145,17 @@ _MODELS: dict[str, tuple[GenerateFn, Any]] = {}
 _JUDGES: dict[tuple, Judge] = {}
 
 
+def connect_frozen_models(models: dict[str, Any], replicas: dict[str, int], renderers: dict[str, Any], sampling: Any) -> None:
+    """Connect frozen-model Generator actors (`[models.<name>]`) for judging; requests go round-robin over replicas."""
+    for name, actors in models.items():
+        turn = itertools.count()
+
+        async def generate(requests: list[GenerationRequest], actors: Any = actors, count: int = replicas[name], turn: Any = turn) -> list:
+            return await actors.slice(procs=next(turn) % count).generate.call_one(requests, sampling)
+
+        connect_model(name, generate, renderers[name])
+
+
 def connect_model(name: str, generate: GenerateFn, renderer: Any) -> None:
     """Make the frozen model `name` available to `judge` reward functions in this process."""
     _MODELS[name] = (generate, renderer)
@@ -154,8 +167,8 @@ async def judge(rollout: Rollout, example: dict[str, Any], *, model: str, templa
                 parser: str = "yes_no", system_prompt: str | None = None, max_new_tokens: int = 32,
                 max_batch: int = 64, batch_window_s: float = 0.05, timeout_s: float = 60.0) -> float:
     """The config-facing judge: grades with the connected frozen model `model` (one `Judge` per settings)."""
-    if parser not in PARSERS:
-        raise ValueError(f"unknown judge parser {parser!r}; use one of {sorted(PARSERS)}")
+    if parser not in PARSERS and ":" not in parser:
+        raise ValueError(f"unknown judge parser {parser!r}; use one of {sorted(PARSERS)} or an import path pkg.mod:fn")
     key = (model, template, parser, system_prompt, max_new_tokens, max_batch, batch_window_s, timeout_s)
     if key not in _JUDGES:
         if model not in _MODELS:

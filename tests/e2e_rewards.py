@@ -14,3 +14,8 @@ def even_token_share(rollout: Rollout, example: dict) -> float:
 def kill_reward_process(rollout: Rollout, example: dict) -> float:
     """Kills the RewardActor's process: an actor dying in the middle of a run."""
     os._exit(1)
+
+
+def judge_reply_length(reply: str) -> float:
+    """A judge "verdict" any reply gives (a random-weight judge writes no yes/no): its length, capped at 1."""
+    return min(1.0, len(reply) / 32)
