@@ -17,6 +17,7 @@ from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
 from rl import weight_sync
+from rl.affinity import pin_process
 from rl.algorithms.losses import grpo_loss
 from rl.assets import resolve_model_path
 from rl.batching import count_loss_tokens
@@ -52,7 +53,8 @@ def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
 class PolicyTrainer(Actor):
     """Owns the trainable policy (and the frozen reference when a KL term is configured)."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, total_steps: int | None = None):
+        pin_process(config.trainer.cpus)
         torch.manual_seed(config.trainer.seed)
         self.config = config
         trainer_config = config.trainer
@@ -67,8 +69,9 @@ class PolicyTrainer(Actor):
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=trainer_config.lr, betas=trainer_config.betas, weight_decay=trainer_config.weight_decay
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, config.run.steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, total_steps or config.run.steps))
         self.policy_version = 0
+        self.publisher = weight_sync.WeightPublisher(config.weight_sync.transport)
 
     @endpoint
     async def train_step(self, micro_batches: list[TensorDict]) -> dict[str, float]:
@@ -114,14 +117,15 @@ class PolicyTrainer(Actor):
     async def push_weights(self, policy_version: int) -> float:
         """Publish the current weights as `policy_version`; returns seconds spent."""
         start = time.perf_counter()
-        generator_dtype = _DTYPES[self.config.generator.dtype]
-        state_dict = {  # sent in the generators' dtype: half the bytes when they run bf16
-            name: tensor.detach().to(generator_dtype) if tensor.is_floating_point() else tensor.detach()
-            for name, tensor in self.model.state_dict().items()
-        }
-        await weight_sync.push_state_dict(state_dict, policy_version, keep_versions=2)
+        # sent in the generators' dtype: half the bytes when they run bf16
+        await self.publisher.publish(self.model.state_dict(), policy_version, _DTYPES[self.config.generator.dtype])
         self.policy_version = policy_version
         return time.perf_counter() - start
+
+    @endpoint
+    async def release_weights(self) -> None:
+        """Free the published weights' shared memory (before the process is stopped)."""
+        self.publisher.close()
 
     @endpoint
     async def logprobs(self, token_ids: list[int]) -> list[float]:

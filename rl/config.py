@@ -52,6 +52,10 @@ class GeneratorConfig(Section):
     sampling: SamplingConfig = SamplingConfig()
     eval_sampling: SamplingConfig = SamplingConfig(temperature=0.0)
     """Sampling for held-out validation (greedy by default)."""
+    on_weight_update: Literal["finish", "resubmit"] = "finish"
+    """Requests in flight at a weight reload: finish on the old weights, or abort and restart on the new."""
+    cpus: list[int] | None = None
+    """CPU cores for the generator processes (split evenly between replicas); None = no pinning."""
 
 
 class TrainerConfig(Section):
@@ -70,6 +74,8 @@ class TrainerConfig(Section):
     """Rows per forward/backward; gradients accumulate over the micro-batches of a step."""
     seed: int = 0
     gradient_checkpointing: bool = False
+    cpus: list[int] | None = None
+    """CPU cores the trainer process runs on (and its torch thread count); None = no pinning."""
 
 
 class AlgorithmConfig(Section):
@@ -110,6 +116,9 @@ class TaskConfig(Section):
     env: RendererEnvConfig = RendererEnvConfig()
     renderer: RendererConfig = RendererConfig()
     rubric: RubricConfig | None = None
+    rollout_fn: str | None = None
+    """Import path `package.module:fn` of `async fn(row, context) -> Rollout | None`, one trajectory per
+    call, replacing the task's environment loop (see `rollouts.fanout`); None = the task's environment."""
 
 
 class WandbConfig(Section):
@@ -137,6 +146,18 @@ class RunConfig(Section):
     """Longest a weight push or reload may take before the run stops with an error naming it."""
     reward_concurrency: int = Field(32, ge=1)
     """Most groups the RewardActor scores at once."""
+    max_concurrent_rollouts: int = Field(64, ge=1)
+    """Most rows (each a whole group) generating at once."""
+    epochs: float | None = Field(None, gt=0)
+    """End after this many passes over the training rows (all tasks together); None = no data limit."""
+    max_rows: int | None = Field(None, ge=1)
+    """End after this many training rows; with `epochs`, the smaller limit wins."""
+
+
+class WeightSyncConfig(Section):
+    transport: Literal["shared_memory", "torchstore"] = "shared_memory"
+    """"shared_memory": bytes through a shared file on this host, torchstore carries a versioned handle;
+    "torchstore": every tensor through the store (needed when trainer and generators are on different hosts)."""
 
 
 class Config(Section):
@@ -147,6 +168,7 @@ class Config(Section):
     tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)
     run: RunConfig = RunConfig()
     wandb: WandbConfig = WandbConfig()
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Config:

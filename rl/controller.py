@@ -1,11 +1,14 @@
 """The Controller owns a run: it reads like the GRPO loop it drives.
 
-    producer:  rows → environments → generation ⇄ environment steps → scoring → buffer
+    producer:  admitted row → group_size rollouts (generation ⇄ environment) → scoring → buffer
     consumer:  buffer → advantages → packed batch → train step → weight push → generator reload
 
-The two halves are joined by a bounded buffer of policy-version-tagged groups. The
-producer may run `run.max_policy_staleness` batches ahead of training (0 = synchronous).
-All run state that a resume needs (step, policy version, data cursor) lives in `RunState`.
+The producer admits rows one at a time (`rl.admission`): at most `run.max_concurrent_rollouts`
+generate at once, and no more than `run.max_policy_staleness` steps' worth of rows ahead of the
+policy version (0 = synchronous). Each row's group enters the buffer as soon as it is scored; the
+buffer evicts a group that finished too late for the budget. The run ends after `run.steps` steps
+or when the data runs out (`run.epochs`, `run.max_rows`). All run state that a resume needs
+(step, policy version, data cursor) lives in `RunState`.
 """
 
 from __future__ import annotations
@@ -25,17 +28,19 @@ from tqdm import tqdm
 from actors.generator import Generator
 from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
-from env_types.renderer_env import GenerationRequest
+from env_types.renderer_env import Completion, GenerationRequest
 from rl import weight_sync
+from rl.admission import Admission
 from rl.algorithms.grpo import group_to_samples
 from rl.assets import resolve_model_path
 from rl.batching import pack_samples, split_micro_batches
 from rl.buffer import RolloutBuffer
 from rl.config import Config, SamplingConfig, dump_toml
-from rl.data import RowStream
+from rl.data import RowStream, row_limit
 from rl.metrics import MetricsLogger
 from rl.renderer import stop_token_ids
-from rollouts.runner import GroupSpec, collect_groups
+from rl.router import LeastOutstanding
+from rollouts.fanout import RolloutContext, rollout_group
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus
 from tasks.build import BuiltTask, build_task
 
@@ -88,14 +93,31 @@ class RunState:
 
 @dataclass
 class GenerationStats:
-    """What the producer spent since the consumer last looked."""
+    """What the producer did since the consumer last looked; `seconds` counts time with any row generating."""
 
     seconds: float = 0.0
     completion_tokens: int = 0
+    dropped_groups: int = 0
+    running: int = 0
+    busy_since: float = 0.0
+
+    def row_started(self) -> None:
+        if self.running == 0:
+            self.busy_since = time.perf_counter()
+        self.running += 1
+
+    def row_finished(self, group: RolloutGroup, accepted: bool) -> None:
+        self.running -= 1
+        if self.running == 0:
+            self.seconds += time.perf_counter() - self.busy_since
+        self.completion_tokens += sum(rollout.num_completion_tokens for rollout in group.rollouts)
+        self.dropped_groups += not accepted
 
     def drain(self) -> GenerationStats:
-        drained = GenerationStats(self.seconds, self.completion_tokens)
-        self.seconds, self.completion_tokens = 0.0, 0
+        now = time.perf_counter()
+        seconds = self.seconds + (now - self.busy_since if self.running else 0.0)
+        drained = GenerationStats(seconds, self.completion_tokens, self.dropped_groups)
+        self.seconds, self.completion_tokens, self.dropped_groups, self.busy_since = 0.0, 0, 0, now
         return drained
 
 
@@ -108,21 +130,24 @@ class Controller:
         self.renderers = {name: task.config.renderer.build(model_path) for name, task in self.tasks.items()}
         self.stop_token_ids = sorted({token for renderer in self.renderers.values() for token in stop_token_ids(renderer)})
         self.pad_token_id = self.stop_token_ids[0]
+        train_rows = {name: task.task.load_dataset("train") for name, task in self.tasks.items()}
+        limit = row_limit(train_rows, epochs=config.run.epochs, max_rows=config.run.max_rows)
         self.stream = RowStream(
-            {name: task.task.load_dataset("train") for name, task in self.tasks.items()},
-            {name: task.config.weight for name, task in self.tasks.items()},
-            seed=config.run.seed,
+            train_rows, {name: task.config.weight for name, task in self.tasks.items()}, seed=config.run.seed, limit=limit
         )
+        self.planned_steps = config.run.steps if limit is None else min(config.run.steps, limit // config.run.groups_per_step)
+        """Optimizer steps the LR schedule is sized for; fewer happen if dropped groups use up the data."""
         self.validation_rows = [
             (name, row) for name, task in sorted(self.tasks.items()) for row in task.task.load_dataset("validation")
         ][: config.run.eval_groups]
-        self.buffer = RolloutBuffer(
-            capacity=config.run.groups_per_step * (config.run.max_policy_staleness + 1),
+        self.buffer = RolloutBuffer(max_staleness=config.run.max_policy_staleness)
+        self.admission = Admission(
+            max_concurrent=config.run.max_concurrent_rollouts,
             max_staleness=config.run.max_policy_staleness,
+            rows_per_step=config.run.groups_per_step,
         )
+        self.router = LeastOutstanding(config.generator.num_replicas)
         self.generation_stats = GenerationStats()
-        self.step_done = asyncio.Condition()
-        self._replica = 0
         self._proc_meshes: list[Any] = []
         self.actor_failures: list[str] = []
         self._store_started = False
@@ -143,6 +168,7 @@ class Controller:
         """Start the store and spawn the actors, each kind on its own processes."""
         monarch.actor.unhandled_fault_hook = self._on_actor_failure
         monarch.config.configure(cleanup_timeout="60s")
+        weight_sync.remove_dead_shared_files()
         await weight_sync.initialize_store()
         self._store_started = True
         generator_config = self.config.generator
@@ -155,7 +181,7 @@ class Controller:
         )
         reward_procs = this_host().spawn_procs(per_host={"procs": 1})
         self._proc_meshes = [trainer_procs, generator_procs, reward_procs]
-        self.trainer = trainer_procs.spawn("trainer", PolicyTrainer, self.config)
+        self.trainer = trainer_procs.spawn("trainer", PolicyTrainer, self.config, self.planned_steps)
         self.generators = generator_procs.spawn("generator", Generator, self.config, self.stop_token_ids)
         self.reward = reward_procs.spawn("reward", RewardActor, self.config)
         await asyncio.gather(
@@ -166,7 +192,7 @@ class Controller:
         """Stop every actor process and the store; safe after a partial setup."""
         self._shutting_down = True
         if self._proc_meshes:
-            await asyncio.gather(self.generators.shutdown.call(), return_exceptions=True)
+            await asyncio.gather(self.generators.shutdown.call(), self.trainer.release_weights.call(), return_exceptions=True)
         for procs in self._proc_meshes:
             await procs.stop()
         self._proc_meshes = []
@@ -174,27 +200,33 @@ class Controller:
             self._store_started = False
             await weight_sync.shutdown_store()
 
-    async def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[Any]:
-        """Send a batch to the next generator replica (round-robin)."""
-        replicas = self.config.generator.num_replicas
-        replica = self.generators.slice(procs=self._replica % replicas)
-        self._replica += 1
-        return await replica.generate.call_one(requests, sampling)
+    async def generate(self, request: GenerationRequest, sampling: SamplingConfig, replica: int) -> Completion:
+        """One completion from generator `replica`; raises if the generator failed the request."""
+        [result] = await self.generators.slice(procs=replica).generate.call_one([request], sampling)
+        if isinstance(result, str):
+            raise RuntimeError(result)
+        return result
 
-    async def rollout_and_score(self, rows: list[tuple[str, dict]], group_size: int, sampling: SamplingConfig, tag: str) -> list[RolloutGroup]:
-        specs = [
-            GroupSpec(
-                group_id=f"{tag}/{index}",
-                task_name=task_name,
-                task=self.tasks[task_name].task,
-                example=row,
-                renderer=self.renderers[task_name],
-                env_config=self.tasks[task_name].config.env,
-            )
-            for index, (task_name, row) in enumerate(rows)
-        ]
-        groups = await collect_groups(specs, group_size, lambda requests: self.generate(requests, sampling))
-        return list(await asyncio.gather(*(self.score(group) for group in groups)))
+    async def rollout_and_score(self, row_id: str, task_name: str, row: dict, group_size: int, sampling: SamplingConfig) -> RolloutGroup:
+        """A row's group: `group_size` rollouts on the least-busy generator replica, then its rewards."""
+        task = self.tasks[task_name]
+        with self.router.route() as replica:
+
+            def context(sample_index: int) -> RolloutContext:
+                return RolloutContext(
+                    row_id=row_id,
+                    sample_index=sample_index,
+                    task_name=task_name,
+                    task=task.task,
+                    renderer=self.renderers[task_name],
+                    env_config=task.config.env,
+                    generate=lambda request: self.generate(request, sampling, replica),
+                )
+
+            group = await rollout_group(row_id, task_name, row, group_size, task.rollout_fn, context)
+        if group.rollouts and all(rollout.reward is not None for rollout in group.rollouts):
+            return group  # the rollout_fn scored its own samples
+        return await self.score(group)
 
     async def score(self, group: RolloutGroup) -> RolloutGroup:
         try:
@@ -205,32 +237,46 @@ class Controller:
                 rollout.error = f"reward actor failed: {exc}"
             return group
 
+    def trainable(self, group: RolloutGroup) -> bool:
+        """Whether a group yields any training sample; one that does not gives its slot to another row."""
+        algorithm = self.config.algorithm
+        samples = group_to_samples(
+            group, normalize_std=algorithm.normalize_advantage_std, drop_constant_reward=algorithm.drop_constant_reward_groups
+        )
+        return any(len(sample.input_ids) <= self.config.trainer.seq_len for sample in samples)
+
+    async def produce_row(self, row_id: str, task_name: str, row: dict) -> None:
+        self.generation_stats.row_started()
+        group = await self.rollout_and_score(row_id, task_name, row, self.config.algorithm.group_size, self.config.generator.sampling)
+        accepted = self.trainable(group)
+        self.generation_stats.row_finished(group, accepted)
+        if accepted:
+            await self.buffer.put(group)
+        await self.admission.finish(accepted)
+
     async def produce(self) -> None:
-        """Fill the buffer batch after batch, never more than the staleness budget ahead of training."""
-        run = self.config.run
-        batch_index = 0
-        while True:
-            async with self.step_done:
-                await self.step_done.wait_for(lambda: self.state.step >= batch_index - run.max_policy_staleness)
-            start = time.perf_counter()
-            rows = self.stream.take(run.groups_per_step)
-            self.state.data_cursor = self.stream.cursor
-            groups = await self.rollout_and_score(
-                rows, self.config.algorithm.group_size, self.config.generator.sampling, tag=f"train/batch={batch_index}"
-            )
-            stats = self.generation_stats
-            stats.seconds += time.perf_counter() - start
-            for group in groups:
-                stats.completion_tokens += sum(rollout.num_completion_tokens for rollout in group.rollouts)
-                await self.buffer.put(group)
-            batch_index += 1
+        """Admit rows one by one as the budgets allow; each row's group reaches the buffer when it finishes."""
+        async with asyncio.TaskGroup() as rows:
+            while True:
+                await self.admission.acquire()
+                drawn = self.stream.next()
+                if drawn is None:
+                    await self.admission.finish(accepted=False)
+                    break
+                self.state.data_cursor = self.stream.cursor
+                task_name, row = drawn
+                rows.create_task(self.produce_row(f"train/row={self.stream.cursor - 1}", task_name, row))
+        self.buffer.close()
 
     async def validate(self) -> dict[str, float]:
         """Held-out reward through the same rollout path, one sample per row."""
         if not self.validation_rows:
             return {}
-        groups = await self.rollout_and_score(
-            self.validation_rows, 1, self.config.generator.eval_sampling, tag=f"eval/step={self.state.step}"
+        groups = await asyncio.gather(
+            *(
+                self.rollout_and_score(f"eval/step={self.state.step}/{index}", task_name, row, 1, self.config.generator.eval_sampling)
+                for index, (task_name, row) in enumerate(self.validation_rows)
+            )
         )
         self.logger.log_rollouts(self.state.step, "eval", groups)
         return reward_means([rollout for group in groups for rollout in group.rollouts], prefix="eval/reward")
@@ -238,19 +284,15 @@ class Controller:
     async def train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
         """Advantages → packed micro-batches → one optimizer step → weights to the generators."""
         algorithm, trainer_config = self.config.algorithm, self.config.trainer
-        samples, dropped_groups, too_long = [], 0, 0
-        for group in groups:
+        samples, too_long = [], 0
+        for group in groups:  # every group has a sample that fits: the producer dropped the others
             group_samples = group_to_samples(
                 group, normalize_std=algorithm.normalize_advantage_std, drop_constant_reward=algorithm.drop_constant_reward_groups
             )
             fitting = [sample for sample in group_samples if len(sample.input_ids) <= trainer_config.seq_len]
             too_long += len(group_samples) - len(fitting)
-            dropped_groups += not fitting
             samples.extend(fitting)
-        metrics: dict[str, float] = {"rollouts/dropped_groups": dropped_groups, "rollouts/too_long": too_long}
-        if not samples:
-            metrics["train/skipped"] = 1
-            return metrics
+        metrics: dict[str, float] = {"rollouts/too_long": too_long}
         batch = pack_samples(samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id)  # [R, L]
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         start = time.perf_counter()
@@ -263,7 +305,9 @@ class Controller:
         await self._within(self.trainer.push_weights.call_one(new_version), "trainer weight push")
         await self._within(self.generators.update_weights.call(new_version), "generator weight reload")
         self.state.policy_version = new_version
+        await self.admission.set_policy_version(new_version)
         metrics["time/weight_sync_s"] = time.perf_counter() - start
+        metrics["train/ppo_clip_frac"] = metrics["train/clip_frac_low"] + metrics["train/clip_frac_high"]
         return metrics
 
     async def run(self) -> dict[str, Any]:
@@ -275,7 +319,7 @@ class Controller:
             await self.shutdown()
 
     async def train(self) -> dict[str, Any]:
-        """Validate, then `run.steps` optimizer steps; returns the first and last validation metrics."""
+        """Validate, then optimizer steps until `run.steps` or the data's end; returns the first and last validation metrics."""
         config = self.config
         run_dir = fresh_run_dir(config.run_dir)
         (run_dir / "config.toml").write_text(dump_toml(config))
@@ -286,16 +330,24 @@ class Controller:
             if config.run.eval_every > 0:
                 summary["eval_start"] = await self.validate()
                 self.logger.log({"step": 0, "policy_version": 0, **summary["eval_start"]})
-            for _ in tqdm(range(config.run.steps), desc="train", unit="step", dynamic_ncols=True):
+            for _ in tqdm(range(self.planned_steps), desc="train", unit="step", dynamic_ncols=True):
                 step_start = time.perf_counter()
                 groups, evicted = await self._next_batch(producer)
+                wait_seconds = time.perf_counter() - step_start
+                if len(groups) < config.run.groups_per_step:  # the data ran out before the planned steps
+                    summary["data_exhausted_at_step"] = self.state.step
+                    if config.run.eval_every > 0 and self.state.step % config.run.eval_every != 0:
+                        summary["eval_end"] = await self.validate()
+                        self.logger.log({"step": self.state.step, "policy_version": self.state.policy_version, **summary["eval_end"]})
+                    break
                 self.logger.log_rollouts(self.state.step + 1, "train", groups)
-                metrics = self._rollout_metrics(groups, evicted, wait_seconds=time.perf_counter() - step_start)
+                metrics = self._rollout_metrics(groups, evicted, wait_seconds)
                 metrics.update(await self.train_step(groups))
-                async with self.step_done:
-                    self.state.step += 1
-                    self.step_done.notify_all()
-                is_last = self.state.step == config.run.steps
+                busy = metrics["time/train_s"] + metrics["time/weight_sync_s"]
+                metrics["perf/wait_time_ratio"] = wait_seconds / (wait_seconds + busy)
+                metrics["perf/overlap_ratio"] = 1.0 - metrics["perf/wait_time_ratio"]
+                self.state.step += 1
+                is_last = self.state.step == self.planned_steps
                 if config.run.eval_every > 0 and (self.state.step % config.run.eval_every == 0 or is_last):
                     eval_metrics = await self.validate()
                     metrics.update(eval_metrics)
@@ -323,20 +375,25 @@ class Controller:
         """The next batch from the buffer; a crashed producer raises here instead of hanging the run."""
         get = asyncio.ensure_future(self.buffer.get(self.config.run.groups_per_step, self.state.policy_version))
         await asyncio.wait([get, producer], return_when=asyncio.FIRST_COMPLETED)
-        if not get.done():
+        if producer.done() and producer.exception() is not None:
             get.cancel()
             producer.result()
-        return get.result()
+        groups, evicted = await get  # the producer closes the buffer when the data runs out
+        await self.admission.release_accepted(evicted)
+        return groups, evicted
 
     def _rollout_metrics(self, groups: list[RolloutGroup], evicted: int, wait_seconds: float) -> dict[str, float]:
         rollouts = [rollout for group in groups for rollout in group.rollouts]
         stats = self.generation_stats.drain()
+        offsets = [self.state.policy_version - min(r.policy_versions) for r in rollouts if r.turns]
         metrics: dict[str, float] = {
             "rollouts/evicted_stale_groups": evicted,
+            "rollouts/dropped_groups": stats.dropped_groups,
             "rollouts/completion_tokens_mean": sum(r.num_completion_tokens for r in rollouts) / len(rollouts),
-            "rollouts/policy_lag_max": max(self.state.policy_version - group.min_policy_version for group in groups),
+            "async/version_offset_mean": sum(offsets) / len(offsets) if offsets else 0.0,
+            "async/version_offset_max": max(offsets, default=0),
             "time/generation_s": stats.seconds,
-            "time/wait_for_rollouts_s": wait_seconds,
+            "perf/sample_wait_time": wait_seconds,
             "perf/generation_tokens_per_s": stats.completion_tokens / stats.seconds if stats.seconds else 0.0,
         }
         metrics.update(reward_means(rollouts, prefix="reward"))
