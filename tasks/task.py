@@ -1,7 +1,8 @@
 """A Task bundles what travels together in RL: data, environment, rubric.
 
 The framework reads rows from `load_dataset`, tags each with the task's name, builds one
-environment per sample with `make_envs`, and scores the finished group with the rubric.
+environment per sample with `make_env` (the default rollout, `rollouts.fanout.task_rollout`),
+and scores the finished group with the rubric.
 A user's task is any `Task` subclass importable by path; its constructor receives the
 `args` table of the task's config entry as keyword arguments.
 """
@@ -31,7 +32,3 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def build_rubric(self) -> Rubric:
         """The task's default rubric; a config can replace it."""
-
-    def make_envs(self, example: dict[str, Any], group_size: int) -> list[MessageEnv]:
-        """Environments for the `group_size` rollouts of a row; override to pool expensive ones."""
-        return [self.make_env(example) for _ in range(group_size)]

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from env_types.renderer_env import Completion, RendererEnvConfig
 from rl.assets import resolve_model_path
 from rl.renderer import RendererConfig
-from rollouts.runner import GroupSpec, collect_groups
+from rollouts.fanout import RolloutContext, rollout_group, task_rollout
 from rollouts.types import RolloutStatus
 from rubrics.rubric import apply_reward
 
@@ -49,12 +49,13 @@ async def test_readme_task_rolls_out_and_scores(tmp_path, monkeypatch):
     renderer = RendererConfig(name="qwen3").build("tiny-qwen3")
     answer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen3")).encode("Nairobi<|im_end|>")
 
-    async def generate(requests):
-        return [Completion(token_ids=answer, logprobs=[-0.1] * len(answer), finish_reason="stop", policy_version=0) for _ in requests]
+    async def generate(request):
+        return Completion(token_ids=answer, logprobs=[-0.1] * len(answer), finish_reason="stop", policy_version=0)
 
-    [group] = await collect_groups(
-        [GroupSpec("g", "capitals", task, row, renderer, RendererEnvConfig(max_new_tokens=16))], 2, generate
-    )
+    def context(index):
+        return RolloutContext("g", index, "capitals", task, renderer, RendererEnvConfig(max_new_tokens=16), generate)
+
+    group = await rollout_group("g", "capitals", row, 2, task_rollout, context)
     rewards = await task.build_rubric().score_group(group.rollouts, group.example)
     for rollout, reward in zip(group.rollouts, rewards):
         apply_reward(rollout, reward)
