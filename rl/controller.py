@@ -224,6 +224,8 @@ class Controller:
                 )
 
             group = await rollout_group(row_id, task_name, row, group_size, task.rollout_fn, context)
+        for rollout in group.rollouts:
+            rollout.metadata["generator_replica"] = replica
         if group.rollouts and all(rollout.reward is not None for rollout in group.rollouts):
             return group  # the rollout_fn scored its own samples
         return await self.score(group)
