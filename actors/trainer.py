@@ -86,8 +86,11 @@ class PolicyTrainer(Actor):
             ref_logprobs = None
             if self.reference is not None:
                 with torch.no_grad():
-                    ref_logprobs = token_logprobs(self.reference, micro_batch["input_ids"], micro_batch["position_ids"])
-            logprobs = token_logprobs(self.model, micro_batch["input_ids"], micro_batch["position_ids"])  # [B,L]
+                    ref_logprobs = token_logprobs(
+                        self.reference, micro_batch["input_ids"], micro_batch["position_ids"], mask=micro_batch["loss_mask"]
+                    )
+            # [B,L]; the output layer runs only where a logprob is trained
+            logprobs = token_logprobs(self.model, micro_batch["input_ids"], micro_batch["position_ids"], mask=micro_batch["loss_mask"])
             loss, metrics = grpo_loss(
                 logprobs,
                 micro_batch,
