@@ -1,4 +1,4 @@
-"""`rlmesh train --config FILE [--section.key value ...]` and `rlmesh validate --config FILE ...`."""
+"""`rlmesh train --config FILE [--section.key value ...]`, `rlmesh validate ...` and `rlmesh bench ...`."""
 
 from __future__ import annotations
 
@@ -33,7 +33,11 @@ def parse_overrides(extra: list[str]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlmesh", description="RL post-training of language models on Monarch actors")
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (("train", "run training"), ("validate", "print the resolved config and start nothing")):
+    for name, help_text in (
+        ("train", "run training"),
+        ("validate", "print the resolved config and start nothing"),
+        ("bench", "measure generation, training, the sync and async loops and weight sync; write bench.json and bench.md"),
+    ):
         command = commands.add_parser(name, help=help_text)
         command.add_argument("--config", help="TOML config file (defaults apply to anything it leaves out)")
     args, extra = parser.parse_known_args(argv)
@@ -46,6 +50,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "validate":
         print(dump_toml(config), end="")
+        return 0
+
+    if args.command == "bench":
+        from rl.bench import bench, table
+
+        results = asyncio.run(bench(config))
+        print(table(results) + f"\nwritten to {results['out_dir']}")
         return 0
 
     from rl.controller import Controller

@@ -296,6 +296,7 @@ class Controller:
             samples.extend(fitting)
         metrics: dict[str, float] = {"rollouts/too_long": too_long}
         batch = pack_samples(samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id)  # [R, L]
+        metrics["train/packing_efficiency"] = float((batch["policy_version"] >= 0).float().mean())  # real / all tokens
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         start = time.perf_counter()
         train_metrics = await self.trainer.train_step.call_one(micro_batches)

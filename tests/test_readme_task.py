@@ -23,20 +23,25 @@ def readme_blocks(language: str) -> list[str]:
 
 def write_user_package(root: Path) -> None:
     [task_code] = [block for block in readme_blocks("python") if "class CapitalsTask" in block]
+    [rollout_code] = [block for block in readme_blocks("python") if "async def skip_long_rows" in block]
     (root / "my_tasks").mkdir()
     (root / "my_tasks" / "__init__.py").write_text("")
     (root / "my_tasks" / "capitals.py").write_text(task_code)
+    (root / "my_tasks" / "rollouts.py").write_text(rollout_code)
 
 
-def test_readme_task_config_validates_by_import_path(tmp_path):
+def test_readme_task_configs_validate_by_import_path(tmp_path):
     write_user_package(tmp_path)
-    [task_toml] = [block for block in readme_blocks("toml") if "my_tasks.capitals:CapitalsTask" in block]
-    config = tmp_path / "capitals.toml"
-    config.write_text('[model]\npath = "tiny-qwen3"\n' + task_toml)
-    result = subprocess.run([sys.executable, "-m", "rl.cli", "validate", "--config", str(config)],
-                            cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": ""})
-    assert result.returncode == 0, result.stderr
-    assert 'name = "my_tasks.capitals:CapitalsTask"' in result.stdout
+    task_tomls = [block for block in readme_blocks("toml") if "my_tasks.capitals:CapitalsTask" in block]
+    assert len(task_tomls) == 2  # the task, and the task with its own rollout_fn
+    for index, task_toml in enumerate(task_tomls):
+        config = tmp_path / f"capitals{index}.toml"
+        config.write_text('[model]\npath = "tiny-qwen3"\n' + task_toml)
+        result = subprocess.run([sys.executable, "-m", "rl.cli", "validate", "--config", str(config)],
+                                cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": ""})
+        assert result.returncode == 0, result.stderr
+        assert 'name = "my_tasks.capitals:CapitalsTask"' in result.stdout
+    assert 'rollout_fn = "my_tasks.rollouts:skip_long_rows"' in result.stdout
 
 
 async def test_readme_task_rolls_out_and_scores(tmp_path, monkeypatch):
