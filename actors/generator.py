@@ -58,15 +58,16 @@ class Generator(Actor):
         self.on_weight_update = generator_config.on_weight_update
         self.weights = weight_sync.WeightReceiver(config.weight_sync.transport)
 
-    def _sampling_params(self, sampling: SamplingConfig, max_new_tokens: int) -> Any:
+    def _sampling_params(self, sampling: SamplingConfig, request: GenerationRequest) -> Any:
         from vllm import SamplingParams
 
         return SamplingParams(
             n=1,
+            seed=request.seed,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
-            max_tokens=max_new_tokens,
+            max_tokens=request.max_new_tokens,
             stop_token_ids=self.stop_token_ids,
             logprobs=0,
             detokenize=False,
@@ -76,7 +77,7 @@ class Generator(Actor):
         from vllm.inputs import TokensPrompt
 
         output, version = await self.engine.generate(
-            TokensPrompt(prompt_token_ids=request.prompt_token_ids), self._sampling_params(sampling, request.max_new_tokens)
+            TokensPrompt(prompt_token_ids=request.prompt_token_ids), self._sampling_params(sampling, request)
         )
         sample = output.outputs[0]
         token_ids = list(sample.token_ids)

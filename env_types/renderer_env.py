@@ -9,6 +9,7 @@ prompts extend the previous prompt + sampled completion token-for-token (the ren
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -36,12 +37,24 @@ class RendererEnvConfig(BaseModel):
     """Longest an environment `reset` or `step` may take before the rollout becomes TIMEOUT."""
 
 
+def sampling_seed(run_seed: int, rollout_id: str, turn: int) -> int:
+    """The sampling seed of one turn of one rollout: a stable hash of the run's seed, the rollout id and the turn.
+
+    Each request samples from its own generator seeded with it, so what a rollout samples does not
+    depend on engine state, on which replica serves it or on which requests it was batched with.
+    """
+    digest = hashlib.sha256(f"{run_seed}/{rollout_id}/{turn}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """What to ask the generator for next."""
 
     prompt_token_ids: list[int]
     max_new_tokens: int
+    seed: int | None = None
+    """Per-request sampling seed (None: the engine's own random state)."""
 
 
 @dataclass(frozen=True)
@@ -63,8 +76,10 @@ class RendererEnv:
         renderer: Any,
         config: RendererEnvConfig,
         rollout: Rollout,
+        run_seed: int | None = None,
     ):
         self.env = env
+        self.run_seed = run_seed
         self.renderer = renderer
         self.config = config
         self.rollout = rollout
@@ -151,7 +166,8 @@ class RendererEnv:
         if budget <= 0:
             return await self._finish(RolloutStatus.TRUNCATED)
         self._prompt_token_ids = prompt_token_ids
-        return GenerationRequest(prompt_token_ids=prompt_token_ids, max_new_tokens=budget)
+        seed = None if self.run_seed is None else sampling_seed(self.run_seed, self.rollout.rollout_id, len(self.rollout.turns))
+        return GenerationRequest(prompt_token_ids=prompt_token_ids, max_new_tokens=budget, seed=seed)
 
     async def _finish(self, status: RolloutStatus) -> None:
         self.rollout.status = self.rollout.status.transition(status)

@@ -221,6 +221,7 @@ class Controller:
                     renderer=self.renderers[task_name],
                     env_config=task.config.env,
                     generate=lambda request: self.generate(request, sampling, replica),
+                    run_seed=self.config.run.seed,
                 )
 
             group = await rollout_group(row_id, task_name, row, group_size, task.rollout_fn, context)

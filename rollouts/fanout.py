@@ -36,6 +36,8 @@ class RolloutContext:
     env_config: RendererEnvConfig
     generate: Callable[[GenerationRequest], Awaitable[Completion]]
     """One completion from the row's generator replica; raises when the generator fails the request."""
+    run_seed: int | None = None
+    """With it, each request carries a sampling seed derived from it and the rollout id (`sampling_seed`)."""
 
     def new_rollout(self) -> Rollout:
         return Rollout(
@@ -49,7 +51,7 @@ RolloutFn = Callable[[dict[str, Any], RolloutContext], Awaitable["Rollout | None
 async def task_rollout(row: dict[str, Any], context: RolloutContext) -> Rollout:
     """The task's environment for this row, run to a terminal status."""
     rollout = context.new_rollout()
-    env = RendererEnv(context.task.make_env(row), context.renderer, context.env_config, rollout)
+    env = RendererEnv(context.task.make_env(row), context.renderer, context.env_config, rollout, run_seed=context.run_seed)
     request = await env.start()
     while request is not None:
         try:
