@@ -193,3 +193,21 @@ async def test_multi_turn_done_with_env_reward(renderer, tokenizer):
     [group] = await collect_groups([spec(RetryTask(), {}, renderer, RendererEnvConfig(max_turns=3))], 1, scripted_generator(tokenizer, "4"))
     rollout = group.rollouts[0]
     assert rollout.status is RolloutStatus.COMPLETED and rollout.turns[0].reward_components == {"solved": 1.0}
+
+
+async def test_each_sample_gets_its_own_sampling_seed(renderer, tokenizer):
+    from env_types.renderer_env import sampling_seed
+
+    task = SumDigitsTask(num_digits=2, num_validation=4)
+    calls = []
+    generate = scripted_generator(tokenizer, "9", calls=calls)
+
+    async def one(request):
+        return (await generate([request]))[0]
+
+    def context(index):
+        return RolloutContext("train/row=3", index, "sum_digits", task, renderer, RendererEnvConfig(), one, run_seed=5)
+
+    await rollout_group("train/row=3", "sum_digits", task.load_dataset("validation")[0], 3, task_rollout, context)
+    assert sorted(request.seed for [request] in calls) == sorted(sampling_seed(5, f"train/row=3/{i}", 0) for i in range(3))
+    assert len({request.seed for [request] in calls}) == 3
