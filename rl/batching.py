@@ -108,3 +108,15 @@ def count_loss_tokens(batches: list[TensorDict]) -> int:
     With data parallelism, all-reduce this count across ranks before using it.
     """
     return sum(int(batch["loss_mask"].sum()) for batch in batches)
+
+
+def trim_padding(batch: TensorDict) -> TensorDict:
+    """The batch without the padding columns every row ends with: [R, L] -> [R, L'], L' = longest row's real length.
+
+    Position ids restart for every sample, so the real tokens' logits do not change; the trainer just
+    stops computing on columns that are padding in every row.
+    """
+    real = batch["policy_version"] >= 0  # [R, L]
+    columns = real.any(dim=0).nonzero()
+    length = int(columns[-1]) + 1 if len(columns) else 1
+    return TensorDict({key: value[:, :length] for key, value in batch.items()}, batch_size=batch.batch_size)

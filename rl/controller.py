@@ -33,7 +33,7 @@ from rl import weight_sync
 from rl.admission import Admission
 from rl.algorithms.grpo import group_to_samples
 from rl.assets import resolve_model_path
-from rl.batching import pack_samples, split_micro_batches
+from rl.batching import pack_samples, split_micro_batches, trim_padding
 from rl.buffer import RolloutBuffer
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream, row_limit
@@ -296,7 +296,7 @@ class Controller:
             too_long += len(group_samples) - len(fitting)
             samples.extend(fitting)
         metrics: dict[str, float] = {"rollouts/too_long": too_long}
-        batch = pack_samples(samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id)  # [R, L]
+        batch = trim_padding(pack_samples(samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id))  # [R, L' <= L]
         metrics["train/packing_efficiency"] = float((batch["policy_version"] >= 0).float().mean())  # real / all tokens
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         start = time.perf_counter()

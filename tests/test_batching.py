@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-from rl.batching import TrainSample, count_loss_tokens, pack_samples, split_micro_batches
+from rl.batching import TrainSample, count_loss_tokens, pack_samples, split_micro_batches, trim_padding
 from rl.logprobs import token_logprobs
 
 
@@ -155,3 +155,15 @@ def test_masked_logprobs_equal_full_logprobs_on_the_mask_with_gradients(kind: st
     torch.testing.assert_close(masked, torch.where(mask, full, 0.0), atol=1e-6, rtol=0)
     for masked_grad, full_grad in zip(masked_grads, full_grads):
         torch.testing.assert_close(masked_grad, full_grad, atol=1e-6, rtol=0)
+
+
+def test_trim_padding_drops_only_columns_that_are_padding_in_every_row() -> None:
+    samples = [TrainSample([i] * n, [False] + [True] * (n - 1), [0.0] * n, 0.0, 0) for i, n in enumerate((5, 3, 2))]
+    batch = pack_samples(samples, seq_len=8, pad_token_id=99)  # rows: [5 + 3 | pad], [2 | 6 pads]
+    trimmed = trim_padding(batch)
+    assert trimmed.batch_size == batch.batch_size and trimmed["input_ids"].shape == (2, 8)
+    batch = pack_samples(samples[1:], seq_len=8, pad_token_id=99)  # rows: [3 + 2 | 3 pads]
+    trimmed = trim_padding(batch)
+    assert trimmed["input_ids"].tolist() == [[1, 1, 1, 2, 2]]
+    for key in batch.keys():
+        assert torch.equal(trimmed[key], batch[key][:, :5]), key
