@@ -148,11 +148,11 @@ async def bench(config: Config) -> dict[str, Any]:
         "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start",
         "trainer_dtype": config.trainer.dtype,
         "matmul_peak_gflops": matmul_peak_gflops(trainer_dtype, config.trainer.cpus),
-        "weight_sync_floor": weight_sync_floor(config),
         "loops": {},
     }
     for staleness, name in ((0, "sync"), (1, "async_1"), (2, "async_2")):
         results["loops"][name] = await run_loop(config, staleness, f"{config.run.name}-bench-{name}")
+    results["weight_sync_floor"] = weight_sync_floor(config)  # last: its in-process engine holds memory until exit
     sync = results["loops"]["sync"]
     results["trainer_peak_fraction"] = 6 * parameter_count(config) * sync["train_tokens_per_s"] / (results["matmul_peak_gflops"] * 1e9)
     results["ratios"] = {
