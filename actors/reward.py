@@ -8,9 +8,11 @@ otherwise handles one message at a time); at most `run.reward_concurrency` group
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
-from monarch.actor import Actor, concurrent_endpoint
+from monarch.actor import Actor, concurrent_endpoint, endpoint
 
+from rl import checkpoint
 from rl.config import Config
 from rollouts.types import RolloutGroup
 from rubrics.rubric import apply_reward
@@ -30,3 +32,12 @@ class RewardActor(Actor):
         for rollout, reward in zip(group.rollouts, rewards):
             apply_reward(rollout, reward)
         return group
+
+    @endpoint
+    async def save_rng(self, path: str) -> None:
+        """Reward functions may draw random numbers: their process's RNG goes into checkpoints."""
+        checkpoint.save_rng(Path(path), "reward")
+
+    @endpoint
+    async def load_rng(self, path: str) -> None:
+        checkpoint.load_rng(Path(path), "reward")

@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import torch
 from monarch.actor import Actor, endpoint
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
-from rl import weight_sync
+from rl import checkpoint, weight_sync
 from rl.affinity import pin_process
 from rl.algorithms.losses import grpo_loss
 from rl.assets import resolve_model_path
 from rl.batching import count_loss_tokens
 from rl.config import Config, TrainerConfig
 from rl.logprobs import token_logprobs
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from rl.precision import TORCH_DTYPES, compute_context
 
 
 def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
@@ -45,7 +45,7 @@ def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
 
 def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(path), dtype=_DTYPES[trainer_config.dtype], attn_implementation="sdpa"
+        resolve_model_path(path), dtype=TORCH_DTYPES[trainer_config.param_dtype], attn_implementation="sdpa"
     )
     return model.to(trainer_config.device)
 
@@ -73,6 +73,11 @@ class PolicyTrainer(Actor):
         self.policy_version = 0
         self.publisher = weight_sync.WeightPublisher(config.weight_sync.transport)
 
+    def compute(self):
+        """Forward passes run in `trainer.dtype` (autocast) over the `trainer.param_dtype` weights."""
+        trainer_config = self.config.trainer
+        return compute_context(trainer_config.device, trainer_config.param_dtype, trainer_config.dtype)
+
     @endpoint
     async def train_step(self, micro_batches: list[TensorDict]) -> dict[str, float]:
         """One optimizer step over all micro-batches; returns loss and diagnostics."""
@@ -84,13 +89,14 @@ class PolicyTrainer(Actor):
         for micro_batch in micro_batches:
             micro_batch = micro_batch.to(self.device)
             ref_logprobs = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref_logprobs = token_logprobs(
-                        self.reference, micro_batch["input_ids"], micro_batch["position_ids"], mask=micro_batch["loss_mask"]
-                    )
-            # [B,L]; the output layer runs only where a logprob is trained
-            logprobs = token_logprobs(self.model, micro_batch["input_ids"], micro_batch["position_ids"], mask=micro_batch["loss_mask"])
+            with self.compute():
+                if self.reference is not None:
+                    with torch.no_grad():
+                        ref_logprobs = token_logprobs(
+                            self.reference, micro_batch["input_ids"], micro_batch["position_ids"], mask=micro_batch["loss_mask"]
+                        )
+                # [B,L]; the output layer runs only where a logprob is trained
+                logprobs = token_logprobs(self.model, micro_batch["input_ids"], micro_batch["position_ids"], mask=micro_batch["loss_mask"])
             loss, metrics = grpo_loss(
                 logprobs,
                 micro_batch,
@@ -121,7 +127,7 @@ class PolicyTrainer(Actor):
         """Publish the current weights as `policy_version`; returns seconds spent."""
         start = time.perf_counter()
         # sent in the generators' dtype: half the bytes when they run bf16
-        await self.publisher.publish(self.model.state_dict(), policy_version, _DTYPES[self.config.generator.dtype])
+        await self.publisher.publish(self.model.state_dict(), policy_version, TORCH_DTYPES[self.config.generator.dtype])
         self.policy_version = policy_version
         return time.perf_counter() - start
 
@@ -131,9 +137,20 @@ class PolicyTrainer(Actor):
         self.publisher.close()
 
     @endpoint
+    async def save_checkpoint(self, path: str) -> None:
+        """Model, optimizer, LR schedule and this process's RNG into the checkpoint directory `path`."""
+        checkpoint.save_trainer(Path(path), self.model, self.optimizer, self.scheduler)
+        checkpoint.save_rng(Path(path), "trainer")
+
+    @endpoint
+    async def load_checkpoint(self, path: str) -> None:
+        checkpoint.load_trainer(Path(path), self.model, self.optimizer, self.scheduler)
+        checkpoint.load_rng(Path(path), "trainer")
+
+    @endpoint
     async def logprobs(self, token_ids: list[int]) -> list[float]:
         """Logprob of each token given its prefix under the current weights (position 0 gets 0.0)."""
         input_ids = torch.tensor([token_ids], device=self.device)
         position_ids = torch.arange(len(token_ids), device=self.device).unsqueeze(0)
-        with torch.no_grad():
+        with torch.no_grad(), self.compute():
             return token_logprobs(self.model, input_ids, position_ids)[0].tolist()

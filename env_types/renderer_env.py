@@ -14,7 +14,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
 from rl.renderer import next_turn_prompt, parse_completion, render_prompt
@@ -35,6 +35,15 @@ class RendererEnvConfig(BaseModel):
     max_turns: int = Field(1, gt=0)
     env_timeout_s: float = Field(30.0, gt=0)
     """Longest an environment `reset` or `step` may take before the rollout becomes TIMEOUT."""
+
+    @model_validator(mode="after")
+    def _prompt_leaves_room(self) -> RendererEnvConfig:
+        if self.max_prompt_tokens >= self.max_total_tokens:
+            raise ValueError(
+                f"max_prompt_tokens ({self.max_prompt_tokens}) must be below max_total_tokens ({self.max_total_tokens}): "
+                "a prompt that long leaves no room to generate"
+            )
+        return self
 
 
 def sampling_seed(run_seed: int, rollout_id: str, turn: int) -> int:

@@ -23,13 +23,14 @@ import asyncio
 class Admission:
     """Slot accounting for rows: `acquire` waits for capacity, `finish`/`reject` give slots back."""
 
-    def __init__(self, *, max_concurrent: int, max_staleness: int, rows_per_step: int):
+    def __init__(self, *, max_concurrent: int, max_staleness: int, rows_per_step: int, policy_version: int = 0):
+        """`policy_version` > 0 on a resume: the rows of the steps already trained count as accepted."""
         self.max_concurrent = max_concurrent
         self.max_staleness = max_staleness
         self.rows_per_step = rows_per_step
-        self.policy_version = 0
+        self.policy_version = policy_version
         self.running = 0
-        self.accepted = 0
+        self.accepted = policy_version * rows_per_step
         self._changed = asyncio.Condition()
 
     def capacity(self) -> int:

@@ -59,7 +59,7 @@ def weight_sync_floor(config: Config) -> dict[str, float]:
     from vllm import LLM
 
     path = resolve_model_path(config.model.path)
-    state_dict = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.trainer.dtype]).state_dict()
+    state_dict = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.trainer.param_dtype]).state_dict()
     dtype = _DTYPES[config.generator.dtype]
     cast_s = min(_timed(lambda: {name: tensor.to(dtype) for name, tensor in state_dict.items()}) for _ in range(3))
     cast = {name: tensor.to(dtype) for name, tensor in state_dict.items()}

@@ -32,10 +32,10 @@ class RolloutBuffer:
         """No more groups will come: `get` returns what is left instead of waiting."""
         self._queue.put_nowait(None)
 
-    async def get(self, count: int, trainer_policy_version: int) -> tuple[list[RolloutGroup], int]:
-        """The next `count` fresh groups (fewer once closed), and how many stale ones were evicted on the way."""
+    async def get(self, count: int, trainer_policy_version: int) -> tuple[list[RolloutGroup], list[RolloutGroup]]:
+        """The next `count` fresh groups (fewer once closed), and the stale ones evicted on the way."""
         groups: list[RolloutGroup] = []
-        evicted = 0
+        evicted: list[RolloutGroup] = []
         while len(groups) < count:
             group = await self._queue.get()
             if group is None:
@@ -44,5 +44,5 @@ class RolloutBuffer:
             if is_fresh(group.min_policy_version, trainer_policy_version, self.max_staleness):
                 groups.append(group)
             else:
-                evicted += 1
+                evicted.append(group)
         return groups, evicted

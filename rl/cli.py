@@ -1,4 +1,4 @@
-"""`rlmesh train --config FILE [--section.key value ...]`, `rlmesh validate ...` and `rlmesh bench ...`."""
+"""`rlmesh train --config FILE [--section.key value ...]`, `rlmesh train --resume RUN_DIR [...]`, `rlmesh validate ...`, `rlmesh bench ...`."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import sys
+from pathlib import Path
 
 from rl.config import ConfigError, dump_toml, load_config
 from tasks.build import build_task
@@ -40,9 +41,24 @@ def main(argv: list[str] | None = None) -> int:
     ):
         command = commands.add_parser(name, help=help_text)
         command.add_argument("--config", help="TOML config file (defaults apply to anything it leaves out)")
+        command.add_argument("--resume", metavar="RUN_DIR", type=Path, help="continue RUN_DIR from its newest checkpoint")
     args, extra = parser.parse_known_args(argv)
+    if args.command == "train":
+        from rl.interrupts import EXIT_INTERRUPTED, InterruptibleRun
+
+        interruptible = InterruptibleRun()  # before any other thread starts (numpy, Monarch): see rl/interrupts.py
+    from rl.checkpoint import read_run_state
+    from rl.resume import resume_config, truncate_logs
+
+    resume_from = None
     try:
-        config = load_config(args.config, parse_overrides(extra))
+        overrides = parse_overrides(extra)
+        if args.resume is not None:
+            if args.config is not None:
+                raise ConfigError("--resume takes its config from the run directory; drop --config")
+            config, resume_from = resume_config(args.resume, overrides)
+        else:
+            config = load_config(args.config, overrides)
         for task_config in config.tasks:
             build_task(task_config)
     except (ConfigError, ValueError) as exc:
@@ -51,29 +67,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "validate":
         print(dump_toml(config), end="")
         return 0
-
     if args.command == "bench":
         from rl.bench import bench, table
 
         results = asyncio.run(bench(config))
         print(table(results) + f"\nwritten to {results['out_dir']}")
         return 0
+    if resume_from is not None:
+        truncate_logs(args.resume, read_run_state(resume_from)["step"])
 
     from rl.controller import Controller
 
     try:
-        controller = Controller(config)
+        controller = Controller(config, resume_from=resume_from)
     except (OSError, ValueError) as exc:
         print(f"rlmesh: cannot set up the run: {exc}", file=sys.stderr)
         return 2
     try:
-        summary = asyncio.run(controller.run())
+        summary = interruptible.run(controller.run())
     except KeyboardInterrupt:
-        if controller.actor_failures:
-            print("rlmesh: an actor failed; run stopped:\n" + "\n".join(controller.actor_failures), file=sys.stderr)
-            return 1
         print("rlmesh: interrupted; actors stopped", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except asyncio.CancelledError:
+        if not controller.actor_failures:
+            raise
+        print("rlmesh: an actor failed; run stopped:\n" + "\n".join(controller.actor_failures), file=sys.stderr)
+        return 1
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -8,17 +8,20 @@ here, not by code edits.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from env_types.renderer_env import RendererEnvConfig
 from rl.renderer import RendererConfig
 
 Device = Literal["cpu", "cuda"]
 DType = Literal["float32", "bfloat16", "float16"]
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
+_PRECISION_BITS = {"float32": 24, "bfloat16": 8, "float16": 11}
 
 
 class Section(BaseModel):
@@ -28,6 +31,18 @@ class Section(BaseModel):
 class ModelConfig(Section):
     path: str = "smollm2-135m-instruct"
     """HF folder, hub id, or a built-in offline asset: "smollm2-135m-instruct", "tiny-qwen3"."""
+
+    @field_validator("path")
+    @classmethod
+    def _known_model(cls, path: str) -> str:
+        from rl.assets import BUILTIN_MODELS
+
+        if path in BUILTIN_MODELS or Path(path).expanduser().is_dir() or _HUB_ID.fullmatch(path):
+            return path
+        raise ValueError(
+            f"{path!r} is neither a built-in model ({', '.join(sorted(BUILTIN_MODELS))}), an existing directory, "
+            "nor a hub id like 'org/name'"
+        )
 
 
 class SamplingConfig(Section):
@@ -39,7 +54,9 @@ class SamplingConfig(Section):
 class GeneratorConfig(Section):
     num_replicas: int = Field(1, ge=1)
     device: Device = "cpu"
-    dtype: DType = "bfloat16"
+    dtype: DType | Literal["auto"] = "auto"
+    """Weights dtype of the sampler; "auto" = the trainer's parameter dtype, so it samples the exact policy.
+    A lower dtype halves weight-sync bytes but samples a drifting policy (see `run.mismatch_warn_factor`)."""
     tensor_parallel_size: int = Field(1, ge=1)
     enforce_eager: bool = True
     """Skip graph compilation: fast start-up (~3 s) at some decode speed."""
@@ -61,7 +78,11 @@ class GeneratorConfig(Section):
 class TrainerConfig(Section):
     device: Device = "cpu"
     dtype: DType = "float32"
-    """Parameter and compute dtype of the policy (and reference) model."""
+    """Compute dtype: below `param_dtype` the forward/backward runs under autocast over fp32 master weights."""
+    param_dtype: DType = "float32"
+    """Dtype of the parameters and optimizer state. Below fp32 only with `pure_low_precision = true`."""
+    pure_low_precision: bool = False
+    """Allow low-precision parameters: AdamW updates at RL learning rates mostly round away in bf16."""
     lr: float = Field(1e-6, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
@@ -146,12 +167,22 @@ class RunConfig(Section):
     """Longest a weight push or reload may take before the run stops with an error naming it."""
     reward_concurrency: int = Field(32, ge=1)
     """Most groups the RewardActor scores at once."""
+    mismatch_warn_factor: float = Field(5.0, gt=1)
+    """Warn when `train/mismatch_k3` exceeds this many times its first-step value (and `mismatch_warn_floor`)."""
+    mismatch_warn_floor: float = Field(1e-3, ge=0)
     max_concurrent_rollouts: int = Field(64, ge=1)
     """Most rows (each a whole group) generating at once."""
     epochs: float | None = Field(None, gt=0)
     """End after this many passes over the training rows (all tasks together); None = no data limit."""
     max_rows: int | None = Field(None, ge=1)
     """End after this many training rows; with `epochs`, the smaller limit wins."""
+
+
+class CheckpointConfig(Section):
+    every_steps: int = Field(0, ge=0)
+    """Write a checkpoint every N optimizer steps; 0 = only the final one (always written when a run ends)."""
+    keep: int = Field(2, ge=1)
+    """Newest committed checkpoints kept; older ones are deleted after each commit."""
 
 
 class WeightSyncConfig(Section):
@@ -167,6 +198,7 @@ class Config(Section):
     algorithm: AlgorithmConfig = AlgorithmConfig()
     tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)
     run: RunConfig = RunConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
     wandb: WandbConfig = WandbConfig()
     weight_sync: WeightSyncConfig = WeightSyncConfig()
 
@@ -177,6 +209,12 @@ class Config(Section):
             raise ValueError(f"tasks: each task may appear once, got {names}")
         if self.generator.device != self.trainer.device:
             raise ValueError("generator.device and trainer.device must match on one machine")
+        self._check_precision()
+        if self.algorithm.group_size < 2:
+            raise ValueError(
+                f"algorithm.group_size = {self.algorithm.group_size}: {self.algorithm.name}'s advantages are relative to "
+                "the other samples of a group, so it needs group_size >= 2"
+            )
         for index, task in enumerate(self.tasks):
             if task.env.max_total_tokens > self.trainer.seq_len:
                 raise ValueError(
@@ -186,6 +224,21 @@ class Config(Section):
             if task.env.max_total_tokens > self.generator.max_model_len:
                 raise ValueError(f"tasks.{index}.env.max_total_tokens exceeds generator.max_model_len")
         return self
+
+    def _check_precision(self) -> None:
+        trainer = self.trainer
+        if trainer.param_dtype != "float32" and not trainer.pure_low_precision:
+            raise ValueError(
+                f"trainer.param_dtype = {trainer.param_dtype!r}: low-precision parameters barely train at RL learning "
+                "rates (updates round away). Keep fp32 parameters and set trainer.dtype for bf16 compute, or set "
+                "trainer.pure_low_precision = true to insist"
+            )
+        if trainer.dtype == "float16" and trainer.param_dtype != "float16":
+            raise ValueError("trainer.dtype = 'float16': fp16 autocast needs loss scaling, which rlmesh does not do; use 'bfloat16'")
+        if _PRECISION_BITS[trainer.dtype] > _PRECISION_BITS[trainer.param_dtype]:
+            raise ValueError(f"trainer.dtype ({trainer.dtype}) is wider than trainer.param_dtype ({trainer.param_dtype})")
+        if self.generator.dtype == "auto":
+            self.generator.dtype = trainer.param_dtype
 
     @property
     def run_dir(self) -> Path:
@@ -235,7 +288,8 @@ def _format_validation_error(error: ValidationError) -> str:
         key = ".".join(str(part) for part in item["loc"]) or "<config>"
         value = item.get("input")
         shown = "" if item["type"] == "missing" or isinstance(value, dict) else f" (got {value!r})"
-        lines.append(f"  {key}: {item['msg']}{shown}")
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"  {message}" if key == "<config>" else f"  {key}: {message}{shown}")
     return "invalid config:\n" + "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,7 +29,7 @@ from actors.generator import Generator
 from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
 from env_types.renderer_env import Completion, GenerationRequest
-from rl import weight_sync
+from rl import checkpoint, weight_sync
 from rl.admission import Admission
 from rl.algorithms.grpo import group_to_samples
 from rl.assets import resolve_model_path
@@ -37,7 +37,9 @@ from rl.batching import pack_samples, split_micro_batches, trim_padding
 from rl.buffer import RolloutBuffer
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream, row_limit
+from rl.interrupts import kill_descendants
 from rl.metrics import MetricsLogger
+from rl.precision import MismatchWatch
 from rl.renderer import stop_token_ids
 from rl.router import LeastOutstanding
 from rollouts.fanout import RolloutContext, rollout_group
@@ -79,16 +81,34 @@ def reward_means(rollouts: list[Rollout], prefix: str) -> dict[str, float]:
     return metrics
 
 
+def train_group_id(row_index: int) -> str:
+    """Id of the group of training row `row_index` (rollout ids and sampling seeds derive from it)."""
+    return f"train/row={row_index}"
+
+
+def row_index_of(group_id: str) -> int:
+    return int(group_id.removeprefix("train/row="))
+
+
 @dataclass
 class RunState:
-    """Everything about the run's progress in one place."""
+    """Everything about the run's progress in one place; a checkpoint saves it as is."""
 
     step: int = 0
-    """Optimizer steps done (consumed batches, including skipped ones)."""
+    """Optimizer steps done (= policy version: the producer drops groups with nothing to train on)."""
     policy_version: int = 0
     """Version of the newest weights; the generators run it once the step's sync is done."""
     data_cursor: int = 0
-    """Training rows drawn from the row stream."""
+    """Every training row below this index has been consumed (trained, dropped, or evicted as stale)."""
+    rows_done_ahead: list[int] = field(default_factory=list)
+    """Rows at or above `data_cursor` already consumed (groups finish out of row order)."""
+
+    def mark_rows_done(self, row_indices: list[int]) -> None:
+        done = set(self.rows_done_ahead) | set(row_indices)
+        while self.data_cursor in done:
+            done.remove(self.data_cursor)
+            self.data_cursor += 1
+        self.rows_done_ahead = sorted(done)
 
 
 @dataclass
@@ -122,9 +142,11 @@ class GenerationStats:
 
 
 class Controller:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, resume_from: Path | None = None):
+        """`resume_from`: a committed checkpoint directory to continue from (see `rl.checkpoint`)."""
         self.config = config
-        self.state = RunState()
+        self.resume_from = resume_from
+        self.state = RunState(**checkpoint.read_run_state(resume_from)) if resume_from else RunState()
         self.tasks: dict[str, BuiltTask] = {task_config.name: build_task(task_config) for task_config in config.tasks}
         model_path = resolve_model_path(config.model.path)
         self.renderers = {name: task.config.renderer.build(model_path) for name, task in self.tasks.items()}
@@ -135,6 +157,7 @@ class Controller:
         self.stream = RowStream(
             train_rows, {name: task.config.weight for name, task in self.tasks.items()}, seed=config.run.seed, limit=limit
         )
+        self.stream.seek(self.state.data_cursor)
         self.planned_steps = config.run.steps if limit is None else min(config.run.steps, limit // config.run.groups_per_step)
         """Optimizer steps the LR schedule is sized for; fewer happen if dropped groups use up the data."""
         self.validation_rows = [
@@ -145,29 +168,38 @@ class Controller:
             max_concurrent=config.run.max_concurrent_rollouts,
             max_staleness=config.run.max_policy_staleness,
             rows_per_step=config.run.groups_per_step,
+            policy_version=self.state.policy_version,
         )
         self.router = LeastOutstanding(config.generator.num_replicas)
         self.generation_stats = GenerationStats()
+        self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
         self._proc_meshes: list[Any] = []
         self.actor_failures: list[str] = []
         self._store_started = False
         self._shutting_down = False
+        self._actors_ready = False
+        self._run_task: asyncio.Task | None = None
+        self._previous_fault_hook: Callable[[Any], None] | None = None
 
     def _on_actor_failure(self, failure: Any) -> None:
-        """Monarch's hook for an actor that died: keep its report, then stop the run.
+        """Monarch's hook for an actor that died: keep its report and cancel the run's task.
 
-        Monarch stops the launcher's main thread with a KeyboardInterrupt after this hook
-        raises; the CLI tells that apart from a user's Ctrl-C by `actor_failures`.
+        Returning normally tells Monarch the fault is handled; the run then stops through
+        ordinary cancellation (teardown included), and the CLI tells it apart from a user's
+        Ctrl-C by `actor_failures`. (Monarch's own answer, a KeyboardInterrupt delivered to the
+        main thread, can be delayed indefinitely: see rl/interrupts.py.)
         """
         if self._shutting_down:
             return  # a slow teardown (e.g. vLLM freeing its engine) is not a failure of the run
         self.actor_failures.append(failure.report())
-        sys.exit(1)
+        if self._run_task is not None:
+            self._run_task.get_loop().call_soon_threadsafe(self._run_task.cancel)
 
     async def setup(self) -> None:
         """Start the store and spawn the actors, each kind on its own processes."""
+        self._previous_fault_hook = monarch.actor.unhandled_fault_hook
         monarch.actor.unhandled_fault_hook = self._on_actor_failure
-        monarch.config.configure(cleanup_timeout="60s")
+        monarch.config.configure(cleanup_timeout="10s")
         weight_sync.remove_dead_shared_files()
         await weight_sync.initialize_store()
         self._store_started = True
@@ -184,21 +216,51 @@ class Controller:
         self.trainer = trainer_procs.spawn("trainer", PolicyTrainer, self.config, self.planned_steps)
         self.generators = generator_procs.spawn("generator", Generator, self.config, self.stop_token_ids)
         self.reward = reward_procs.spawn("reward", RewardActor, self.config)
-        await asyncio.gather(
-            self.trainer.initialized, self.generators.initialized, self.reward.initialized
-        )
+        await asyncio.gather(self.trainer.initialized, self.generators.initialized, self.reward.initialized)
+        self._actors_ready = True
+        if self.resume_from is not None:
+            await self.restore(self.resume_from)
+
+    async def restore(self, path: Path) -> None:
+        """Load a checkpoint into every actor; the generators get its weights through the normal sync."""
+        await asyncio.gather(self.trainer.load_checkpoint.call_one(str(path)), self.reward.load_rng.call_one(str(path)))
+        checkpoint.load_rng(path, "controller")
+        await self.sync_weights(self.state.policy_version)
+
+    async def save_checkpoint(self, run_dir: Path) -> float:
+        """Write a committed checkpoint of the current step; returns seconds spent."""
+        start = time.perf_counter()
+        tmp = checkpoint.begin(run_dir, self.state.step)
+        await asyncio.gather(self.trainer.save_checkpoint.call_one(str(tmp)), self.reward.save_rng.call_one(str(tmp)))
+        checkpoint.save_rng(tmp, "controller")
+        checkpoint.write_run_state(tmp, self.state)
+        (tmp / "config.toml").write_text(dump_toml(self.config))
+        checkpoint.commit(run_dir, tmp, self.state.step, keep=self.config.checkpoint.keep)
+        return time.perf_counter() - start
+
+    def checkpoint_due(self) -> bool:
+        every = self.config.checkpoint.every_steps
+        return self.state.step == self.planned_steps or (every > 0 and self.state.step % every == 0)
 
     async def shutdown(self) -> None:
         """Stop every actor process and the store; safe after a partial setup."""
         self._shutting_down = True
-        if self._proc_meshes:
-            await asyncio.gather(self.generators.shutdown.call(), self.trainer.release_weights.call(), return_exceptions=True)
-        for procs in self._proc_meshes:
-            await procs.stop()
+        if self._actors_ready:
+            await asyncio.gather(
+                asyncio.wait_for(self.generators.shutdown.call(), 10), self.trainer.release_weights.call(), return_exceptions=True
+            )
+        stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes), return_exceptions=True)
+        try:
+            await asyncio.wait_for(stopping, 8)
+        except asyncio.TimeoutError:
+            kill_descendants()  # a mesh stops only once its actors have started: vLLM may still be loading
         self._proc_meshes = []
+        self._actors_ready = False
         if self._store_started:
             self._store_started = False
             await weight_sync.shutdown_store()
+        if self._previous_fault_hook is not None:
+            monarch.actor.unhandled_fault_hook, self._previous_fault_hook = self._previous_fault_hook, None
 
     async def generate(self, request: GenerationRequest, sampling: SamplingConfig, replica: int) -> Completion:
         """One completion from generator `replica`; raises if the generator failed the request."""
@@ -248,27 +310,33 @@ class Controller:
         )
         return any(len(sample.input_ids) <= self.config.trainer.seq_len for sample in samples)
 
-    async def produce_row(self, row_id: str, task_name: str, row: dict) -> None:
+    async def produce_row(self, row_index: int, task_name: str, row: dict) -> None:
         self.generation_stats.row_started()
-        group = await self.rollout_and_score(row_id, task_name, row, self.config.algorithm.group_size, self.config.generator.sampling)
+        group = await self.rollout_and_score(
+            train_group_id(row_index), task_name, row, self.config.algorithm.group_size, self.config.generator.sampling
+        )
         accepted = self.trainable(group)
         self.generation_stats.row_finished(group, accepted)
         if accepted:
             await self.buffer.put(group)
+        else:
+            self.state.mark_rows_done([row_index])
         await self.admission.finish(accepted)
 
     async def produce(self) -> None:
         """Admit rows one by one as the budgets allow; each row's group reaches the buffer when it finishes."""
+        rows_done_ahead = set(self.state.rows_done_ahead)  # consumed before a resume: not drawn again
         async with asyncio.TaskGroup() as rows:
             while True:
                 await self.admission.acquire()
-                drawn = self.stream.next()
+                row_index = self.stream.cursor
+                while (drawn := self.stream.next()) is not None and row_index in rows_done_ahead:
+                    row_index = self.stream.cursor
                 if drawn is None:
                     await self.admission.finish(accepted=False)
                     break
-                self.state.data_cursor = self.stream.cursor
                 task_name, row = drawn
-                rows.create_task(self.produce_row(f"train/row={self.stream.cursor - 1}", task_name, row))
+                rows.create_task(self.produce_row(row_index, task_name, row))
         self.buffer.close()
 
     async def validate(self) -> dict[str, float]:
@@ -303,19 +371,25 @@ class Controller:
         train_metrics = await self.trainer.train_step.call_one(micro_batches)
         metrics["time/train_s"] = time.perf_counter() - start
         metrics.update({key if key == "loss" else f"train/{key}": value for key, value in train_metrics.items()})
+        if warning := self.mismatch_watch.check(metrics["train/mismatch_k3"]):
+            tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
 
         start = time.perf_counter()
-        new_version = self.state.policy_version + 1
-        await self._within(self.trainer.push_weights.call_one(new_version), "trainer weight push")
-        await self._within(self.generators.update_weights.call(new_version), "generator weight reload")
-        self.state.policy_version = new_version
-        await self.admission.set_policy_version(new_version)
+        await self.sync_weights(self.state.policy_version + 1)
         metrics["time/weight_sync_s"] = time.perf_counter() - start
         metrics["train/ppo_clip_frac"] = metrics["train/clip_frac_low"] + metrics["train/clip_frac_high"]
         return metrics
 
+    async def sync_weights(self, policy_version: int) -> None:
+        """The trainer publishes its weights as `policy_version`; every generator reloads them; admission moves on."""
+        await self._within(self.trainer.push_weights.call_one(policy_version), "trainer weight push", policy_version)
+        await self._within(self.generators.update_weights.call(policy_version), "generator weight reload", policy_version)
+        self.state.policy_version = policy_version
+        await self.admission.set_policy_version(policy_version)
+
     async def run(self) -> dict[str, Any]:
         """The whole run: start the actors, train, stop them (also on error or Ctrl-C)."""
+        self._run_task = asyncio.current_task()
         try:
             await self.setup()
             return await self.train()
@@ -325,16 +399,20 @@ class Controller:
     async def train(self) -> dict[str, Any]:
         """Validate, then optimizer steps until `run.steps` or the data's end; returns the first and last validation metrics."""
         config = self.config
-        run_dir = fresh_run_dir(config.run_dir)
-        (run_dir / "config.toml").write_text(dump_toml(config))
+        if self.resume_from is not None:
+            run_dir = self.resume_from.parent.parent
+        else:
+            run_dir = fresh_run_dir(config.run_dir)
+            (run_dir / "config.toml").write_text(dump_toml(config))
         self.logger = MetricsLogger(config, run_dir)
         summary: dict[str, Any] = {"run_dir": str(run_dir)}
         producer = asyncio.create_task(self.produce())
         try:
-            if config.run.eval_every > 0:
+            if config.run.eval_every > 0 and self.state.step == 0:
                 summary["eval_start"] = await self.validate()
                 self.logger.log({"step": 0, "policy_version": 0, **summary["eval_start"]})
-            for _ in tqdm(range(self.planned_steps), desc="train", unit="step", dynamic_ncols=True):
+            steps = range(self.state.step, self.planned_steps)
+            for _ in tqdm(steps, desc="train", unit="step", dynamic_ncols=True, initial=self.state.step, total=self.planned_steps):
                 step_start = time.perf_counter()
                 groups, evicted = await self._next_batch(producer)
                 wait_seconds = time.perf_counter() - step_start
@@ -343,10 +421,13 @@ class Controller:
                     if config.run.eval_every > 0 and self.state.step % config.run.eval_every != 0:
                         summary["eval_end"] = await self.validate()
                         self.logger.log({"step": self.state.step, "policy_version": self.state.policy_version, **summary["eval_end"]})
+                    if self.state.step > 0:
+                        await self.save_checkpoint(run_dir)
                     break
                 self.logger.log_rollouts(self.state.step + 1, "train", groups)
-                metrics = self._rollout_metrics(groups, evicted, wait_seconds)
+                metrics = self._rollout_metrics(groups, len(evicted), wait_seconds)
                 metrics.update(await self.train_step(groups))
+                self.state.mark_rows_done([row_index_of(group.group_id) for group in groups + evicted])
                 busy = metrics["time/train_s"] + metrics["time/weight_sync_s"]
                 metrics["perf/wait_time_ratio"] = wait_seconds / (wait_seconds + busy)
                 metrics["perf/overlap_ratio"] = 1.0 - metrics["perf/wait_time_ratio"]
@@ -357,6 +438,8 @@ class Controller:
                     metrics.update(eval_metrics)
                     if is_last:
                         summary["eval_end"] = eval_metrics
+                if self.checkpoint_due():
+                    metrics["time/checkpoint_s"] = await self.save_checkpoint(run_dir)
                 metrics["time/step_s"] = time.perf_counter() - step_start
                 self.logger.log({"step": self.state.step, "policy_version": self.state.policy_version, **metrics})
         finally:
@@ -365,17 +448,17 @@ class Controller:
             self.logger.close()
         return summary
 
-    async def _within(self, call: Any, what: str) -> Any:
+    async def _within(self, call: Any, what: str, policy_version: int) -> Any:
         """Await an actor call, failing loudly instead of hanging when it exceeds `run.weight_sync_timeout_s`."""
         try:
             return await asyncio.wait_for(call, self.config.run.weight_sync_timeout_s)
         except asyncio.TimeoutError:
             raise RuntimeError(
                 f"{what} took longer than run.weight_sync_timeout_s={self.config.run.weight_sync_timeout_s} s "
-                f"(policy version {self.state.policy_version + 1})"
+                f"(policy version {policy_version})"
             ) from None
 
-    async def _next_batch(self, producer: asyncio.Task) -> tuple[list[RolloutGroup], int]:
+    async def _next_batch(self, producer: asyncio.Task) -> tuple[list[RolloutGroup], list[RolloutGroup]]:
         """The next batch from the buffer; a crashed producer raises here instead of hanging the run."""
         get = asyncio.ensure_future(self.buffer.get(self.config.run.groups_per_step, self.state.policy_version))
         await asyncio.wait([get, producer], return_when=asyncio.FIRST_COMPLETED)
@@ -383,7 +466,7 @@ class Controller:
             get.cancel()
             producer.result()
         groups, evicted = await get  # the producer closes the buffer when the data runs out
-        await self.admission.release_accepted(evicted)
+        await self.admission.release_accepted(len(evicted))
         return groups, evicted
 
     def _rollout_metrics(self, groups: list[RolloutGroup], evicted: int, wait_seconds: float) -> dict[str, float]:

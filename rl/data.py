@@ -68,3 +68,10 @@ class RowStream:
         while len(rows) < count and (row := self.next()) is not None:
             rows.append(row)
         return rows
+
+    def seek(self, cursor: int) -> None:
+        """Continue from row `cursor` of a fresh stream with the same seed (replays the draws before it)."""
+        if cursor < self.cursor:
+            raise ValueError(f"cannot seek back from row {self.cursor} to {cursor}")
+        while self.cursor < cursor:
+            self.next()

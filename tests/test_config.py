@@ -1,4 +1,5 @@
 import subprocess
+import tomllib
 import sys
 from pathlib import Path
 
@@ -52,13 +53,17 @@ def test_override_of_missing_list_entry_fails(tmp_path):
 
 def test_cross_field_check(tmp_path):
     with pytest.raises(ConfigError, match="seq_len"):
-        load_config(None, {"trainer.seq_len": "64", "tasks": "[{name='sum_digits', env={max_total_tokens=128}}]"})
+        load_config(
+            None, {"trainer.seq_len": "64", "tasks": "[{name='sum_digits', env={max_total_tokens=128, max_prompt_tokens=64}}]"}
+        )
 
 
 def test_validate_command_prints_resolved_config(capsys):
     assert main(["validate", "--config", str(CONFIGS / "sum_digits_smollm2_cpu.toml"), "--run.steps", "3"]) == 0
     out = capsys.readouterr().out
-    assert "steps = 3" in out and "[trainer]" in out
+    resolved = load_config(CONFIGS / "sum_digits_smollm2_cpu.toml", {"run.steps": "3"})
+    assert tomllib.loads(out) == resolved.model_dump(mode="json", exclude_none=True)
+    assert tomllib.loads(out)["run"]["steps"] == 3
 
 
 def test_validate_rejects_unknown_task_before_starting(capsys):
@@ -72,9 +77,47 @@ def test_shipped_configs_validate(config_file):
     assert result.returncode == 0, result.stderr
 
 
-def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path, capsys):
-    code = main(["train", "--config", str(CONFIGS / "tiny_qwen3_e2e.toml"), "--model.path", str(tmp_path / "no_model"),
-                 "--run.output_dir", str(tmp_path)])
-    assert code == 2
-    assert "cannot set up the run" in capsys.readouterr().err
+def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "rl.cli", "train", "--config", str(CONFIGS / "tiny_qwen3_e2e.toml"),
+         "--model.path", str(tmp_path / "no_model"), "--run.output_dir", str(tmp_path)],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 2
+    err = result.stderr
+    assert "model.path:" in err and "is neither a built-in model (smollm2-135m-instruct, tiny-qwen3)" in err
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        ({"algorithm.group_size": "1"}, "algorithm.group_size = 1"),
+        ({"tasks.0.env.max_prompt_tokens": "128", "tasks.0.env.max_total_tokens": "128"}, "tasks.0.env: max_prompt_tokens (128)"),
+        ({"model.path": "/no/such/model"}, "model.path: '/no/such/model' is neither a built-in model"),
+        ({"model.path": "not a hub id"}, "model.path: 'not a hub id'"),
+        ({"trainer.param_dtype": "bfloat16"}, "trainer.param_dtype = 'bfloat16'"),
+        ({"trainer.dtype": "float16"}, "trainer.dtype = 'float16'"),
+    ],
+    ids=["group-size-1", "prompt-fills-context", "missing-model-dir", "bad-hub-id", "bf16-params", "fp16-compute"],
+)
+def test_contradictory_settings_are_rejected_naming_the_key(overrides, named):
+    with pytest.raises(ConfigError) as error:
+        load_config(CONFIGS / "tiny_qwen3_e2e.toml", overrides)
+    assert named in str(error.value)
+
+
+def test_precision_defaults_keep_fp32_master_weights_and_an_exact_sampler():
+    config = load_config(CONFIGS / "sum_digits_smollm2_cpu.toml")
+    assert (config.trainer.param_dtype, config.trainer.dtype, config.generator.dtype) == ("float32", "float32", "float32")
+    bf16_compute = load_config(CONFIGS / "sum_digits_smollm2_cpu.toml", {"trainer.dtype": "bfloat16"})
+    assert (bf16_compute.trainer.param_dtype, bf16_compute.generator.dtype) == ("float32", "float32")
+    insisted = load_config(None, {"trainer.param_dtype": "bfloat16", "trainer.dtype": "bfloat16", "trainer.pure_low_precision": "true"})
+    assert insisted.generator.dtype == "bfloat16"
+    gpu = load_config(CONFIGS / "sum_digits_qwen3_gpu.toml")
+    assert (gpu.trainer.param_dtype, gpu.trainer.dtype, gpu.generator.dtype) == ("float32", "bfloat16", "bfloat16")
+
+
+def test_hub_ids_and_existing_directories_are_accepted(tmp_path):
+    assert load_config(None, {"model.path": "Qwen/Qwen3-0.6B"}).model.path == "Qwen/Qwen3-0.6B"
+    assert load_config(None, {"model.path": str(tmp_path)}).model.path == str(tmp_path)

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from rl.config import load_config
-from rl.controller import Controller, gpu_placement
+from rl.controller import Controller, RunState, fresh_run_dir, gpu_placement
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -20,10 +20,47 @@ def test_each_generator_replica_owns_its_tensor_parallel_gpus():
     assert [command(SimpleNamespace(rank=rank)).env["CUDA_VISIBLE_DEVICES"] for rank in range(3)] == ["1,2", "3,4", "5,6"]
 
 
+def stub_endpoint(coroutine_fn):
+    return SimpleNamespace(call_one=coroutine_fn, call=coroutine_fn)
+
+
 async def test_weight_sync_that_hangs_fails_loudly():
     controller = Controller(load_config(CONFIGS / "tiny_qwen3_e2e.toml", {"run.weight_sync_timeout_s": "0.05"}))
-    with pytest.raises(RuntimeError, match="generator weight reload took longer than run.weight_sync_timeout_s=0.05 s"):
-        await controller._within(asyncio.sleep(10), "generator weight reload")
+
+    async def instant(version):
+        return 0.0
+
+    async def never(version):
+        await asyncio.sleep(3600)
+
+    controller.trainer = SimpleNamespace(push_weights=stub_endpoint(instant))
+    controller.generators = SimpleNamespace(update_weights=stub_endpoint(never))
+    with pytest.raises(RuntimeError, match=r"generator weight reload took longer than run.weight_sync_timeout_s=0.05 s \(policy version 1\)"):
+        await controller.sync_weights(1)
+    assert controller.state.policy_version == 0
+    controller.trainer = SimpleNamespace(push_weights=stub_endpoint(never))
+    with pytest.raises(RuntimeError, match="trainer weight push took longer"):
+        await controller.sync_weights(1)
+
+
+def test_a_new_run_never_appends_to_an_old_run_directory(tmp_path):
+    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run"  # missing: created
+    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run"  # empty: reused
+    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
+    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run-1"
+    (tmp_path / "run-1" / "metrics.jsonl").write_text("{}\n")
+    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run-2"
+    assert (tmp_path / "run" / "metrics.jsonl").read_text() == "{}\n"
+
+
+def test_run_state_data_cursor_advances_over_consumed_rows_in_any_order():
+    state = RunState()
+    state.mark_rows_done([1, 3])
+    assert (state.data_cursor, state.rows_done_ahead) == (0, [1, 3])
+    state.mark_rows_done([0])
+    assert (state.data_cursor, state.rows_done_ahead) == (2, [3])
+    state.mark_rows_done([2, 4])
+    assert (state.data_cursor, state.rows_done_ahead) == (5, [])
 
 
 def scored_group(row_id: str, task_name: str, row: dict, group_size: int, version: int) -> RolloutGroup:
@@ -64,6 +101,6 @@ async def test_the_run_ends_when_the_data_runs_out():
         controller.state.policy_version += 1
         await controller.admission.set_policy_version(controller.state.policy_version)
     await producer
-    assert dropped == ["train/row=1"] and evicted == 0
+    assert dropped == ["train/row=1"] and evicted == []
     assert batches == [["train/row=0", "train/row=2"], ["train/row=3", "train/row=4"], ["train/row=5", "train/row=6"]]
     assert controller.stream.next() is None and groups == []

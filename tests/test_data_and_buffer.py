@@ -50,7 +50,7 @@ async def test_buffer_evicts_stale_groups_and_waits_for_enough():
     assert not waiting.done()
     await buffer.put(group(2, "ok2"))
     groups, evicted = await waiting
-    assert [g.group_id for g in groups] == ["ok1", "ok2"] and evicted == 1
+    assert [g.group_id for g in groups] == ["ok1", "ok2"] and len(evicted) == 1
 
 
 async def test_closed_buffer_returns_what_is_left():
@@ -58,7 +58,7 @@ async def test_closed_buffer_returns_what_is_left():
     await buffer.put(group(0, "last"))
     buffer.close()
     assert [g.group_id for g in (await buffer.get(2, trainer_policy_version=0))[0]] == ["last"]
-    assert await buffer.get(2, trainer_policy_version=0) == ([], 0)
+    assert await buffer.get(2, trainer_policy_version=0) == ([], [])
 
 
 def test_row_stream_ends_at_its_limit_with_fresh_copies():
@@ -72,3 +72,10 @@ def test_row_stream_ends_at_its_limit_with_fresh_copies():
     rest = stream.take(10)
     assert len(rest) == 3 and stream.next() is None and stream.cursor == 4
     assert all(len(row["i"]) == 1 for _, row in rest) and rows["a"][first[1]["i"][0]] == {"i": [first[1]["i"][0]]}
+
+
+def test_rows_are_copies_per_draw():
+    rows = [{"n": 1, "seen": []}]
+    stream = RowStream({"t": rows}, {"t": 1.0}, seed=0)
+    stream.next()[1]["seen"].append("mutated")
+    assert stream.next()[1] == {"n": 1, "seen": []} and rows[0] == {"n": 1, "seen": []}

@@ -1,9 +1,15 @@
-"""Ctrl-C on a real run stops every actor process (no orphans) and exits with 130."""
+"""Ctrl-C on a real run, in several phases, stops every actor process and exits with 130.
+
+SIGINT is sent to the launcher's pid (process-directed, as a terminal or `kill` sends it): that is
+the signal the kernel may hand to any of the launcher's threads, the cause of the once-lost Ctrl-C.
+"""
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -14,6 +20,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parent.parent
+STOP_DEADLINE_S = 30
 
 
 def processes_with_marker(marker: str) -> list[psutil.Process]:
@@ -27,26 +34,98 @@ def processes_with_marker(marker: str) -> list[psutil.Process]:
     return found
 
 
-def test_ctrl_c_stops_all_actor_processes(tmp_path):
-    marker = uuid.uuid4().hex
-    env = {**os.environ, "RLMESH_TEST_MARKER": marker, "PYTHONUNBUFFERED": "1"}
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "rl.cli", "train", "--config", str(REPO / "configs" / "tiny_qwen3_e2e.toml"),
-         "--run.output_dir", str(tmp_path), "--run.steps", "50", "--wandb.enabled", "false"],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    output = []
-    for line in launcher.stdout:
-        output.append(line)
-        if "step    1 v1" in line:
-            break
-    assert launcher.poll() is None, "".join(output[-30:])
-    assert len(processes_with_marker(marker)) >= 4  # launcher + trainer + generator + reward (+ store)
-    launcher.send_signal(signal.SIGINT)
-    rest, _ = launcher.communicate(timeout=120)
-    assert launcher.returncode == 130, "".join(output[-20:]) + rest[-3000:]
-    assert "interrupted; actors stopped" in rest
+class Launch:
+    """`rlmesh train` on the tiny config in a subprocess, its output read line by line with deadlines."""
+
+    def __init__(self, output_dir: Path, *overrides: str):
+        self.marker = uuid.uuid4().hex
+        env = {**os.environ, "RLMESH_TEST_MARKER": self.marker, "PYTHONUNBUFFERED": "1"}
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "rl.cli", "train", "--config", str(REPO / "configs" / "tiny_qwen3_e2e.toml"),
+             "--run.output_dir", str(output_dir), "--run.steps", "50", "--wandb.enabled", "false", *overrides],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for_line(self, text: str, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                raise AssertionError(f"launcher ended before printing {text!r}:\n{self.output()}")
+            self.lines.append(line)
+            if text in line:
+                return
+        raise AssertionError(f"no {text!r} within {timeout} s:\n{self.output()}")
+
+    def wait_for_exit(self, timeout: float) -> int:
+        returncode = self.process.wait(timeout=timeout)
+        while (line := self._queue.get(timeout=10)) is not None:
+            self.lines.append(line)
+        return returncode
+
+    def output(self) -> str:
+        return "".join(self.lines[-40:])
+
+    def kill_everything(self) -> None:
+        for process in [self.process, *processes_with_marker(self.marker)]:
+            try:
+                process.kill()
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                pass
+
+
+def assert_stops_cleanly(launch: Launch, *, expect_hard_stop: bool = False) -> None:
+    sent = time.monotonic()
+    returncode = launch.wait_for_exit(timeout=STOP_DEADLINE_S)
+    assert returncode == 130, launch.output()
+    assert time.monotonic() - sent < STOP_DEADLINE_S
+    assert "interrupted" in launch.output()
+    if expect_hard_stop:
+        assert "actor processes killed" in launch.output()
     deadline = time.monotonic() + 10
-    while processes_with_marker(marker) and time.monotonic() < deadline:
+    while processes_with_marker(launch.marker) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert processes_with_marker(marker) == []
+    assert processes_with_marker(launch.marker) == []
+
+
+@pytest.mark.parametrize(
+    "phase_line",
+    [
+        "Monarch internal logs",  # actor start-up: the store is up, processes are spawning
+        "step    0 v0",  # the first batch is being generated and scored
+        "step    1 v1",  # training, weight sync, generation of the next batch
+    ],
+    ids=["startup", "first-generation", "training"],
+)
+def test_ctrl_c_in_any_phase_stops_all_actor_processes(tmp_path, phase_line):
+    launch = Launch(tmp_path)
+    try:
+        launch.wait_for_line(phase_line)
+        assert launch.process.poll() is None, launch.output()
+        launch.process.send_signal(signal.SIGINT)
+        assert_stops_cleanly(launch)
+    finally:
+        launch.kill_everything()
+
+
+def test_second_ctrl_c_stops_at_once(tmp_path):
+    launch = Launch(tmp_path)
+    try:
+        launch.wait_for_line("step    0 v0")
+        launch.process.send_signal(signal.SIGINT)
+        launch.wait_for_line("interrupt received", timeout=10)
+        launch.process.send_signal(signal.SIGINT)
+        assert_stops_cleanly(launch, expect_hard_stop=True)
+    finally:
+        launch.kill_everything()

@@ -1,0 +1,52 @@
+"""Numeric precision of the trainer and the sampler, and a watch on how far they drift apart.
+
+The trainer keeps fp32 master weights and optimizer state; `trainer.dtype` below fp32 only
+changes the compute (autocast). Pure low-precision parameters stop learning quietly: AdamW's
+updates at RL learning rates fall below bf16's rounding step. A sampler in lower precision than
+the trainer's weights samples from a slightly different policy; `MismatchWatch` warns when
+that gap grows during a run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def compute_context(device: str, param_dtype: str, compute_dtype: str) -> contextlib.AbstractContextManager:
+    """Autocast to `compute_dtype` when it is below the parameters' dtype, else a no-op."""
+    if compute_dtype == param_dtype:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device, dtype=TORCH_DTYPES[compute_dtype])
+
+
+@dataclass
+class MismatchWatch:
+    """Warns when `train/mismatch_k3` (KL between sampler and trainer) grows past `factor` x its first value.
+
+    `floor` keeps an exactly on-policy run (mismatch ~1e-9) from warning on noise.
+    """
+
+    factor: float
+    floor: float
+    first: float | None = None
+    warned: bool = False
+
+    def check(self, mismatch_k3: float) -> str | None:
+        """A warning the first time the mismatch exceeds max(factor x first value, floor); else None."""
+        if self.first is None:
+            self.first = mismatch_k3
+            return None
+        limit = max(self.factor * self.first, self.floor)
+        if self.warned or mismatch_k3 <= limit:
+            return None
+        self.warned = True
+        return (
+            f"train/mismatch_k3 = {mismatch_k3:.3g} is above {limit:.3g} ({self.factor:g} x its first value "
+            f"{self.first:.3g}): the sampler's policy is drifting from the trainer's. A lower-precision sampler "
+            "than the trainer's weights (generator.dtype) is the usual cause; see the README's 'Precision'."
+        )

@@ -1,0 +1,75 @@
+"""`rlmesh train --resume RUN_DIR`: the config a resumed run may use, and the logs it continues.
+
+A resume continues the saved trajectory, so only settings that do not change what is trained may
+differ from the saved config: the length of the run, evaluation, logging, checkpointing and
+timeouts. Anything else (model, tasks, group size, algorithm, optimizer, sampling...) is refused
+with the keys named.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rl import checkpoint
+from rl.config import Config, ConfigError, load_config
+
+RESUMABLE_KEYS = (
+    "run.steps",
+    "run.eval_every",
+    "run.eval_groups",
+    "run.log_rollouts",
+    "run.weight_sync_timeout_s",
+    "run.reward_concurrency",
+    "run.mismatch_warn_factor",
+    "run.mismatch_warn_floor",
+    "checkpoint.",
+    "wandb.",
+)
+"""Keys (or section prefixes ending in ".") a resume may override."""
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        return {key: value for name, item in data.items() for key, value in _flatten(item, f"{prefix}{name}.").items()}
+    if isinstance(data, list) and data and all(isinstance(item, dict) for item in data):
+        return {key: value for index, item in enumerate(data) for key, value in _flatten(item, f"{prefix}{index}.").items()}
+    return {prefix.rstrip("."): data}
+
+
+def changed_keys(saved: Config, resumed: Config) -> list[str]:
+    """Dotted keys whose values differ between two configs, sorted."""
+    before, after = _flatten(saved.model_dump(mode="json")), _flatten(resumed.model_dump(mode="json"))
+    return sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
+
+
+def resume_config(run_dir: Path, overrides: dict[str, str]) -> tuple[Config, Path]:
+    """The config to resume `run_dir` with, and its newest committed checkpoint; ConfigError if refused."""
+    if not (run_dir / "config.toml").is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.toml)")
+    try:
+        newest = checkpoint.newest_checkpoint(run_dir)
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    saved = load_config(newest / "config.toml")
+    resumed = load_config(newest / "config.toml", overrides)
+    refused = [key for key in changed_keys(saved, resumed) if not key.startswith(RESUMABLE_KEYS)]
+    if refused:
+        raise ConfigError(
+            f"cannot resume {run_dir} with a different {', '.join(refused)}: that would change the run's trajectory. "
+            f"A resume may change only {', '.join(RESUMABLE_KEYS)}"
+        )
+    step = checkpoint.read_run_state(newest)["step"]
+    if resumed.run.steps < step:
+        raise ConfigError(f"run.steps = {resumed.run.steps} is below the checkpoint's step {step}")
+    return resumed, newest
+
+
+def truncate_logs(run_dir: Path, step: int) -> None:
+    """Drop records logged after `step` (written after the checkpoint, before the run stopped)."""
+    for name in ("metrics.jsonl", "rollouts.jsonl"):
+        path = run_dir / name
+        if path.exists():
+            kept = [line for line in path.read_text().splitlines(keepends=True) if line.strip() and json.loads(line)["step"] <= step]
+            path.write_text("".join(kept))
