@@ -27,6 +27,7 @@ async def test_staleness_one_with_two_replicas(tmp_path):
             "run.max_policy_staleness": "1",
             "generator.num_replicas": "2",
             "generator.on_weight_update": "finish",
+            "wandb.enabled": "false",
             "tasks.0.rubric.reward_fns": "[{fn = 'tests.e2e_rewards:even_token_share'}]",
         },
     )
