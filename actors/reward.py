@@ -21,14 +21,16 @@ from tasks.build import build_task
 
 class RewardActor(Actor):
     def __init__(self, config: Config):
-        self.rubrics = {task.name: task.rubric for task in map(build_task, config.tasks)}
+        self.tasks = {task.name: task.task for task in map(build_task, config.tasks)}
         self.limit = asyncio.Semaphore(config.run.reward_concurrency)
 
     @concurrent_endpoint
     async def score_group(self, group: RolloutGroup) -> RolloutGroup:
         """The group with `reward` / `reward_components` filled in on every rollout."""
         async with self.limit:
-            rewards = await self.rubrics[group.task_name].score_group(group.rollouts, group.example)
+            rewards = await self.tasks[group.task_name].score_group(group.rollouts, group.example)
+        if len(rewards) != len(group.rollouts):
+            raise ValueError(f"{group.task_name}: score_group returned {len(rewards)} rewards for {len(group.rollouts)} rollouts")
         for rollout, reward in zip(group.rollouts, rewards):
             apply_reward(rollout, reward)
         return group

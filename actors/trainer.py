@@ -1,9 +1,8 @@
 """PolicyTrainer: a transformers causal LM, its optimizer, and the push of its weights.
 
-The controller hands it one optimizer step's worth of packed `[B, L]` rows as micro-batches;
-it accumulates gradients over them with the loss normalized by the step's global count of
-trained tokens, clips, steps AdamW and the LR schedule, then publishes the new weights to
-torchstore under the next policy version.
+The controller hands it a batch of packed `[B, L]` rows as micro-batches; `rl.train_step` runs
+the update (K optimizer steps, each normalized by its global per-component token counts), then
+the trainer publishes the new weights to torchstore under the next policy version.
 """
 
 from __future__ import annotations
@@ -19,12 +18,11 @@ from transformers import AutoModelForCausalLM
 
 from rl import checkpoint, weight_sync
 from rl.affinity import pin_process
-from rl.algorithms.losses import grpo_loss
 from rl.assets import resolve_model_path
-from rl.batching import count_loss_tokens
 from rl.config import Config, TrainerConfig
 from rl.logprobs import token_logprobs
 from rl.precision import TORCH_DTYPES, compute_context
+from rl.train_step import train_step
 
 
 def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
@@ -69,7 +67,8 @@ class PolicyTrainer(Actor):
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=trainer_config.lr, betas=trainer_config.betas, weight_decay=trainer_config.weight_decay
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, total_steps or config.run.steps))
+        steps = (total_steps or config.run.steps) * trainer_config.ppo_n_minibatches  # one LR step per optimizer step
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, steps))
         self.policy_version = 0
         self.publisher = weight_sync.WeightPublisher(config.weight_sync.transport)
 
@@ -80,47 +79,13 @@ class PolicyTrainer(Actor):
 
     @endpoint
     async def train_step(self, micro_batches: list[TensorDict]) -> dict[str, float]:
-        """One optimizer step over all micro-batches; returns loss and diagnostics."""
-        start = time.perf_counter()
-        algorithm = self.config.algorithm
-        num_loss_tokens = count_loss_tokens(micro_batches)
-        self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {"loss": 0.0}
-        for micro_batch in micro_batches:
-            micro_batch = micro_batch.to(self.device)
-            ref_logprobs = None
-            with self.compute():
-                if self.reference is not None:
-                    with torch.no_grad():
-                        ref_logprobs = token_logprobs(
-                            self.reference, micro_batch["input_ids"], micro_batch["position_ids"], mask=micro_batch["loss_mask"]
-                        )
-                # [B,L]; the output layer runs only where a logprob is trained
-                logprobs = token_logprobs(self.model, micro_batch["input_ids"], micro_batch["position_ids"], mask=micro_batch["loss_mask"])
-            loss, metrics = grpo_loss(
-                logprobs,
-                micro_batch,
-                clip_eps_low=algorithm.clip_eps_low,
-                clip_eps_high=algorithm.clip_eps_high,
-                num_loss_tokens=num_loss_tokens,
-                kl_coef=algorithm.kl_coef,
-                ref_logprobs=ref_logprobs,
-            )
-            loss.backward()
-            totals["loss"] += loss.item()
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.trainer.max_grad_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        seconds = time.perf_counter() - start
-        totals.update(
-            grad_norm=float(grad_norm),
-            lr=self.scheduler.get_last_lr()[0],
-            num_loss_tokens=float(num_loss_tokens),
-            train_tokens_per_s=sum(int((mb["policy_version"] >= 0).sum()) for mb in micro_batches) / seconds,
+        """K optimizer steps over the batch's micro-batches (see `rl.train_step`); returns loss and diagnostics."""
+        trainer_config = self.config.trainer
+        return train_step(
+            self.model, self.optimizer, self.scheduler, micro_batches, self.config.algorithm,
+            max_grad_norm=trainer_config.max_grad_norm, horizon=trainer_config.seq_len,
+            n_minibatches=trainer_config.ppo_n_minibatches, reference=self.reference, device=self.device, compute=self.compute,
         )
-        return totals
 
     @endpoint
     async def push_weights(self, policy_version: int) -> float:

@@ -6,7 +6,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollouts.types import Message
+from rollouts.types import Message, ToolCallError
 
 
 @dataclass(frozen=True)
@@ -22,13 +22,17 @@ class StepOutput:
     """The environment's answer to an assistant message.
 
     `messages` are appended to the conversation (tool results, a new user turn);
-    `reward_components` are rewards the environment can assign on the spot;
+    `reward_components` are rewards the environment can assign on the spot and `reward` this
+    turn's reward (both recorded on the turn); `tool_call_errors` are the tool calls of the
+    assistant message that were wrong or failed (recorded on the turn, counted in metrics);
     `done` ends the rollout as COMPLETED.
     """
 
     messages: list[Message] = field(default_factory=list)
     reward_components: dict[str, float] = field(default_factory=dict)
     done: bool = True
+    reward: float | None = None
+    tool_call_errors: list[ToolCallError] = field(default_factory=list)
 
 
 class MessageEnv(abc.ABC):

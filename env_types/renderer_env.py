@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
-from rl.renderer import next_turn_prompt, parse_completion, render_prompt
+from rl.renderer import invalid_tool_call_errors, next_turn_prompt, parse_completion, render_prompt
 from rollouts.types import Message, Rollout, RolloutStatus, RolloutTurn
 
 
@@ -141,6 +141,7 @@ class RendererEnv:
             self.renderer, completion.token_ids, prompt_ids=self._prompt_token_ids, tools=self._tools
         )
         turn.assistant_message = assistant_message
+        turn.tool_call_errors = invalid_tool_call_errors(assistant_message)
         self._messages.append(assistant_message)
         if completion.finish_reason == "abort":
             return await self._finish(RolloutStatus.ABORTED)
@@ -151,6 +152,8 @@ class RendererEnv:
         _check_type(env_step, StepOutput, "step")
         turn.env_messages = list(env_step.messages)
         turn.reward_components = dict(env_step.reward_components)
+        turn.reward = env_step.reward
+        turn.tool_call_errors = [*turn.tool_call_errors, *env_step.tool_call_errors]
         if env_step.done:
             return await self._finish(RolloutStatus.COMPLETED)
         if len(self.rollout.turns) >= self.config.max_turns:

@@ -18,6 +18,11 @@ def is_fresh(group_policy_version: int, trainer_policy_version: int, max_stalene
     return trainer_policy_version - group_policy_version <= max_staleness
 
 
+def is_frozen_sampled(group: RolloutGroup) -> bool:
+    """Sampled by a frozen model (`[models.<name>]`): its sampler never changes, so it never goes stale."""
+    return bool(group.rollouts) and all(r.metadata.get("sampler", "policy") != "policy" for r in group.rollouts)
+
+
 class RolloutBuffer:
     """FIFO of scored groups; `get` evicts groups that are too stale; `close` marks the end of production."""
 
@@ -41,7 +46,7 @@ class RolloutBuffer:
             if group is None:
                 self._queue.put_nowait(None)  # later gets see the end too
                 break
-            if is_fresh(group.min_policy_version, trainer_policy_version, self.max_staleness):
+            if is_frozen_sampled(group) or is_fresh(group.min_policy_version, trainer_policy_version, self.max_staleness):
                 groups.append(group)
             else:
                 evicted.append(group)

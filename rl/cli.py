@@ -1,4 +1,5 @@
-"""`rlmesh train --config FILE [--section.key value ...]`, `rlmesh train --resume RUN_DIR [...]`, `rlmesh validate ...`, `rlmesh bench ...`."""
+"""`rlmesh train --config FILE [--section.key value ...]`, `rlmesh train --resume RUN_DIR [...]`, `rlmesh validate ...`,
+`rlmesh bench ...`, `rlmesh new-task NAME`."""
 
 from __future__ import annotations
 
@@ -42,7 +43,12 @@ def main(argv: list[str] | None = None) -> int:
         command = commands.add_parser(name, help=help_text)
         command.add_argument("--config", help="TOML config file (defaults apply to anything it leaves out)")
         command.add_argument("--resume", metavar="RUN_DIR", type=Path, help="continue RUN_DIR from its newest checkpoint")
+    new_task = commands.add_parser("new-task", help="write a task package (task, rubric, config, test) to start from")
+    new_task.add_argument("name", help="package name, a lower-case Python identifier")
+    new_task.add_argument("--dir", default=".", help="folder to create the package in")
     args, extra = parser.parse_known_args(argv)
+    if args.command == "new-task":
+        return _new_task(args.name, args.dir, extra)
     if args.command == "train":
         from rl.interrupts import EXIT_INTERRUPTED, InterruptibleRun
 
@@ -94,6 +100,21 @@ def main(argv: list[str] | None = None) -> int:
         print("rlmesh: an actor failed; run stopped:\n" + "\n".join(controller.actor_failures), file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def _new_task(name: str, directory: str, extra: list[str]) -> int:
+    from tasks.scaffold import write_task_package
+
+    if extra:
+        print(f"rlmesh new-task: unexpected arguments {extra}", file=sys.stderr)
+        return 2
+    try:
+        package = write_task_package(name, Path(directory))
+    except ValueError as exc:
+        print(f"rlmesh: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {package}/ (task.py, config.toml, test_task.py); run its test with: python -m pytest {package}/test_task.py")
     return 0
 
 

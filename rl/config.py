@@ -13,9 +13,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
 
 from env_types.renderer_env import RendererEnvConfig
+from rl.algorithms.config import AlgorithmConfig, FrozenModelConfig, TaskAlgorithmConfig, check_algorithms
 from rl.renderer import RendererConfig
 
 Device = Literal["cpu", "cuda"]
@@ -93,23 +94,12 @@ class TrainerConfig(Section):
     """Row length L of packed `[B, L]` training batches; a longer rollout is dropped."""
     micro_batch_size: int = Field(8, ge=1)
     """Rows per forward/backward; gradients accumulate over the micro-batches of a step."""
+    ppo_n_minibatches: int = Field(1, ge=1)
+    """K optimizer steps per batch on disjoint minibatches, against π_old computed once without gradients."""
     seed: int = 0
     gradient_checkpointing: bool = False
     cpus: list[int] | None = None
     """CPU cores the trainer process runs on (and its torch thread count); None = no pinning."""
-
-
-class AlgorithmConfig(Section):
-    name: Literal["grpo"] = "grpo"
-    group_size: int = Field(8, ge=1)
-    normalize_advantage_std: bool = False
-    clip_eps_low: float = Field(0.2, ge=0)
-    clip_eps_high: float = Field(0.28, ge=0)
-    kl_coef: float = Field(0.0, ge=0)
-    """Weight of the k3 KL to a frozen reference model; 0 loads no reference."""
-    kl_log_ratio_clamp: float = Field(20.0, gt=0)
-    drop_constant_reward_groups: bool = False
-    """Skip groups whose rewards are all equal (zero advantage everywhere)."""
 
 
 class RubricConfig(Section):
@@ -120,11 +110,45 @@ class RubricConfig(Section):
         """Registered name or import path `package.module:function`."""
         weight: float = Field(1.0, ge=0)
         name: str = ""
+        args: dict[str, Any] = Field(default_factory=dict)
+        """Keyword arguments bound to the function (`functools.partial`), e.g. `{ tolerance = 0.01 }`."""
 
-    reward_fns: list[RewardFnEntry] = Field(min_length=1)
+    reward_fns: list[RewardFnEntry] = Field(default_factory=list)
+    group_reward_fns: list[RewardFnEntry] = Field(default_factory=list)
+    """Functions of `(rollouts, example)` returning one number per rollout of the group."""
     truncation_reward: float | None = None
-    error_reward: float = 0.0
+    error_reward: float | None = 0.0
+    """`"none"` (TOML has no null) grades the partial turns of ERROR / TIMEOUT / ABORTED rollouts instead."""
     timeout_s: float = Field(60.0, gt=0)
+
+    @field_validator("error_reward", mode="before")
+    @classmethod
+    def _none_word(cls, value: Any) -> Any:
+        return None if value == "none" else value
+
+    @model_serializer(mode="wrap")
+    def _dump_none(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if self.error_reward is None:
+            data["error_reward"] = "none"  # survives exclude_none, so the resolved config.toml keeps it
+        return data
+
+    @model_validator(mode="after")
+    def _has_functions(self) -> RubricConfig:
+        if not self.reward_fns and not self.group_reward_fns:
+            raise ValueError("a rubric needs at least one entry in reward_fns or group_reward_fns")
+        return self
+
+
+class DataConfig(Section):
+    """Rows of a task from local files instead of the task's own generator (`Task.load_dataset`)."""
+
+    train: str | None = None
+    """A .jsonl, .json or .parquet file; None keeps the task's own training rows."""
+    validation: str | None = None
+    """Same for the held-out split."""
+    columns: dict[str, str] = Field(default_factory=dict)
+    """Task row field -> file column, e.g. `{ question = "problem" }`; other columns keep their names."""
 
 
 class TaskConfig(Section):
@@ -140,6 +164,9 @@ class TaskConfig(Section):
     rollout_fn: str | None = None
     """Import path `package.module:fn` of `async fn(row, context) -> Rollout | None`, one trajectory per
     call, replacing the task's environment loop (see `rollouts.fanout`); None = the task's environment."""
+    data: DataConfig | None = None
+    algorithm: TaskAlgorithmConfig | None = None
+    """Overrides of `[algorithm]` for this task (type, teacher, sampler, ...); None = `[algorithm]` as is."""
 
 
 class WandbConfig(Section):
@@ -196,6 +223,8 @@ class Config(Section):
     generator: GeneratorConfig = GeneratorConfig()
     trainer: TrainerConfig = TrainerConfig()
     algorithm: AlgorithmConfig = AlgorithmConfig()
+    models: dict[str, FrozenModelConfig] = Field(default_factory=dict)
+    """Frozen models by name (teachers, samplers), each served by its own never-updated generators."""
     tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)
     run: RunConfig = RunConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
@@ -210,11 +239,6 @@ class Config(Section):
         if self.generator.device != self.trainer.device:
             raise ValueError("generator.device and trainer.device must match on one machine")
         self._check_precision()
-        if self.algorithm.group_size < 2:
-            raise ValueError(
-                f"algorithm.group_size = {self.algorithm.group_size}: {self.algorithm.name}'s advantages are relative to "
-                "the other samples of a group, so it needs group_size >= 2"
-            )
         for index, task in enumerate(self.tasks):
             if task.env.max_total_tokens > self.trainer.seq_len:
                 raise ValueError(
@@ -223,6 +247,7 @@ class Config(Section):
                 )
             if task.env.max_total_tokens > self.generator.max_model_len:
                 raise ValueError(f"tasks.{index}.env.max_total_tokens exceeds generator.max_model_len")
+        check_algorithms(self)
         return self
 
     def _check_precision(self) -> None:

@@ -14,11 +14,12 @@ or when the data runs out (`run.epochs`, `run.max_rows`). All run state that a r
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import monarch.actor
 import monarch.config
@@ -31,13 +32,15 @@ from actors.trainer import PolicyTrainer
 from env_types.renderer_env import Completion, GenerationRequest
 from rl import checkpoint, weight_sync
 from rl.admission import Admission
-from rl.algorithms.grpo import group_to_samples
+from rl.algorithms.config import POLICY
+from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
 from rl.batching import pack_samples, split_micro_batches, trim_padding
-from rl.buffer import RolloutBuffer
+from rl.buffer import RolloutBuffer, is_frozen_sampled
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream, row_limit
-from rl.interrupts import kill_descendants
+from rl.frozen_models import FrozenModels, mark_frozen, task_algorithms
+from rl.interrupts import monarch_processes, reap
 from rl.metrics import MetricsLogger
 from rl.precision import MismatchWatch
 from rl.renderer import stop_token_ids
@@ -95,7 +98,7 @@ class RunState:
     """Everything about the run's progress in one place; a checkpoint saves it as is."""
 
     step: int = 0
-    """Optimizer steps done (= policy version: the producer drops groups with nothing to train on)."""
+    """Optimizer steps done (consumed batches; the policy version lags it only by batches with no sample to train)."""
     policy_version: int = 0
     """Version of the newest weights; the generators run it once the step's sync is done."""
     data_cursor: int = 0
@@ -118,6 +121,7 @@ class GenerationStats:
     seconds: float = 0.0
     completion_tokens: int = 0
     dropped_groups: int = 0
+    dropped_zero_adv_groups: int = 0
     running: int = 0
     busy_since: float = 0.0
 
@@ -126,18 +130,20 @@ class GenerationStats:
             self.busy_since = time.perf_counter()
         self.running += 1
 
-    def row_finished(self, group: RolloutGroup, accepted: bool) -> None:
+    def row_finished(self, group: RolloutGroup, drop: str | None) -> None:
+        """`drop`: the metric key the group was dropped under (`SampleBuilder.drop_reason`), None if kept."""
         self.running -= 1
         if self.running == 0:
             self.seconds += time.perf_counter() - self.busy_since
         self.completion_tokens += sum(rollout.num_completion_tokens for rollout in group.rollouts)
-        self.dropped_groups += not accepted
+        self.dropped_groups += drop is not None
+        self.dropped_zero_adv_groups += drop == "rollouts/dropped_zero_adv_groups"
 
     def drain(self) -> GenerationStats:
         now = time.perf_counter()
         seconds = self.seconds + (now - self.busy_since if self.running else 0.0)
-        drained = GenerationStats(seconds, self.completion_tokens, self.dropped_groups)
-        self.seconds, self.completion_tokens, self.dropped_groups, self.busy_since = 0.0, 0, 0, now
+        drained = GenerationStats(seconds, self.completion_tokens, self.dropped_groups, self.dropped_zero_adv_groups)
+        self.seconds, self.completion_tokens, self.dropped_groups, self.dropped_zero_adv_groups, self.busy_since = 0.0, 0, 0, 0, now
         return drained
 
 
@@ -152,7 +158,7 @@ class Controller:
         self.renderers = {name: task.config.renderer.build(model_path) for name, task in self.tasks.items()}
         self.stop_token_ids = sorted({token for renderer in self.renderers.values() for token in stop_token_ids(renderer)})
         self.pad_token_id = self.stop_token_ids[0]
-        train_rows = {name: task.task.load_dataset("train") for name, task in self.tasks.items()}
+        train_rows = {name: task.load_rows("train") for name, task in self.tasks.items()}
         limit = row_limit(train_rows, epochs=config.run.epochs, max_rows=config.run.max_rows)
         self.stream = RowStream(
             train_rows, {name: task.config.weight for name, task in self.tasks.items()}, seed=config.run.seed, limit=limit
@@ -161,7 +167,7 @@ class Controller:
         self.planned_steps = config.run.steps if limit is None else min(config.run.steps, limit // config.run.groups_per_step)
         """Optimizer steps the LR schedule is sized for; fewer happen if dropped groups use up the data."""
         self.validation_rows = [
-            (name, row) for name, task in sorted(self.tasks.items()) for row in task.task.load_dataset("validation")
+            (name, row) for name, task in sorted(self.tasks.items()) for row in task.load_rows("validation")
         ][: config.run.eval_groups]
         self.buffer = RolloutBuffer(max_staleness=config.run.max_policy_staleness)
         self.admission = Admission(
@@ -173,6 +179,11 @@ class Controller:
         self.router = LeastOutstanding(config.generator.num_replicas)
         self.generation_stats = GenerationStats()
         self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
+        self.algorithms = task_algorithms(config)
+        self.frozen = FrozenModels(config)
+        self.samples = SampleBuilder(
+            self.algorithms, self.renderers, lambda name, seqs: self.frozen.prompt_logprobs(name, seqs, policy=self.generators)
+        )
         self._proc_meshes: list[Any] = []
         self.actor_failures: list[str] = []
         self._store_started = False
@@ -216,7 +227,9 @@ class Controller:
         self.trainer = trainer_procs.spawn("trainer", PolicyTrainer, self.config, self.planned_steps)
         self.generators = generator_procs.spawn("generator", Generator, self.config, self.stop_token_ids)
         self.reward = reward_procs.spawn("reward", RewardActor, self.config)
-        await asyncio.gather(self.trainer.initialized, self.generators.initialized, self.reward.initialized)
+        await asyncio.gather(
+            self.trainer.initialized, self.generators.initialized, self.reward.initialized, self.frozen.setup(self.stop_token_ids)
+        )
         self._actors_ready = True
         if self.resume_from is not None:
             await self.restore(self.resume_from)
@@ -245,15 +258,18 @@ class Controller:
     async def shutdown(self) -> None:
         """Stop every actor process and the store; safe after a partial setup."""
         self._shutting_down = True
+        actor_processes = monarch_processes()
         if self._actors_ready:
             await asyncio.gather(
-                asyncio.wait_for(self.generators.shutdown.call(), 10), self.trainer.release_weights.call(), return_exceptions=True
+                asyncio.wait_for(self.generators.shutdown.call(), 10), self.trainer.release_weights.call(), self.frozen.stop_engines(),
+                return_exceptions=True,
             )
-        stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes), return_exceptions=True)
+        stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes + self.frozen.take_procs()), return_exceptions=True)
         try:
             await asyncio.wait_for(stopping, 8)
         except asyncio.TimeoutError:
-            kill_descendants()  # a mesh stops only once its actors have started: vLLM may still be loading
+            pass  # a mesh stops only once its actors have started (vLLM may still be loading): reaped below
+        await asyncio.to_thread(reap, actor_processes, 5)  # a stopped mesh's processes may still be exiting
         self._proc_meshes = []
         self._actors_ready = False
         if self._store_started:
@@ -269,10 +285,24 @@ class Controller:
             raise RuntimeError(result)
         return result
 
-    async def rollout_and_score(self, row_id: str, task_name: str, row: dict, group_size: int, sampling: SamplingConfig) -> RolloutGroup:
-        """A row's group: `group_size` rollouts on the least-busy generator replica, then its rewards."""
+    async def generate_frozen(self, name: str, request: GenerationRequest, sampling: SamplingConfig) -> Completion:
+        """One completion from frozen model `name`; raises if its generator failed the request."""
+        [result] = await self.frozen.generate(name, [request], sampling)
+        if isinstance(result, str):
+            raise RuntimeError(result)
+        return result
+
+    async def rollout_and_score(
+        self, row_id: str, task_name: str, row: dict, group_size: int, sampling: SamplingConfig, sampler: str = POLICY
+    ) -> RolloutGroup:
+        """A row's group: `group_size` rollouts on the least-busy generator replica (or frozen model `sampler`), then its rewards."""
         task = self.tasks[task_name]
-        with self.router.route() as replica:
+        with self.router.route() if sampler == POLICY else contextlib.nullcontext() as replica:
+
+            def generate(request: GenerationRequest) -> Awaitable[Completion]:
+                if sampler == POLICY:
+                    return self.generate(request, sampling, replica)
+                return self.generate_frozen(sampler, request, sampling)
 
             def context(sample_index: int) -> RolloutContext:
                 return RolloutContext(
@@ -282,13 +312,16 @@ class Controller:
                     task=task.task,
                     renderer=self.renderers[task_name],
                     env_config=task.config.env,
-                    generate=lambda request: self.generate(request, sampling, replica),
+                    generate=generate,
                     run_seed=self.config.run.seed,
                 )
 
             group = await rollout_group(row_id, task_name, row, group_size, task.rollout_fn, context)
-        for rollout in group.rollouts:
-            rollout.metadata["generator_replica"] = replica
+        if sampler == POLICY:
+            for rollout in group.rollouts:
+                rollout.metadata["generator_replica"] = replica
+        else:
+            mark_frozen([group], sampler)
         if group.rollouts and all(rollout.reward is not None for rollout in group.rollouts):
             return group  # the rollout_fn scored its own samples
         return await self.score(group)
@@ -302,26 +335,19 @@ class Controller:
                 rollout.error = f"reward actor failed: {exc}"
             return group
 
-    def trainable(self, group: RolloutGroup) -> bool:
-        """Whether a group yields any training sample; one that does not gives its slot to another row."""
-        algorithm = self.config.algorithm
-        samples = group_to_samples(
-            group, normalize_std=algorithm.normalize_advantage_std, drop_constant_reward=algorithm.drop_constant_reward_groups
-        )
-        return any(len(sample.input_ids) <= self.config.trainer.seq_len for sample in samples)
-
     async def produce_row(self, row_index: int, task_name: str, row: dict) -> None:
         self.generation_stats.row_started()
         group = await self.rollout_and_score(
-            train_group_id(row_index), task_name, row, self.config.algorithm.group_size, self.config.generator.sampling
+            train_group_id(row_index), task_name, row, self.config.algorithm.group_size, self.config.generator.sampling,
+            sampler=self.algorithms[task_name].sampler,
         )
-        accepted = self.trainable(group)
-        self.generation_stats.row_finished(group, accepted)
-        if accepted:
+        drop = self.samples.drop_reason(group, self.config.trainer.seq_len)  # a dropped group gives its slot to another row
+        self.generation_stats.row_finished(group, drop)
+        if drop is None:
             await self.buffer.put(group)
         else:
             self.state.mark_rows_done([row_index])
-        await self.admission.finish(accepted)
+        await self.admission.finish(drop is None)
 
     async def produce(self) -> None:
         """Admit rows one by one as the budgets allow; each row's group reaches the buffer when it finishes."""
@@ -354,30 +380,29 @@ class Controller:
 
     async def train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
         """Advantages → packed micro-batches → one optimizer step → weights to the generators."""
-        algorithm, trainer_config = self.config.algorithm, self.config.trainer
-        samples, too_long = [], 0
-        for group in groups:  # every group has a sample that fits: the producer dropped the others
-            group_samples = group_to_samples(
-                group, normalize_std=algorithm.normalize_advantage_std, drop_constant_reward=algorithm.drop_constant_reward_groups
-            )
-            fitting = [sample for sample in group_samples if len(sample.input_ids) <= trainer_config.seq_len]
-            too_long += len(group_samples) - len(fitting)
-            samples.extend(fitting)
-        metrics: dict[str, float] = {"rollouts/too_long": too_long}
+        trainer_config = self.config.trainer
+        all_samples, metrics = await self.samples.build(groups)
+        samples = [sample for sample in all_samples if len(sample.input_ids) <= trainer_config.seq_len]
+        metrics["rollouts/too_long"] = len(all_samples) - len(samples)
+        if not samples:  # the weights do not change: the groups' admission slots go to other rows
+            metrics["train/skipped"] = 1
+            await self.admission.release_accepted(len(groups))
+            return metrics
         batch = trim_padding(pack_samples(samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id))  # [R, L' <= L]
-        metrics["train/packing_efficiency"] = float((batch["policy_version"] >= 0).float().mean())  # real / all tokens
+        metrics["train/packing_efficiency"] = float((batch["sequence_ids"] >= 0).float().mean())  # real / all tokens
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         start = time.perf_counter()
         train_metrics = await self.trainer.train_step.call_one(micro_batches)
         metrics["time/train_s"] = time.perf_counter() - start
-        metrics.update({key if key == "loss" else f"train/{key}": value for key, value in train_metrics.items()})
-        if warning := self.mismatch_watch.check(metrics["train/mismatch_k3"]):
+        metrics.update({key if key == "loss" or "/" in key else f"train/{key}": value for key, value in train_metrics.items()})
+        if "train/mismatch_k3" in metrics and (warning := self.mismatch_watch.check(metrics["train/mismatch_k3"])):
             tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
 
         start = time.perf_counter()
         await self.sync_weights(self.state.policy_version + 1)
         metrics["time/weight_sync_s"] = time.perf_counter() - start
-        metrics["train/ppo_clip_frac"] = metrics["train/clip_frac_low"] + metrics["train/clip_frac_high"]
+        if "train/clip_frac_low" in metrics:
+            metrics["train/ppo_clip_frac"] = metrics["train/clip_frac_low"] + metrics["train/clip_frac_high"]
         return metrics
 
     async def sync_weights(self, policy_version: int) -> None:
@@ -426,9 +451,12 @@ class Controller:
                     break
                 self.logger.log_rollouts(self.state.step + 1, "train", groups)
                 metrics = self._rollout_metrics(groups, len(evicted), wait_seconds)
-                metrics.update(await self.train_step(groups))
+                step_metrics = await self.train_step(groups)
+                for key in ("rollouts/dropped_groups", "rollouts/dropped_zero_adv_groups"):  # the producer's drops and the step's
+                    step_metrics[key] += metrics[key]
+                metrics.update(step_metrics)
                 self.state.mark_rows_done([row_index_of(group.group_id) for group in groups + evicted])
-                busy = metrics["time/train_s"] + metrics["time/weight_sync_s"]
+                busy = metrics.get("time/train_s", 0.0) + metrics.get("time/weight_sync_s", 0.0)
                 metrics["perf/wait_time_ratio"] = wait_seconds / (wait_seconds + busy)
                 metrics["perf/overlap_ratio"] = 1.0 - metrics["perf/wait_time_ratio"]
                 self.state.step += 1
@@ -476,9 +504,13 @@ class Controller:
         metrics: dict[str, float] = {
             "rollouts/evicted_stale_groups": evicted,
             "rollouts/dropped_groups": stats.dropped_groups,
+            "rollouts/dropped_zero_adv_groups": stats.dropped_zero_adv_groups,
             "rollouts/completion_tokens_mean": sum(r.num_completion_tokens for r in rollouts) / len(rollouts),
             "async/version_offset_mean": sum(offsets) / len(offsets) if offsets else 0.0,
             "async/version_offset_max": max(offsets, default=0),
+            "rollouts/policy_lag_max": max(
+                (self.state.policy_version - group.min_policy_version for group in groups if not is_frozen_sampled(group)), default=0
+            ),
             "time/generation_s": stats.seconds,
             "perf/sample_wait_time": wait_seconds,
             "perf/generation_tokens_per_s": stats.completion_tokens / stats.seconds if stats.seconds else 0.0,

@@ -31,11 +31,30 @@ EXIT_INTERRUPTED = 130
 
 def kill_descendants() -> None:
     """SIGKILL every process this one started, children of children included."""
-    for child in psutil.Process().children(recursive=True):
+    reap(psutil.Process().children(recursive=True), timeout_s=0)
+
+
+def monarch_processes() -> list[psutil.Process]:
+    """This process's Monarch actor processes and their children (not, e.g., wandb's service)."""
+    found = []
+    for child in psutil.Process().children():
         try:
-            child.kill()
+            if "monarch" in " ".join(child.cmdline()):
+                found += [child, *child.children(recursive=True)]
+        except psutil.Error:
+            continue
+    return found
+
+
+def reap(processes: list[psutil.Process], timeout_s: float) -> None:
+    """Wait up to `timeout_s` for `processes` to exit, then SIGKILL the ones left."""
+    _, alive = psutil.wait_procs(processes, timeout=timeout_s)
+    for process in alive:
+        try:
+            process.kill()
         except psutil.Error:
             pass
+    psutil.wait_procs(alive, timeout=5)
 
 
 class InterruptibleRun:

@@ -12,11 +12,21 @@ from typing import Any
 
 TASKS: dict[str, str] = {
     "sum_digits": "tasks.sum_digits:SumDigitsTask",
+    "reverse_text": "tasks.reverse_text:ReverseTextTask",
+    "arithmetic_retry": "tasks.arithmetic_retry:ArithmeticRetryTask",
+    "calculator_tool": "tasks.calculator_tool:CalculatorToolTask",
+    "alphabet_sort": "tasks.alphabet_sort:AlphabetSortTask",
 }
 
 REWARD_FNS: dict[str, str] = {
     "digit_sum_correct": "tasks.sum_digits:digit_sum_correct",
     "answer_is_number": "tasks.sum_digits:answer_is_number",
+    **{
+        name: f"rubrics.builtins:{name}"
+        for name in ("exact_match", "numeric_match", "math_verify", "answer_tag_format", "boxed_format",
+                     "length_penalty", "env_reward", "diversity_bonus")
+    },
+    "judge": "rubrics.judge:judge",
 }
 
 

@@ -34,6 +34,7 @@ from renderers import Message, Renderer, ToolCall, ToolCallParseStatus, ToolSpec
 from renderers.base import MODEL_RENDERER_MAP
 
 from rl.assets import resolve_model_path
+from rollouts.types import ToolCallError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -118,14 +119,16 @@ def parse_completion(
     """The assistant message a completion encodes; stop tokens are dropped.
 
     Pass the exact `prompt_ids` sampled from when available: they tell the parser whether the
-    prompt already opened a reasoning block. Only well-formed tool calls become `tool_calls`
-    (`renderer.parse_response` reports the malformed ones too).
+    prompt already opened a reasoning block. Well-formed tool calls become `tool_calls`; the
+    malformed ones (bad JSON, an unclosed block, no name) go to `invalid_tool_calls` as
+    `{"raw", "error"}` so they are never lost (chat templates ignore the key).
     """
     parsed = renderer.parse_response(completion_ids, prompt_ids=prompt_ids, tools=tools)
     message: Message = {"role": "assistant", "content": parsed.content}
     if parsed.reasoning_content is not None:
         message["reasoning_content"] = parsed.reasoning_content
     tool_calls: list[ToolCall] = []
+    invalid: list[dict[str, str]] = []
     for call in parsed.tool_calls:
         if call.status == ToolCallParseStatus.OK:
             function = {"name": call.name, "arguments": call.arguments}
@@ -133,9 +136,18 @@ def parse_completion(
             if call.id is not None:
                 tool_call["id"] = call.id
             tool_calls.append(tool_call)
+        else:
+            invalid.append({"raw": call.raw, "error": str(call.status.value)})
     if tool_calls:
         message["tool_calls"] = tool_calls
+    if invalid:
+        message["invalid_tool_calls"] = invalid
     return message
+
+
+def invalid_tool_call_errors(message: Message) -> list[ToolCallError]:
+    """The parse failures `parse_completion` put on an assistant message, as records."""
+    return [ToolCallError(kind=call["error"], detail=call["raw"]) for call in message.get("invalid_tool_calls", [])]
 
 
 def next_turn_prompt(

@@ -47,6 +47,22 @@ class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+class ToolCallError(_Record):
+    """A tool call that did not run as the model asked; the model is told why in a tool message."""
+
+    kind: str
+    """One of `invalid_json`, `unclosed_block`, `missing_name`, `malformed_structure` (from the
+    renderer's parser), `unknown_tool`, `bad_arguments` (checked against the tool's schema),
+    `tool_failed` (the tool raised, timed out or hit a sandbox limit)."""
+    detail: str
+    tool: str | None = None
+
+    @property
+    def is_malformed(self) -> bool:
+        """The call itself was wrong (as opposed to a well-formed call whose tool failed)."""
+        return self.kind != "tool_failed"
+
+
 class RolloutTurn(_Record):
     """One generator call and the environment's answer to it."""
 
@@ -65,6 +81,10 @@ class RolloutTurn(_Record):
     """What the environment answered (tool results, a new user message)."""
     reward_components: dict[str, float] = Field(default_factory=dict)
     """Rewards the environment assigned during this step, by name."""
+    reward: float | None = None
+    """The environment's reward for this turn (`StepOutput.reward`); the `env_reward` function sums them."""
+    tool_call_errors: list[ToolCallError] = Field(default_factory=list)
+    """Tool calls of this turn that were malformed or failed (each answered with an error message)."""
     policy_version: int = 0
     """Version of the policy weights that sampled `completion_token_ids`."""
 
@@ -91,6 +111,10 @@ class Rollout(_Record):
     @property
     def num_completion_tokens(self) -> int:
         return sum(len(turn.completion_token_ids) for turn in self.turns)
+
+    @property
+    def num_malformed_tool_calls(self) -> int:
+        return sum(error.is_malformed for turn in self.turns for error in turn.tool_call_errors)
 
     def last_assistant_text(self) -> str:
         """Content of the last assistant message, "" when there is none."""

@@ -1,10 +1,12 @@
 """Scoring a finished group of rollouts with weighted reward functions.
 
 A reward function takes `(rollout, example)` and returns a number, sync or async (a judge
-model call, a sandboxed test run). The rubric runs all functions of all rollouts of a group
-concurrently, combines them with weights normalized to sum to 1, and never lets one failing
-function take the group down: that rollout gets the rubric's `error_reward` and the
-exception text, the others are scored normally.
+model call, a sandboxed test run). A group reward function takes `(rollouts, example)` -- the
+whole group -- and returns one number per rollout (ranks, pairwise preferences, a diversity
+bonus). The rubric runs all functions of all rollouts of a group concurrently, combines them
+with weights normalized to sum to 1, and never lets one failing function take the group down:
+that rollout gets the rubric's `error_reward` and the exception text, the others are scored
+normally (a failing group function fails every rollout it was to score).
 """
 
 from __future__ import annotations
@@ -22,19 +24,31 @@ from pydantic import BaseModel, ConfigDict, Field
 from rollouts.types import Rollout, RolloutStatus
 
 RewardFnType = Callable[[Rollout, dict[str, Any]], "float | Awaitable[float]"]
+GroupRewardFnType = Callable[[list[Rollout], dict[str, Any]], "list[float] | Awaitable[list[float]]"]
+
+
+def fn_name(fn: Any) -> str:
+    """A callable's name; a `functools.partial` is named after the function it wraps."""
+    fn = getattr(fn, "func", fn)
+    return getattr(fn, "__name__", type(fn).__name__)
 
 
 @dataclass(frozen=True)
 class RewardFn:
-    """A reward function and its (unnormalized) weight."""
+    """A reward function and its (unnormalized) weight.
 
-    fn: RewardFnType
+    `group=True`: `fn(rollouts, example)` sees the whole group (every rollout, whatever its
+    status) and returns one number per rollout; only the numbers of rollouts being graded are used.
+    """
+
+    fn: RewardFnType | GroupRewardFnType
     weight: float = 1.0
     name: str = ""
+    group: bool = False
 
     @property
     def key(self) -> str:
-        return self.name or getattr(self.fn, "__name__", type(self.fn).__name__)
+        return self.name or fn_name(self.fn)
 
 
 class Reward(BaseModel):
@@ -62,8 +76,10 @@ class Rubric:
 
     `truncation_reward`: reward of TRUNCATED / PROMPT_OVERFLOW rollouts without running the
     functions; None scores their partial response. `error_reward`: reward of ERROR / TIMEOUT /
-    ABORTED rollouts and of rollouts whose reward function failed. `timeout_s`: longest one
-    reward function may take on one rollout.
+    ABORTED rollouts without running the functions; None grades the turns they kept. It is also
+    the reward of a rollout whose reward function failed, and of a PROMPT_OVERFLOW rollout when
+    `truncation_reward` is None (0.0 for both when `error_reward` is None too). `timeout_s`:
+    longest one reward function may take on one rollout (a group function: on the group).
     """
 
     def __init__(
@@ -71,7 +87,7 @@ class Rubric:
         reward_fns: list[RewardFn],
         *,
         truncation_reward: float | None = None,
-        error_reward: float = 0.0,
+        error_reward: float | None = 0.0,
         timeout_s: float = 60.0,
     ):
         if not reward_fns:
@@ -88,28 +104,82 @@ class Rubric:
         self.error_reward = error_reward
         self.timeout_s = timeout_s
 
-    async def score_group(self, rollouts: list[Rollout], example: dict[str, Any]) -> list[Reward]:
-        """One `Reward` per rollout, in order; the group's functions run concurrently."""
-        return list(await asyncio.gather(*(self.score_one(rollout, example) for rollout in rollouts)))
+    @property
+    def _fallback_reward(self) -> float:
+        return self.error_reward if self.error_reward is not None else 0.0
 
-    async def score_one(self, rollout: Rollout, example: dict[str, Any]) -> Reward:
+    def short_circuit(self, rollout: Rollout) -> Reward | None:
+        """The reward of a rollout that is not graded by the functions, None if it is graded."""
         if rollout.status in (RolloutStatus.ERROR, RolloutStatus.TIMEOUT, RolloutStatus.ABORTED):
-            return Reward(total=self.error_reward, error=rollout.error)
+            return Reward(total=self.error_reward, error=rollout.error) if self.error_reward is not None else None
         if rollout.status in (RolloutStatus.TRUNCATED, RolloutStatus.PROMPT_OVERFLOW) and self.truncation_reward is not None:
             return Reward(total=self.truncation_reward)
         if rollout.status is RolloutStatus.PROMPT_OVERFLOW:
-            return Reward(total=self.error_reward)
+            return Reward(total=self._fallback_reward)
+        return None
+
+    async def score_group(self, rollouts: list[Rollout], example: dict[str, Any]) -> list[Reward]:
+        """One `Reward` per rollout, in order; all functions of the group run concurrently."""
+        fixed = [self.short_circuit(rollout) for rollout in rollouts]
+        graded = [index for index, reward in enumerate(fixed) if reward is None]
+        group_fns = [reward_fn for reward_fn in self.reward_fns if reward_fn.group and graded]
+        group_values, *per_rollout = await asyncio.gather(
+            asyncio.gather(*(self._call_group(reward_fn, rollouts, example) for reward_fn in group_fns)),
+            *(self._score_components(rollouts[index], example) for index in graded),
+        )
+        rewards = list(fixed)
+        for index, components in zip(graded, per_rollout):
+            if isinstance(components, RewardFunctionError):
+                rewards[index] = self._failed(components)
+                continue
+            for reward_fn, values in zip(group_fns, group_values):
+                if isinstance(values, RewardFunctionError):
+                    rewards[index] = self._failed(values)
+                    break
+                components[reward_fn.key] = values[index]
+            else:
+                ordered = {reward_fn.key: components[reward_fn.key] for reward_fn in self.reward_fns}
+                total = sum(self.weights[key] * value for key, value in ordered.items())
+                rewards[index] = Reward(total=total, components=ordered)
+        return rewards
+
+    async def score_one(self, rollout: Rollout, example: dict[str, Any]) -> Reward:
+        """A single rollout's reward (group functions see a group of one)."""
+        [reward] = await self.score_group([rollout], example)
+        return reward
+
+    def _failed(self, exc: RewardFunctionError) -> Reward:
+        return Reward(total=self._fallback_reward, error=str(exc), timed_out=exc.timed_out)
+
+    async def _score_components(self, rollout: Rollout, example: dict[str, Any]) -> dict[str, float] | RewardFunctionError:
+        fns = [reward_fn for reward_fn in self.reward_fns if not reward_fn.group]
         try:
-            values = await asyncio.gather(*(self._call(reward_fn, rollout, example) for reward_fn in self.reward_fns))
+            values = await asyncio.gather(*(self._call(reward_fn, rollout, example) for reward_fn in fns))
         except RewardFunctionError as exc:
-            return Reward(total=self.error_reward, error=str(exc), timed_out=exc.timed_out)
-        components = {reward_fn.key: value for reward_fn, value in zip(self.reward_fns, values)}
-        total = sum(self.weights[key] * value for key, value in components.items())
-        return Reward(total=total, components=components)
+            return exc
+        return {reward_fn.key: value for reward_fn, value in zip(fns, values)}
 
     async def _call(self, reward_fn: RewardFn, rollout: Rollout, example: dict[str, Any]) -> float:
+        value = await self._guarded(reward_fn, rollout, example)
+        return _finite(reward_fn, value)
+
+    async def _call_group(
+        self, reward_fn: RewardFn, rollouts: list[Rollout], example: dict[str, Any]
+    ) -> list[float] | RewardFunctionError:
+        """One number per rollout of the group, or the failure every graded rollout then gets."""
         try:
-            value = await asyncio.wait_for(_call_off_loop(reward_fn.fn, rollout, example), self.timeout_s)
+            values = await self._guarded(reward_fn, rollouts, example)
+            if not isinstance(values, (list, tuple)) or len(values) != len(rollouts):
+                raise RewardFunctionError(
+                    f"group reward function {reward_fn.key!r} returned {values!r}, not a list of {len(rollouts)} numbers"
+                )
+            return [_finite(reward_fn, value) for value in values]
+        except RewardFunctionError as exc:
+            return exc
+
+    async def _guarded(self, reward_fn: RewardFn, *args: Any) -> Any:
+        try:
+            return await asyncio.wait_for(_call_off_loop(reward_fn.fn, *args), self.timeout_s)
         except asyncio.TimeoutError:
             raise RewardFunctionError(
                 f"reward function {reward_fn.key!r} took longer than {self.timeout_s} s", timed_out=True
@@ -117,9 +187,12 @@ class Rubric:
         except Exception as exc:
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             raise RewardFunctionError(f"reward function {reward_fn.key!r} raised: {detail}") from exc
-        if not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise RewardFunctionError(f"reward function {reward_fn.key!r} returned {value!r}, not a finite number")
-        return float(value)
+
+
+def _finite(reward_fn: RewardFn, value: Any) -> float:
+    if not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RewardFunctionError(f"reward function {reward_fn.key!r} returned {value!r}, not a finite number")
+    return float(value)
 
 
 def _settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> None:
@@ -132,26 +205,26 @@ def _settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> No
         future.set_result(value)
 
 
-async def _call_off_loop(fn: RewardFnType, rollout: Rollout, example: dict[str, Any]) -> Any:
+async def _call_off_loop(fn: Callable[..., Any], *args: Any) -> Any:
     """Await an async reward function; run a sync one in a daemon thread.
 
     A sync function that blocks (a slow check, a hang) then neither stalls the other groups nor,
     being a daemon, keeps the process alive after its timeout.
     """
-    if inspect.iscoroutinefunction(fn):
-        return await fn(rollout, example)
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+        return await fn(*args)
     loop = asyncio.get_running_loop()
     result: asyncio.Future = loop.create_future()
 
     def run() -> None:
         try:
-            value = fn(rollout, example)
+            value = fn(*args)
         except BaseException as exc:
             loop.call_soon_threadsafe(_settle, result, None, exc)
         else:
             loop.call_soon_threadsafe(_settle, result, value, None)
 
-    threading.Thread(target=run, name=f"reward:{getattr(fn, '__name__', 'fn')}", daemon=True).start()
+    threading.Thread(target=run, name=f"reward:{fn_name(fn)}", daemon=True).start()
     value = await result
     return await value if inspect.isawaitable(value) else value
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,14 +11,24 @@ from rl.config import RubricConfig, TaskConfig
 from rl.registry import REWARD_FNS, TASKS, import_object, resolve
 from rollouts.fanout import RolloutFn, task_rollout
 from rubrics.rubric import RewardFn, Rubric
-from tasks.task import Task
+from tasks.datasets import load_file_rows
+from tasks.task import Split, Task
+
+
+def _reward_fn(entry: RubricConfig.RewardFnEntry, *, group: bool) -> RewardFn:
+    fn = resolve(entry.fn, REWARD_FNS, "reward function")
+    if entry.args:
+        try:
+            inspect.signature(fn).bind_partial(None, None, **entry.args)
+        except TypeError as exc:
+            raise ValueError(f"reward function {entry.fn!r}: bad args {entry.args}: {exc}") from exc
+        fn = functools.partial(fn, **entry.args)
+    return RewardFn(fn, weight=entry.weight, name=entry.name, group=group)
 
 
 def build_rubric(rubric_config: RubricConfig) -> Rubric:
-    reward_fns = [
-        RewardFn(resolve(entry.fn, REWARD_FNS, "reward function"), weight=entry.weight, name=entry.name)
-        for entry in rubric_config.reward_fns
-    ]
+    reward_fns = [_reward_fn(entry, group=False) for entry in rubric_config.reward_fns]
+    reward_fns += [_reward_fn(entry, group=True) for entry in rubric_config.group_reward_fns]
     return Rubric(
         reward_fns,
         truncation_reward=rubric_config.truncation_reward,
@@ -36,6 +48,14 @@ class BuiltTask:
     rollout_fn: RolloutFn
     """One trajectory per call: the config's `rollout_fn`, else the task's environment (`task_rollout`)."""
 
+    def load_rows(self, split: Split) -> list[dict[str, Any]]:
+        """A split's rows: from the file the config names for it, else from the task."""
+        data = self.config.data
+        path = getattr(data, split) if data is not None else None
+        if path is None:
+            return self.task.load_dataset(split)
+        return load_file_rows(path, data.columns, required=self.task.row_fields)
+
 
 def build_task(task_config: TaskConfig) -> BuiltTask:
     task_class: Any = resolve(task_config.name, TASKS, "task")
@@ -46,5 +66,6 @@ def build_task(task_config: TaskConfig) -> BuiltTask:
     except TypeError as exc:
         raise ValueError(f"task {task_config.name!r}: bad args {task_config.args}: {exc}") from exc
     rubric = build_rubric(task_config.rubric) if task_config.rubric is not None else task.build_rubric()
+    task.rubric = rubric
     rollout_fn = import_object(task_config.rollout_fn) if task_config.rollout_fn is not None else task_rollout
     return BuiltTask(name=task_config.name, config=task_config, task=task, rubric=rubric, rollout_fn=rollout_fn)

@@ -1,4 +1,6 @@
-"""A reward for end-to-end tests that varies across a random-weight model's samples."""
+"""Rewards for end-to-end tests."""
+
+import os
 
 from rollouts.types import Rollout
 
@@ -7,3 +9,8 @@ def even_token_share(rollout: Rollout, example: dict) -> float:
     """Share of sampled tokens with an even id: differs between samples, so advantages are non-zero."""
     tokens = [token for turn in rollout.turns for token in turn.completion_token_ids]
     return sum(token % 2 == 0 for token in tokens) / max(1, len(tokens))
+
+
+def kill_reward_process(rollout: Rollout, example: dict) -> float:
+    """Kills the RewardActor's process: an actor dying in the middle of a run."""
+    os._exit(1)

@@ -2,17 +2,18 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-from rl.batching import TrainSample, count_loss_tokens, pack_samples, split_micro_batches, trim_padding
+from rl.algorithms.losses import component_counts
+from rl.batching import TrainSample, pack_samples, split_micro_batches, trim_padding
 from rl.logprobs import token_logprobs
 
 
 def _hand_samples() -> list[TrainSample]:
     return [
-        TrainSample([11, 12, 13], [False, True, True], [0.0, -0.1, -0.2], advantage=1.0, policy_version=3),
+        TrainSample([11, 12, 13], [False, True, True], [0.0, -0.1, -0.2], advantages=1.0, policy_version=3),
         TrainSample(
             [21, 22, 23, 24, 25], [False, False, True, True, True], [0.0, 0.0, -0.3, -0.4, -0.5], -0.5, 2
         ),
-        TrainSample([31, 32], [False, True], [0.0, -0.6], advantage=2.0, policy_version=3),
+        TrainSample([31, 32], [False, True], [0.0, -0.6], advantages=2.0, policy_version=3),
         # a multi-turn sample: the environment's token 43 sits between two sampled tokens
         TrainSample([41, 42, 43, 44], [False, True, False, True], [0.0, -0.7, 0.0, -0.8], 0.25, 1),
     ]
@@ -45,20 +46,20 @@ def test_pack_samples_first_fit_decreasing_hand_example() -> None:
     assert batch["loss_mask"].dtype == torch.bool
     assert batch["sampling_logprobs"].dtype == torch.float32 and batch["advantages"].dtype == torch.float32
     # row 0: 3 + 2 trained tokens, row 1: 2 + 1
-    assert count_loss_tokens([batch]) == 8
+    assert component_counts([batch])[0].tolist() == [8.0, 4.0]  # rl: 8 weighted tokens in 4 sequences
 
 
 def test_pack_samples_rejects_too_long_sample() -> None:
-    long_sample = TrainSample(list(range(9)), [False] + [True] * 8, [0.0] * 9, advantage=1.0, policy_version=0)
+    long_sample = TrainSample(list(range(9)), [False] + [True] * 8, [0.0] * 9, advantages=1.0, policy_version=0)
     with pytest.raises(ValueError, match=r"sample 1 has 9 tokens, more than seq_len=8"):
         pack_samples([_hand_samples()[0], long_sample], seq_len=8, pad_token_id=0)
 
 
 def test_train_sample_validation() -> None:
     with pytest.raises(ValueError, match="lengths differ"):
-        TrainSample([1, 2, 3], [False, True], [0.0, 0.0, 0.0], advantage=0.0, policy_version=0)
+        TrainSample([1, 2, 3], [False, True], [0.0, 0.0, 0.0], advantages=0.0, policy_version=0)
     with pytest.raises(ValueError, match="first token"):
-        TrainSample([1, 2], [True, True], [0.0, 0.0], advantage=0.0, policy_version=0)
+        TrainSample([1, 2], [True, True], [0.0, 0.0], advantages=0.0, policy_version=0)
 
 
 def test_split_micro_batches_keeps_row_order() -> None:
@@ -70,7 +71,7 @@ def test_split_micro_batches_keeps_row_order() -> None:
     assert [mb.batch_size[0] for mb in micro_batches] == [2, 2, 1]
     assert [mb["input_ids"][:, 0].tolist() for mb in micro_batches] == [[0, 1], [2, 3], [4]]
     # trained tokens per row: 3, 2, 3, 2, 3
-    assert count_loss_tokens(micro_batches) == 13
+    assert component_counts(micro_batches)[0, 0] == 13
     with pytest.raises(ValueError, match="micro_batch_size"):
         split_micro_batches(batch, 0)
 
@@ -155,6 +156,9 @@ def test_masked_logprobs_equal_full_logprobs_on_the_mask_with_gradients(kind: st
     torch.testing.assert_close(masked, torch.where(mask, full, 0.0), atol=1e-6, rtol=0)
     for masked_grad, full_grad in zip(masked_grads, full_grads):
         torch.testing.assert_close(masked_grad, full_grad, atol=1e-6, rtol=0)
+    _, full_entropy = token_logprobs(model, batch["input_ids"], batch["position_ids"], return_entropy=True)
+    _, masked_entropy = token_logprobs(model, batch["input_ids"], batch["position_ids"], mask=mask, return_entropy=True)
+    torch.testing.assert_close(masked_entropy, torch.where(mask, full_entropy, 0.0), atol=1e-6, rtol=0)
 
 
 def test_trim_padding_drops_only_columns_that_are_padding_in_every_row() -> None:
@@ -167,3 +171,32 @@ def test_trim_padding_drops_only_columns_that_are_padding_in_every_row() -> None
     assert trimmed["input_ids"].tolist() == [[1, 1, 1, 2, 2]]
     for key in batch.keys():
         assert torch.equal(trimmed[key], batch[key][:, :5]), key
+
+
+def test_token_entropy_matches_the_softmax_entropy() -> None:
+    model = _tiny_model("qwen3", "sdpa")
+    input_ids = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(3))
+    position_ids = torch.tensor([[0, 1, 2, 3, 0, 1, 2], [0, 1, 2, 3, 4, 5, 6]])
+    logprobs, entropy = token_logprobs(model, input_ids, position_ids, chunk_size=4, return_entropy=True)
+    logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits[:, :-1]  # [2,6,100]
+    expected = -(torch.softmax(logits, -1) * torch.log_softmax(logits, -1)).sum(-1)
+    expected = torch.where(position_ids[:, 1:] == 0, 0.0, expected)
+    torch.testing.assert_close(entropy[:, 1:], expected.detach(), atol=1e-5, rtol=0)
+    assert entropy[:, 0].tolist() == [0.0, 0.0] and entropy[0, 4] == 0.0
+    torch.testing.assert_close(logprobs, token_logprobs(model, input_ids, position_ids, chunk_size=4))
+
+
+def test_packing_check_fails_loudly_on_a_misaligned_stream() -> None:
+    from rl.batching import check_packing
+
+    samples = _hand_samples()
+    batch = pack_samples(samples, seq_len=8, pad_token_id=0)
+    shifted = batch.clone()
+    shifted["sampling_logprobs"] = torch.roll(shifted["sampling_logprobs"], 1, dims=1)  # off by one token
+    with pytest.raises(AssertionError, match="sampling_logprobs' misaligned"):
+        check_packing(shifted, samples)
+    weighted_pad = batch.clone()
+    weighted_pad["ce_weights"][1, 7] = 1.0  # row 1 ends with padding
+    with pytest.raises(AssertionError, match="'ce_weights' has weight on padding"):
+        check_packing(weighted_pad, samples)
+    assert batch["sequence_ids"].tolist() == [[1, 1, 1, 1, 1, 0, 0, 0], [3, 3, 3, 3, 2, 2, -1, -1]]

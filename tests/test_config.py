@@ -19,7 +19,7 @@ def write(tmp_path, text: str) -> Path:
 
 def test_defaults_are_valid():
     config = load_config()
-    assert config.algorithm.name == "grpo" and config.run.max_policy_staleness == 0
+    assert config.algorithm.type == "grpo" and config.run.max_policy_staleness == 0
 
 
 def test_unknown_key_is_named(tmp_path):

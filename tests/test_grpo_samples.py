@@ -1,5 +1,14 @@
-from rl.algorithms.grpo import group_to_samples, rollout_to_samples
+import asyncio
+
+from rl.algorithms.config import AlgorithmConfig
+from rl.algorithms.samples import SampleBuilder, rollout_to_samples
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
+
+
+def group_to_samples(group, normalize_std, drop_constant_reward, **fields):
+    algorithm = AlgorithmConfig(normalize_advantage_std=normalize_std, drop_constant_reward_groups=drop_constant_reward, **fields)
+    samples, metrics = asyncio.run(SampleBuilder({"t": algorithm}, {}, None).build([group]))
+    return samples
 
 
 def turn(prompt, completion, logprobs, version=0):
@@ -17,7 +26,7 @@ def test_bridged_multi_turn_rollout_is_one_sample_with_completion_mask():
     assert sample.input_ids == [1, 2, 3, 4, 5, 6, 7]
     assert sample.loss_mask == [False, False, True, True, False, False, True]
     assert sample.sampling_logprobs == [0.0, 0.0, -0.5, -0.25, 0.0, 0.0, -1.5]
-    assert sample.advantage == 0.5 and sample.policy_version == 2
+    assert sample.advantages == [0.5] * 7 and sample.policy_version == 2
 
 
 def test_broken_prefix_starts_a_new_sample():
@@ -33,13 +42,13 @@ def test_group_advantages_exclude_failed_rollouts():
     ])
     samples = group_to_samples(group, normalize_std=False, drop_constant_reward=False)
     # baseline over rewards [1, 0, 0.5] = 0.5
-    assert [sample.advantage for sample in samples] == [0.5, -0.5, 0.0]
+    assert [sample.advantages[-1] for sample in samples] == [0.5, -0.5, 0.0]
 
 
 def test_constant_reward_group_dropped_only_when_asked():
     group = RolloutGroup(group_id="g", task_name="t", example={}, rollouts=[rollout(0, 1.0), rollout(1, 1.0)])
     assert group_to_samples(group, normalize_std=False, drop_constant_reward=True) == []
-    assert [s.advantage for s in group_to_samples(group, normalize_std=True, drop_constant_reward=False)] == [0.0, 0.0]
+    assert [s.advantages[-1] for s in group_to_samples(group, normalize_std=True, drop_constant_reward=False)] == [0.0, 0.0]
 
 
 def test_group_with_fewer_than_two_trainable_rollouts_is_dropped():

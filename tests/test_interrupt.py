@@ -129,3 +129,17 @@ def test_second_ctrl_c_stops_at_once(tmp_path):
         assert_stops_cleanly(launch, expect_hard_stop=True)
     finally:
         launch.kill_everything()
+
+
+def test_an_actor_that_dies_stops_the_run_with_exit_1(tmp_path):
+    launch = Launch(tmp_path, "--tasks.0.rubric.reward_fns", "[{fn = 'tests.e2e_rewards:kill_reward_process'}]")
+    try:
+        returncode = launch.wait_for_exit(timeout=300)
+        assert returncode == 1, launch.output()
+        assert "an actor failed; run stopped" in launch.output()
+        deadline = time.monotonic() + 10
+        while processes_with_marker(launch.marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert processes_with_marker(launch.marker) == []
+    finally:
+        launch.kill_everything()

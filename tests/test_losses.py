@@ -4,7 +4,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rl.algorithms.losses import grpo_loss, k3_kl, ppo_clip_token_loss
+from rl.algorithms.config import AlgorithmConfig
+from rl.algorithms.losses import component_counts, compute_loss, k3_kl, kl_estimate, ppo_clip_token_loss
+from rl.stats import MetricStats, merge, reduce_metric_stats
 
 LN2 = math.log(2.0)
 
@@ -65,75 +67,147 @@ def test_k3_kl_values_gradients_and_clamp() -> None:
     torch.testing.assert_close(logprobs.grad, torch.tensor([0.0, 0.5, -1.0, 0.0, 0.0], dtype=torch.float64))
 
 
-def _hand_batch() -> tuple[torch.Tensor, torch.Tensor, TensorDict]:
-    # Row 0: prompt token, trained r = 1.5 (A = +1), trained r = 1 (A = +1), pad.
-    # Row 1: prompt token, trained r = 0.5 (A = -1), two pads; one pad has logp 100 (exp overflows float32).
-    logprobs = torch.tensor(
-        [[-3.0, -1.0 + math.log(1.5), -2.0, 0.0], [-3.0, -1.0 + math.log(0.5), 100.0, 0.0]], requires_grad=True
+def test_dual_clip_bounds_negative_advantage_tokens() -> None:
+    # c = 2. (r, A): (3, -1) above c -> loss -c*A = 2, grad 0; (1.5, -1) below c -> unchanged 1.5, grad 1.5;
+    # (3, +1) -> the ordinary high clip: -1.28, grad 0.
+    logprobs = torch.tensor([math.log(3.0), math.log(1.5), math.log(3.0)], requires_grad=True)
+    loss, clipped = ppo_clip_token_loss(
+        logprobs, torch.zeros(3), torch.tensor([-1.0, -1.0, 1.0]), clip_eps_low=0.2, clip_eps_high=0.28, dual_clip_c=2.0
     )
-    # ref: k1 = ln 2, 0 and -ln 2 on the trained tokens; junk on the others
-    ref_logprobs = logprobs.detach() - torch.tensor([[-90.0, LN2, 0.0, 0.0], [0.0, -LN2, 0.0, 0.0]])
+    loss.sum().backward()
+    torch.testing.assert_close(loss, torch.tensor([2.0, 1.5, -1.28]), atol=1e-6, rtol=0)
+    torch.testing.assert_close(logprobs.grad, torch.tensor([0.0, 1.5, 0.0]), atol=1e-6, rtol=0)
+    assert clipped.tolist() == [True, False, True]
+
+
+def test_k1_and_k2_estimators_values_gradients_and_clamp() -> None:
+    # k1 = logp - ref clamped to +-20: [0, ln2, -ln2, 20]; grad 1 except clamped. k2 = k1^2/2, grad k1.
+    logprobs = torch.tensor([0.0, LN2, -LN2, 30.0], dtype=torch.float64, requires_grad=True)
+    k1 = kl_estimate(logprobs, torch.zeros(4, dtype=torch.float64), estimator="k1")
+    (grad_k1,) = torch.autograd.grad(k1.sum(), logprobs)
+    k2 = kl_estimate(logprobs, torch.zeros(4, dtype=torch.float64), estimator="k2")
+    (grad_k2,) = torch.autograd.grad(k2.sum(), logprobs)
+    torch.testing.assert_close(k1, torch.tensor([0.0, LN2, -LN2, 20.0], dtype=torch.float64))
+    torch.testing.assert_close(grad_k1, torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(k2, torch.tensor([0.0, 0.24022651, 0.24022651, 200.0], dtype=torch.float64), atol=1e-8, rtol=0)
+    torch.testing.assert_close(grad_k2, torch.tensor([0.0, LN2, -LN2, 0.0], dtype=torch.float64))
+
+
+def _hand_batch(**weights) -> tuple[torch.Tensor, TensorDict]:
+    """One packed row: sequence 0 = positions 0..2 (tokens 1, 2 sampled), sequence 1 = positions 3..4 (token 4
+    sampled), then a pad. Ratios vs the sampler: 1.5 (A +1), 1 (A +1), 0.5 (A -1); the pad has logp 100."""
+    logprobs = torch.tensor([[-3.0, -1.0 + math.log(1.5), -2.0, -3.0, -1.0 + math.log(0.5), 100.0]], requires_grad=True)
+    sampled = torch.tensor([[False, True, True, False, True, False]])
     batch = TensorDict(
         {
-            "loss_mask": torch.tensor([[False, True, True, False], [False, True, False, False]]),
-            "sampling_logprobs": torch.tensor([[0.0, -1.0, -2.0, 0.0], [0.0, -1.0, 0.0, 0.0]]),
-            "advantages": torch.tensor([[1.0, 1.0, 1.0, 0.0], [-1.0, -1.0, 0.0, 0.0]]),
+            "sequence_ids": torch.tensor([[0, 0, 0, 1, 1, -1]]),
+            "loss_mask": sampled,
+            "sampling_logprobs": torch.tensor([[0.0, -1.0, -2.0, 0.0, -1.0, 0.0]]),
+            "advantages": torch.tensor([[1.0, 1.0, 1.0, -1.0, -1.0, 0.0]]),
+            "rl_weights": weights.get("rl", sampled.float()),
+            "ce_weights": weights.get("ce", torch.zeros(1, 6)),
+            "ref_kl_weights": weights.get("ref_kl", torch.zeros(1, 6)),
+            "ref_logprobs": torch.tensor([[0.0, -1.0, 0.0, 0.0, 0.0, 0.0]]),
         },
-        batch_size=[2],
+        batch_size=[1],
     )
-    return logprobs, ref_logprobs, batch
+    batch["old_logprobs"] = batch["sampling_logprobs"]
+    return logprobs, batch
 
 
-def test_grpo_loss_hand_computed_with_global_token_count() -> None:
-    # Per trained token: r = 1.5, A = +1 -> clipped high, -1.28; r = 1, A = +1 -> -1; r = 0.5, A = -1 -> clipped
-    # low, +0.8. The step has 4 trained tokens (one more in another micro-batch): loss = (-1.28 - 1 + 0.8) / 4
-    # = -0.37. k3 on the trained tokens: 0.19314718 + 0 + 0.30685282 = 0.5 -> kl = 0.5 / 4 = 0.125, and
-    # loss = -0.37 + 0.1 * 0.125 = -0.3575.
-    # Gradient: pg part -r*A/4 only on the unclipped token (-1/4 = -0.25); kl part 0.1 * (1 - e^-k1) / 4:
-    # 0.1 * 0.5 / 4 = 0.0125 at k1 = ln 2, 0.1 * (1 - 2) / 4 = -0.025 at k1 = -ln 2; untrained tokens 0.
-    # Metrics / 4: ratio (1.5 + 1 + 0.5) / 4 = 0.75; clip fractions 1/4 each; mismatch k3 = r - 1 - ln r:
-    # (0.5 - 0.40546511) + 0 + (-0.5 + 0.69314718) = 0.28768207 -> 0.07192052.
-    logprobs, ref_logprobs, batch = _hand_batch()
-    loss, metrics = grpo_loss(
-        logprobs,
-        batch,
-        clip_eps_low=0.2,
-        clip_eps_high=0.28,
-        num_loss_tokens=4,
-        kl_coef=0.1,
-        ref_logprobs=ref_logprobs,
-    )
+def _loss(batch, logprobs, **algorithm):
+    stats = MetricStats()
+    loss = compute_loss(logprobs, batch, component_counts([batch]), AlgorithmConfig(**algorithm), stats, horizon=4)
     loss.backward()
+    return loss.item(), logprobs.grad[0].tolist(), reduce_metric_stats(stats, spread=("ratio",))
 
-    torch.testing.assert_close(loss, torch.tensor(-0.3575), atol=1e-6, rtol=0)
-    torch.testing.assert_close(
-        logprobs.grad, torch.tensor([[0.0, 0.0125, -0.25, 0.0], [0.0, -0.025, 0.0, 0.0]]), atol=1e-7, rtol=0
+
+# Per-token values and d loss / d logp on the three sampled tokens (positions 1, 2, 4), token-mean over 3:
+#   ppo   [-1.28, -1, 0.8]                  grads [0, -1, 0] / 3
+#   pg    -r*A = [-1.5, -1, 0.5]            grads -r*A / 3
+#   cispo -clamp(r)*A = [-1.28, -1, 0.8]    grads -clamp(r)*A / 3 (no token loses its gradient)
+#   gspo  sequence 0: s = exp((ln 1.5 + 0) / 2) = 1.22474487 (inside [0.8, 1.28]) -> -s on both tokens, grad -s;
+#         sequence 1: s = 0.5 with A < 0 -> clipped at 0.8, grad 0
+@pytest.mark.parametrize(
+    "loss_type, value, grads",
+    [
+        ("ppo", (-1.28 - 1 + 0.8) / 3, [0.0, -1 / 3, 0.0]),
+        ("pg", (-1.5 - 1 + 0.5) / 3, [-0.5, -1 / 3, 0.5 / 3]),
+        ("cispo", (-1.28 - 1 + 0.8) / 3, [-1.28 / 3, -1 / 3, 0.8 / 3]),
+        ("gspo", (-2 * 1.22474487 + 0.8) / 3, [-1.22474487 / 3, -1.22474487 / 3, 0.0]),
+    ],
+)
+def test_policy_losses_hand_computed(loss_type, value, grads) -> None:
+    logprobs, batch = _hand_batch()
+    loss, grad, metrics = _loss(batch, logprobs, loss=loss_type)
+    assert loss == pytest.approx(value, abs=1e-6)
+    assert [grad[1], grad[2], grad[4]] == pytest.approx(grads, abs=1e-6)
+    assert grad[0] == grad[3] == grad[5] == 0.0
+    assert metrics["pg_loss"] == pytest.approx(value, abs=1e-6)
+
+
+def test_ppo_metrics_hand_computed() -> None:
+    logprobs, batch = _hand_batch()
+    _, _, metrics = _loss(batch, logprobs)
+    # clipped: r = 1.5 (A > 0) high, r = 0.5 (A < 0) low; ratios 1.5, 1, 0.5
+    assert metrics["clip_frac_high"] == pytest.approx(1 / 3) and metrics["clip_frac_low"] == pytest.approx(1 / 3)
+    assert metrics["ratio_mean"] == pytest.approx(1.0) and metrics["ratio_min"] == pytest.approx(0.5)
+    assert metrics["ratio_max"] == pytest.approx(1.5) and metrics["ratio_std"] == pytest.approx(math.sqrt(1 / 6))
+    # mismatch k3 = r - 1 - ln r: (0.5 - 0.40546511) + 0 + (-0.5 + 0.69314718), over 3
+    assert metrics["mismatch_k3"] == pytest.approx(0.28768207 / 3, abs=1e-7)
+
+
+# ppo per-token losses [-1.28, -1, 0.8]; sequence 0 holds the first two, sequence 1 the third; only the
+# middle token has a gradient (-1 per unit weight).
+@pytest.mark.parametrize(
+    "aggregation, value, grad",
+    [
+        ("token-mean", -1.48 / 3, -1 / 3),
+        ("seq-mean-token-mean", (-2.28 / 2 + 0.8) / 2, -1 / 4),
+        ("seq-mean-token-sum", (-2.28 + 0.8) / 2, -1 / 2),
+        ("seq-mean-token-sum-norm", (-2.28 + 0.8) / 2 / 4, -1 / 8),  # horizon 4
+    ],
+)
+def test_aggregations_hand_computed(aggregation, value, grad) -> None:
+    logprobs, batch = _hand_batch()
+    loss, grads, _ = _loss(batch, logprobs, aggregation=aggregation)
+    assert loss == pytest.approx(value, abs=1e-6)
+    assert grads == pytest.approx([0.0, 0.0, grad, 0.0, 0.0, 0.0], abs=1e-7)
+
+
+def test_ce_and_ref_kl_components_each_normalized_by_their_own_weights() -> None:
+    # rl off. ce weight 1 on position 2 (logp -2) and 0.5 on position 4 (logp -1 + ln 0.5 = -1.69314718):
+    # (2 + 0.5 * 1.69314718) / 1.5 = 1.89771572, grads -w / 1.5. ref_kl weight 1 on position 1: teacher -1,
+    # k1 = -1 + ln 1.5 + 1 = 0.40546511, value k1 / 1, grad k1.
+    logprobs, batch = _hand_batch(
+        rl=torch.zeros(1, 6),
+        ce=torch.tensor([[0.0, 0.0, 1.0, 0.0, 0.5, 0.0]]),
+        ref_kl=torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0, 0.0]]),
     )
-    expected = {
-        "pg_loss": -0.37,
-        "clip_frac_low": 0.25,
-        "clip_frac_high": 0.25,
-        "ratio_mean": 0.75,
-        "mismatch_k3": 0.07192052,
-        "kl": 0.125,
-    }
-    assert metrics.keys() == expected.keys()
-    for key, value in expected.items():
-        assert metrics[key] == pytest.approx(value, abs=1e-6), key
+    loss, grads, metrics = _loss(batch, logprobs)
+    assert metrics["ce_loss"] == pytest.approx(1.89771572, abs=1e-6)
+    assert metrics["ref_kl_loss"] == pytest.approx(0.40546511, abs=1e-6)
+    assert metrics["ref_kl/kl"] == pytest.approx(0.40546511, abs=1e-6)
+    assert loss == pytest.approx(1.89771572 + 0.40546511, abs=1e-6)
+    assert grads == pytest.approx([0.0, 0.40546511, -1 / 1.5, 0.0, -0.5 / 1.5, 0.0], abs=1e-6)
+    assert "pg_loss" not in metrics
 
 
-def test_grpo_loss_without_kl_has_no_kl_metric() -> None:
-    logprobs, _, batch = _hand_batch()
-    loss, metrics = grpo_loss(logprobs, batch, clip_eps_low=0.2, clip_eps_high=0.28, num_loss_tokens=3)
-    # (-1.28 - 1 + 0.8) / 3 = -0.49333333
-    torch.testing.assert_close(loss, torch.tensor(-0.49333333), atol=1e-6, rtol=0)
-    assert "kl" not in metrics
+def test_reference_kl_term_uses_the_chosen_estimator() -> None:
+    # kl_coef 0.1 with k1 on the sampled tokens: ref = logp - [ln 2, 0, -ln 2] -> k1 = [ln 2, 0, -ln 2], mean 0;
+    # gradient 0.1 * 1 / 3 on every sampled token on top of the ppo gradient.
+    logprobs, batch = _hand_batch()
+    batch["kl_ref_logprobs"] = logprobs.detach() - torch.tensor([[0.0, LN2, 0.0, 0.0, -LN2, 0.0]])
+    loss, grads, metrics = _loss(batch, logprobs, kl_coef=0.1, kl_estimator="k1")
+    assert loss == pytest.approx(-1.48 / 3, abs=1e-6)
+    assert [grads[1], grads[2], grads[4]] == pytest.approx([0.1 / 3, -1 / 3 + 0.1 / 3, 0.1 / 3], abs=1e-6)
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-7)
 
 
-def test_grpo_loss_rejects_kl_without_reference() -> None:
-    logprobs, _, batch = _hand_batch()
-    with pytest.raises(ValueError, match="ref_logprobs"):
-        grpo_loss(logprobs, batch, clip_eps_low=0.2, clip_eps_high=0.28, num_loss_tokens=3, kl_coef=0.1)
+def test_empty_components_cost_nothing_and_backward_still_runs() -> None:
+    logprobs, batch = _hand_batch(rl=torch.zeros(1, 6))
+    loss, grads, metrics = _loss(batch, logprobs)
+    assert loss == 0.0 and grads == [0.0] * 6 and metrics == {}
 
 
 def _policy_logprobs(weights: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
@@ -141,71 +215,66 @@ def _policy_logprobs(weights: torch.Tensor, input_ids: torch.Tensor) -> torch.Te
     return torch.log_softmax(weights, dim=0)[input_ids]  # [B,L]
 
 
-def _random_step(generator: torch.Generator) -> tuple[TensorDict, torch.Tensor]:
-    # 4 rows with 1, 5, 2 and 3 trained tokens: per-micro-batch means would weigh them differently.
-    loss_mask = torch.tensor(
-        [
-            [False, True, False, False, False, False],
-            [False, True, True, True, True, True],
-            [False, False, True, True, False, False],
-            [False, True, False, True, True, False],
-        ]
-    )
-    batch = TensorDict(
-        {
-            "input_ids": torch.randint(0, 5, (4, 6), generator=generator),
-            "loss_mask": loss_mask,
-            "sampling_logprobs": torch.where(loss_mask, -torch.rand(4, 6, generator=generator) * 3, 0.0),
-            "advantages": torch.tensor([1.5, -0.5, 0.75, -1.0])[:, None].expand(4, 6).clone(),
-        },
-        batch_size=[4],
-    )
-    ref_logprobs = -torch.rand(4, 6, generator=generator) * 3
-    return batch, ref_logprobs
-
-
-def test_grpo_loss_is_invariant_to_the_micro_batch_split() -> None:
+def _eight_sequences() -> TensorDict:
+    """8 rows, one sequence each, 1..7 sampled tokens with every component present somewhere."""
     generator = torch.Generator().manual_seed(0)
-    batch, ref_logprobs = _random_step(generator)
-    num_loss_tokens = int(batch["loss_mask"].sum())  # 11
-    weights = torch.randn(5, generator=generator, requires_grad=True)
-    kwargs = dict(clip_eps_low=0.2, clip_eps_high=0.28, num_loss_tokens=num_loss_tokens, kl_coef=0.05)
-
-    results = {}
-    for micro_batch_size in (1, 2, 4):
-        weights.grad = None
-        total_loss = 0.0
-        total_metrics: dict[str, float] = {}
-        for start in range(0, 4, micro_batch_size):
-            rows = slice(start, start + micro_batch_size)
-            micro = batch[rows]
-            loss, metrics = grpo_loss(
-                _policy_logprobs(weights, micro["input_ids"]), micro, ref_logprobs=ref_logprobs[rows], **kwargs
-            )
-            loss.backward()
-            total_loss += loss.item()
-            for key, value in metrics.items():
-                total_metrics[key] = total_metrics.get(key, 0.0) + value
-        results[micro_batch_size] = (total_loss, weights.grad.clone(), total_metrics)
-
-    full_loss, full_grad, full_metrics = results[4]
-    assert full_grad.abs().sum() > 0
-    for micro_batch_size in (1, 2):
-        loss, grad, metrics = results[micro_batch_size]
-        assert loss == pytest.approx(full_loss, abs=1e-6)
-        torch.testing.assert_close(grad, full_grad, atol=1e-6, rtol=0)
-        for key, value in full_metrics.items():
-            assert metrics[key] == pytest.approx(value, abs=1e-6), key
-
-    # The data does discriminate: averaging per-micro-batch token means (micro-batches of 1) is different.
-    per_row_means = []
-    for row in range(4):
-        micro = batch[row : row + 1]
-        loss, _ = grpo_loss(
-            _policy_logprobs(weights, micro["input_ids"]),
-            micro,
-            ref_logprobs=ref_logprobs[row : row + 1],
-            **{**kwargs, "num_loss_tokens": int(micro["loss_mask"].sum())},
+    lengths = [2, 7, 3, 5, 8, 4, 6, 2]
+    rows = []
+    for i, n in enumerate(lengths):
+        mask = torch.zeros(8, dtype=torch.bool)
+        mask[1:n] = True
+        rows.append(
+            {
+                "input_ids": torch.randint(0, 5, (8,), generator=generator),
+                "sequence_ids": torch.where(torch.arange(8) < n, i, -1),
+                "loss_mask": mask,
+                "sampling_logprobs": torch.where(mask, -torch.rand(8, generator=generator) * 3, 0.0),
+                "advantages": torch.full((8,), float(torch.randn((), generator=generator))),
+                "rl_weights": mask.float() * (i % 4 != 3),
+                "ce_weights": mask.float() * 0.5 * (i % 3 == 0),
+                "ref_kl_weights": mask.float() * (i % 4 == 3),
+                "ref_logprobs": -torch.rand(8, generator=generator) * 3,
+                "kl_ref_logprobs": -torch.rand(8, generator=generator) * 3,
+            }
         )
-        per_row_means.append(loss.item())
-    assert abs(sum(per_row_means) / 4 - full_loss) > 1e-3
+    batch = TensorDict({k: torch.stack([r[k] for r in rows]) for k in rows[0]}, batch_size=[8])
+    batch["old_logprobs"] = batch["sampling_logprobs"]
+    return batch
+
+
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("loss_type", ["ppo", "gspo", "cispo", "pg"])
+def test_loss_and_gradient_do_not_depend_on_micro_batches_or_ranks(aggregation, loss_type) -> None:
+    batch = _eight_sequences()
+    algorithm = AlgorithmConfig(aggregation=aggregation, loss=loss_type, kl_coef=0.05)
+    weights = torch.randn(5, generator=torch.Generator().manual_seed(1), requires_grad=True)
+
+    def run(ranks: list[list[TensorDict]]) -> tuple[float, torch.Tensor, dict]:
+        weights.grad = None
+        # each rank counts its own micro-batches; the all-reduce is the sum of the rank counts
+        counts = sum(component_counts(micro_batches) for micro_batches in ranks)
+        total, stats = 0.0, []
+        for micro_batches in ranks:
+            rank_stats = MetricStats()
+            for micro in micro_batches:
+                loss = compute_loss(_policy_logprobs(weights, micro["input_ids"]), micro, counts, algorithm, rank_stats, horizon=8)
+                loss.backward()  # gradients of all ranks summed, as an all-reduce (sum) would
+                total += loss.item()
+            stats.append(rank_stats)
+        merged = MetricStats()
+        for rank_stats in stats:
+            merged.totals = {k: merged.totals.get(k, 0.0) + v for k, v in rank_stats.totals.items()}
+            for k, v in rank_stats.samples.items():
+                merged.samples[k] = v if k not in merged.samples else merge(merged.samples[k], v)
+        return total, weights.grad.clone(), reduce_metric_stats(merged, spread=("ratio",))
+
+    whole = run([[batch]])
+    four = run([list(batch.split(2))])
+    two_ranks = run([list(batch[:4].split(2)), list(batch[4:].split(2))])
+    assert whole[1].abs().sum() > 0
+    for other in (four, two_ranks):
+        assert other[0] == pytest.approx(whole[0], abs=1e-6)
+        torch.testing.assert_close(other[1], whole[1], atol=1e-6, rtol=0)
+        assert other[2].keys() == whole[2].keys()
+        for key, value in whole[2].items():
+            assert other[2][key] == pytest.approx(value, abs=1e-6), key

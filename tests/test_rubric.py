@@ -6,7 +6,7 @@ import time
 import pytest
 
 from rollouts.types import Rollout, RolloutStatus, RolloutTurn
-from rubrics.rubric import RewardFn, Rubric, apply_reward
+from rubrics.rubric import Reward, RewardFn, Rubric, apply_reward
 
 
 def make_rollout(text: str, status: RolloutStatus = RolloutStatus.COMPLETED, index: int = 0) -> Rollout:
@@ -155,3 +155,76 @@ async def test_sync_reward_functions_run_off_the_event_loop():
 
     rewards = await Rubric([RewardFn(waits_for_sibling)]).score_group([make_rollout("a", index=0), make_rollout("b", index=1)], {})
     assert [reward.total for reward in rewards] == [1.0, 1.0]
+
+
+@pytest.mark.parametrize("status", [RolloutStatus.ERROR, RolloutStatus.TIMEOUT, RolloutStatus.ABORTED])
+async def test_unset_error_reward_grades_the_kept_partial_turns(status):
+    rubric = Rubric([RewardFn(contains_answer)], error_reward=None)
+    rollout = make_rollout("so far: 17", status)
+    rollout.error = "environment crashed"
+    [reward] = await rubric.score_group([rollout], {"answer": "17"})
+    assert reward.total == 1.0 and reward.components == {"contains_answer": 1.0}
+    apply_reward(rollout, reward)
+    assert rollout.status is status and rollout.reward == 1.0 and rollout.error == "environment crashed"
+
+
+async def test_unset_error_reward_falls_back_to_zero_for_failed_functions_and_overflow():
+    def broken(rollout, example):
+        raise RuntimeError("judge down")
+
+    [reward] = await Rubric([RewardFn(broken)], error_reward=None).score_group([make_rollout("x")], {})
+    assert reward.total == 0.0 and "judge down" in reward.error
+    overflow = Rollout(rollout_id="g/0", group_id="g", task_name="t", sample_index=0, status=RolloutStatus.PROMPT_OVERFLOW)
+    assert (await Rubric([RewardFn(contains_answer)], error_reward=None).score_one(overflow, {"answer": "1"})).total == 0.0
+
+
+def rank_by_length(rollouts, example):
+    """Shortest reply gets 1, longest 0, linear in rank (ties share the lower rank)."""
+    lengths = [len(r.last_assistant_text()) for r in rollouts]
+    return [sorted(lengths, reverse=True).index(length) / (len(lengths) - 1) for length in lengths]
+
+
+async def test_group_reward_function_sees_the_whole_group_and_mixes_with_per_rollout_ones():
+    seen = []
+
+    async def spy(rollouts, example):
+        seen.append([r.status for r in rollouts])
+        return rank_by_length(rollouts, example)
+
+    rubric = Rubric([RewardFn(contains_answer, 1.0), RewardFn(spy, 3.0, name="rank", group=True)], truncation_reward=-1.0)
+    rollouts = [make_rollout("17", index=0), make_rollout("the answer is 17", index=1), make_rollout("x" * 40, RolloutStatus.TRUNCATED, 2),
+                make_rollout("18?", index=3)]
+    rewards = await rubric.score_group(rollouts, {"answer": "17"})
+    # lengths 2, 16, 40, 3 -> ranks (descending order 40,16,3,2): 3/3, 1/3, 0, 2/3; weights 1/4 contains, 3/4 rank
+    assert seen == [[RolloutStatus.COMPLETED, RolloutStatus.COMPLETED, RolloutStatus.TRUNCATED, RolloutStatus.COMPLETED]]
+    assert [r.total for r in rewards] == pytest.approx([0.25 + 0.75, 0.25 + 0.75 / 3, -1.0, 0.75 * 2 / 3])
+    assert rewards[1].components == pytest.approx({"contains_answer": 1.0, "rank": 1 / 3})
+
+
+@pytest.mark.parametrize("bad", ["raises", "wrong_length", "nan"])
+async def test_failing_group_function_fails_every_graded_rollout(bad):
+    def group_fn(rollouts, example):
+        if bad == "raises":
+            raise ValueError("no judge")
+        return [1.0] if bad == "wrong_length" else [float("nan")] * len(rollouts)
+
+    rubric = Rubric([RewardFn(contains_answer), RewardFn(group_fn, group=True)], error_reward=-2.0, truncation_reward=0.5)
+    rollouts = [make_rollout("17", index=0), make_rollout("17", index=1), make_rollout("17", RolloutStatus.TRUNCATED, 2)]
+    rewards = await rubric.score_group(rollouts, {"answer": "17"})
+    assert [r.total for r in rewards] == [-2.0, -2.0, 0.5]
+    assert "group_fn" in rewards[0].error
+
+
+async def test_task_score_group_defaults_to_its_rubric_and_can_be_overridden():
+    from tasks.sum_digits import SumDigitsTask
+
+    task = SumDigitsTask(num_digits=2, num_validation=4)
+    task.rubric = task.build_rubric()
+    rewards = await task.score_group([make_rollout("11"), make_rollout("12")], {"answer": 11})
+    assert [r.total for r in rewards] == [1.0, 0.0]
+
+    class Constant(SumDigitsTask):
+        async def score_group(self, rollouts, example):
+            return [Reward(total=0.25) for _ in rollouts]
+
+    assert [r.total for r in await Constant().score_group([make_rollout("11")], {})] == [0.25]

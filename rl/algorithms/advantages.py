@@ -21,3 +21,34 @@ def grpo_advantages(rewards: torch.Tensor, *, normalize_std: bool = False, eps: 
     if normalize_std and rewards.numel() > 1:
         centered = centered / (shifted.std() + eps)
     return centered  # [G]
+
+
+def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """Leave-one-out baseline: r_i - mean_{j != i} r_j = G/(G-1) · (r_i - mean). [G] -> [G]; needs G >= 2."""
+    if rewards.numel() < 2:
+        raise ValueError("rloo needs at least two rollouts in a group")
+    count = rewards.numel()
+    return grpo_advantages(rewards) * (count / (count - 1))
+
+
+def max_rl_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """MaxRL (arXiv:2602.02710): (r - mean) / mean, the 1/pass-rate weighting of maximum likelihood.
+
+    For rewards in [0, 1]; a group whose mean is 0 (no success) gets zeros.
+    """
+    centered = grpo_advantages(rewards)  # [G]
+    mean = rewards.to(torch.float32).mean()
+    return centered / mean if mean > 0 else torch.zeros_like(centered)
+
+
+def whiten_across_groups(advantages: list[torch.Tensor], eps: float = 1e-6) -> list[torch.Tensor]:
+    """REINFORCE++ (baseline variant): group-centred advantages rescaled by the std over the whole batch.
+
+    The concatenation is re-centred and divided by its (sample) std; a batch of fewer than two values,
+    or with zero spread, is only re-centred.
+    """
+    flat = torch.cat(advantages)  # [N]
+    centered = flat - flat.mean()
+    if flat.numel() > 1 and float(centered.abs().max()) > 0:
+        centered = centered / (flat.std() + eps)
+    return list(centered.split([a.numel() for a in advantages]))

@@ -1,7 +1,22 @@
-"""Token-level policy-gradient losses: PPO clip with DAPO clip-higher, k3 KL, and the GRPO step loss."""
+"""The loss of a micro-batch: three components over per-token weight streams, each normalized globally.
+
+    loss = Σ_c agg_c(w_c · ℓ_c) / N_c        c ∈ {rl, ce, ref_kl}
+
+`rl` is the policy loss chosen by `algorithm.loss` (plus the KL to a reference model when `kl_coef > 0`),
+`ce` is cross-entropy, `ref_kl` pulls the policy towards a teacher by reverse KL. Each component's
+normalizer N_c is counted over the whole step (all micro-batches; all ranks once there are several), so
+the sum of the micro-batch losses is the same however the batch is split. A component with no weight
+in the step is skipped; when all are, the loss is a graph-attached zero so backward still runs.
+"""
+
+from __future__ import annotations
 
 import torch
 from tensordict import TensorDict
+
+from rl.algorithms.config import AlgorithmConfig
+from rl.batching import COMPONENTS
+from rl.stats import MetricStats
 
 
 def ppo_clip_token_loss(
@@ -11,80 +26,199 @@ def ppo_clip_token_loss(
     *,
     clip_eps_low: float,
     clip_eps_high: float,
+    dual_clip_c: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token PPO clipped loss -min(r*A, clamp(r, 1-eps_low, 1+eps_high)*A), r = exp(logp - sampling_logp).
+    """Per-token PPO clipped loss -min(r*A, clamp(r, 1-eps_low, 1+eps_high)*A), r = exp(logp - old_logp).
 
     Separate epsilons are DAPO's clip-higher. The min is written as an explicit choice of branch: a token is
     clipped when r > 1+eps_high with A > 0 or r < 1-eps_low with A < 0. Values equal the min formula; the
     gradient is exactly -r*A on unclipped tokens (edges included) and 0 on clipped ones, with no tie-splitting.
-    Returns (per-token loss [B,L], clipped [B,L] bool).
+    With `dual_clip_c` (> 1), a token with A < 0 and r > c costs -c*A and has no gradient (dual-clip PPO).
+    Returns (per-token loss [B,L], clipped [B,L] bool, dual-clipped tokens included).
     """
     # logprobs, sampling_logprobs, advantages: [B,L]
     ratio = torch.exp(logprobs - sampling_logprobs)  # [B,L]
     clipped = ((advantages > 0) & (ratio > 1 + clip_eps_high)) | ((advantages < 0) & (ratio < 1 - clip_eps_low))
     clipped_ratio = torch.clamp(ratio, 1 - clip_eps_low, 1 + clip_eps_high)  # [B,L], no gradient where clipped
     loss = -torch.where(clipped, clipped_ratio, ratio) * advantages  # [B,L]
+    if dual_clip_c is not None:
+        dual = (advantages < 0) & (ratio.detach() > dual_clip_c)
+        loss = torch.where(dual, -dual_clip_c * advantages, loss)
+        clipped = clipped | dual
     return loss, clipped
 
 
-def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, log_ratio_clamp: float = 20.0) -> torch.Tensor:
-    """Per-token k3 estimator exp(-k1) + k1 - 1 with k1 = logprobs - ref_logprobs clamped to +-log_ratio_clamp.
+def weighted_pg_token_loss(logprobs: torch.Tensor, weights: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
+    """-w*A per token with gradient -w*A*∇logp: a policy gradient with fixed (detached) importance weights."""
+    return -weights.detach() * torch.exp(logprobs - logprobs.detach()) * advantages  # [B,L]
 
-    Unbiased for KL(p || ref) on tokens sampled from p, always >= 0; the clamp keeps exp finite.
+
+def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, estimator: str, log_ratio_clamp: float = 20.0) -> torch.Tensor:
+    """Per-token estimate of KL(p || ref) on tokens sampled from p; k1 = logp - ref_logp clamped to ±clamp.
+
+    k1: k1 (unbiased, may be negative); k2: k1²/2; k3: exp(-k1) + k1 - 1 (unbiased, >= 0). The clamp keeps
+    exp finite and stops the gradient on clamped tokens.
     """
     k1 = torch.clamp(logprobs - ref_logprobs, -log_ratio_clamp, log_ratio_clamp)  # [B,L]
-    return torch.exp(-k1) + k1 - 1  # [B,L]
+    if estimator == "k1":
+        return k1
+    if estimator == "k2":
+        return 0.5 * k1 * k1
+    return torch.exp(-k1) + k1 - 1
 
 
-def grpo_loss(
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, log_ratio_clamp: float = 20.0) -> torch.Tensor:
+    """The k3 estimator (see `kl_estimate`)."""
+    return kl_estimate(logprobs, ref_logprobs, estimator="k3", log_ratio_clamp=log_ratio_clamp)
+
+
+def local_sequences(sequence_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Dense per-token sequence index [B,L] within a micro-batch (padding gets its own index) and the count."""
+    unique, index = torch.unique(sequence_ids, return_inverse=True)
+    return index, unique.numel()
+
+
+def segment_sum(values: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
+    """Sum of `values` [B,L] per sequence -> [count]."""
+    return torch.zeros(count, dtype=values.dtype, device=values.device).index_add(0, index.flatten(), values.flatten())
+
+
+def component_counts(micro_batches: list[TensorDict]) -> torch.Tensor:
+    """[3, 2] float64: per component (rl, ce, ref_kl), the weighted token count and the number of sequences
+    with any weight, over the whole step. Ranks all-reduce (sum) this one tensor."""
+    counts = torch.zeros(len(COMPONENTS), 2, dtype=torch.float64)
+    for micro_batch in micro_batches:
+        index, count = local_sequences(micro_batch["sequence_ids"])
+        for c, name in enumerate(COMPONENTS):
+            weights = micro_batch[f"{name}_weights"].double()
+            counts[c, 0] += weights.sum().cpu()
+            counts[c, 1] += (segment_sum(weights, index, count) > 0).sum().cpu()
+    return counts
+
+
+def aggregate(
+    per_token: torch.Tensor, weights: torch.Tensor, index: torch.Tensor, count: int, totals: torch.Tensor, *, mode: str, horizon: int
+) -> torch.Tensor:
+    """This micro-batch's share of a component's loss; `totals` = (global weighted tokens, global sequences).
+
+    token-mean: Σ w·ℓ / N_tokens. seq-mean-token-mean: Σ_seq (Σ_t w·ℓ / Σ_t w) / N_seqs. seq-mean-token-sum:
+    Σ_seq Σ_t w·ℓ / N_seqs. seq-mean-token-sum-norm: Σ_seq Σ_t w·ℓ / (N_seqs · horizon) (Dr.GRPO's constant
+    normalizer; horizon = trainer.seq_len). A sequence never spans micro-batches, so all four are exact.
+    """
+    weighted = torch.where(weights != 0, weights * per_token, 0.0)  # [B,L]
+    if mode == "token-mean":
+        return weighted.sum() / totals[0].item()
+    seq_sums = segment_sum(weighted, index, count)  # [S]
+    if mode == "seq-mean-token-mean":
+        seq_weights = segment_sum(weights.to(weighted.dtype), index, count)  # [S]
+        return torch.where(seq_weights > 0, seq_sums / seq_weights.clamp_min(1e-30), 0.0).sum() / totals[1].item()
+    if mode == "seq-mean-token-sum":
+        return seq_sums.sum() / totals[1].item()
+    return seq_sums.sum() / (totals[1].item() * horizon)
+
+
+def gspo_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
+    """GSPO's token-level log ratio: sg(log s_seq) + logp - sg(logp), s_seq = exp(mean_t (logp - old_logp)).
+
+    Its value is the sequence ratio on every token of the sequence; its gradient is the token's ∇logp·s_seq.
+    """
+    log_ratio = torch.where(mask, logprobs.detach() - old_logprobs, 0.0)  # [B,L]
+    seq_mean = segment_sum(log_ratio, index, count) / segment_sum(mask.float(), index, count).clamp_min(1)  # [S]
+    return seq_mean[index] + logprobs - logprobs.detach()  # [B,L]
+
+
+def rl_token_loss(
+    logprobs: torch.Tensor, batch: TensorDict, mask: torch.Tensor, index: torch.Tensor, count: int, algorithm: AlgorithmConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token `rl` loss [B,L] before weighting, the clipped flags and the ratio r = π_θ/π_old.
+
+    π_old is `old_logprobs` (the sampler's in bypass mode). `is_weights`, when present, multiply the PPO-family
+    losses (decoupled correction) or are the weights of the plain policy gradient (`use_policy_gradient`).
+    """
+    correction = algorithm.rollout_correction
+    old_logprobs = torch.where(mask, batch["old_logprobs"], logprobs.detach())  # [B,L]; ratio 1 off the mask
+    advantages = batch["advantages"]
+    ratio = torch.exp(logprobs.detach() - old_logprobs)  # [B,L]
+    is_weights = batch.get("is_weights", None)
+    no_clip = torch.zeros_like(mask)
+    if correction.use_policy_gradient:
+        weights = is_weights if is_weights is not None else torch.ones_like(ratio)
+        return weighted_pg_token_loss(logprobs, weights, advantages), no_clip, ratio
+    eps = dict(clip_eps_low=algorithm.clip_eps_low, clip_eps_high=algorithm.clip_eps_high)
+    if algorithm.loss == "ppo":
+        loss, clipped = ppo_clip_token_loss(logprobs, old_logprobs, advantages, dual_clip_c=algorithm.dual_clip_c, **eps)
+    elif algorithm.loss == "gspo":
+        log_s = gspo_log_ratio(logprobs, old_logprobs, mask, index, count)
+        loss, clipped = ppo_clip_token_loss(log_s, torch.zeros_like(log_s), advantages, **eps)
+        ratio = torch.exp(log_s.detach())
+    elif algorithm.loss == "cispo":
+        truncated = torch.clamp(ratio, 1 - algorithm.clip_eps_low, 1 + algorithm.clip_eps_high)
+        loss, clipped = weighted_pg_token_loss(logprobs, truncated, advantages), truncated != ratio
+    else:  # pg
+        loss, clipped = weighted_pg_token_loss(logprobs, ratio, advantages), no_clip
+    if is_weights is not None:
+        loss = loss * is_weights.detach()
+    return loss, clipped, ratio
+
+
+def compute_loss(
     logprobs: torch.Tensor,
     batch: TensorDict,
+    counts: torch.Tensor,
+    algorithm: AlgorithmConfig,
+    stats: MetricStats,
     *,
-    clip_eps_low: float,
-    clip_eps_high: float,
-    num_loss_tokens: int | float,
-    kl_coef: float = 0.0,
-    ref_logprobs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss of one micro-batch: sum of per-token losses over trained tokens / `num_loss_tokens`.
+    horizon: int,
+) -> torch.Tensor:
+    """The loss of one micro-batch (its share of the step's loss); metrics go to `stats`.
 
-    `num_loss_tokens` is the number of trained tokens in the whole optimizer step (all micro-batches and
-    ranks), so summing (or backpropagating) the micro-batch losses gives the token mean of the whole step,
-    whatever the split. `batch` holds `loss_mask` [B,L] bool, `sampling_logprobs` [B,L] and `advantages` [B,L].
-    Metrics are divided by the same global count, so each is summed over micro-batches and ranks to get the
-    step's token mean: pg_loss, clip_frac_low, clip_frac_high, ratio_mean, kl (if kl_coef > 0) and
-    mismatch_k3, the k3 estimate of KL(sampler || trainer) on the sampled tokens.
+    logprobs: [B,L] float32 under the current weights. `batch` holds the packed streams plus `old_logprobs`
+    (PPO anchor), optionally `is_weights` and `kl_ref_logprobs` (reference model, when kl_coef > 0).
+    `counts` is `component_counts` of the whole step.
     """
-    if num_loss_tokens <= 0:
-        raise ValueError(f"num_loss_tokens must be positive, got {num_loss_tokens}")
-    if kl_coef > 0 and ref_logprobs is None:
-        raise ValueError("kl_coef > 0 needs ref_logprobs")
-    mask = batch["loss_mask"]  # [B,L] bool
-    # Untrained tokens (prompt, padding) get sampling logprob = logprob, hence ratio 1: exp never overflows
-    # there, and no inf/NaN can leak into the gradient through the masked-out branch.
-    sampling_logprobs = torch.where(mask, batch["sampling_logprobs"], logprobs.detach())  # [B,L]
-    advantages = batch["advantages"]  # [B,L]
+    index, count = local_sequences(batch["sequence_ids"])
+    loss = (logprobs * 0.0).sum()  # graph-attached zero: backward runs even when every component is empty
+    agg = dict(mode=algorithm.aggregation, horizon=horizon)
 
-    pg_loss, clipped = ppo_clip_token_loss(
-        logprobs, sampling_logprobs, advantages, clip_eps_low=clip_eps_low, clip_eps_high=clip_eps_high
-    )
-    per_token = pg_loss  # [B,L]
-    kl = None
-    if kl_coef > 0:
-        kl = k3_kl(logprobs, torch.where(mask, ref_logprobs, logprobs.detach()))  # [B,L]
-        per_token = per_token + kl_coef * kl
-    loss = torch.where(mask, per_token, 0.0).sum() / num_loss_tokens
+    rl_weights = batch["rl_weights"]
+    if counts[0, 0] > 0 and bool((rl_weights != 0).any()):
+        mask = rl_weights != 0
+        per_token, clipped, ratio = rl_token_loss(logprobs, batch, mask, index, count, algorithm)
+        pg = aggregate(per_token, rl_weights, index, count, counts[0], **agg)
+        loss = loss + pg
+        stats.add_total("pg_loss", pg.item())
+        advantages = batch["advantages"]
+        stats.add("clip_frac_low", (clipped & (advantages < 0))[mask].float())
+        stats.add("clip_frac_high", (clipped & (advantages > 0))[mask].float())
+        if algorithm.dual_clip_c is not None:
+            stats.add("dual_clip_frac", ((advantages < 0) & (ratio > algorithm.dual_clip_c))[mask].float())
+        stats.add("ratio", ratio[mask])
+        sampling = torch.where(mask, batch["sampling_logprobs"], logprobs.detach())
+        stats.add("mismatch_k3", k3_kl(sampling, logprobs.detach())[mask])
+        if algorithm.kl_coef > 0:
+            kl = kl_estimate(
+                logprobs, torch.where(mask, batch["kl_ref_logprobs"], logprobs.detach()),
+                estimator=algorithm.kl_estimator, log_ratio_clamp=algorithm.kl_log_ratio_clamp,
+            )
+            stats.add("kl", kl.detach()[mask])
+            if not algorithm.kl_in_reward:
+                loss = loss + algorithm.kl_coef * aggregate(kl, rl_weights, index, count, counts[0], **agg)
 
-    def share(values: torch.Tensor) -> float:
-        return (torch.where(mask, values.detach().float(), 0.0).sum() / num_loss_tokens).item()
+    ce_weights = batch["ce_weights"]
+    if counts[1, 0] > 0 and bool((ce_weights != 0).any()):
+        ce = aggregate(-logprobs, ce_weights, index, count, counts[1], **agg)
+        loss = loss + ce
+        stats.add_total("ce_loss", ce.item())
 
-    metrics = {
-        "pg_loss": share(pg_loss),
-        "clip_frac_low": share(clipped & (advantages < 0)),
-        "clip_frac_high": share(clipped & (advantages > 0)),
-        "ratio_mean": share(torch.exp(logprobs - sampling_logprobs)),
-        "mismatch_k3": share(k3_kl(sampling_logprobs, logprobs.detach())),
-    }
-    if kl is not None:
-        metrics["kl"] = share(kl)
-    return loss, metrics
+    ref_weights = batch["ref_kl_weights"]
+    if counts[2, 0] > 0 and bool((ref_weights != 0).any()):
+        mask = ref_weights != 0
+        teacher = torch.where(mask, batch["ref_logprobs"], logprobs.detach())
+        # Reverse KL as a policy-gradient signal: reward -(logp - teacher_logp) on each sampled token.
+        log_ratio = torch.clamp(logprobs.detach() - teacher, -algorithm.kl_log_ratio_clamp, algorithm.kl_log_ratio_clamp)
+        per_token = torch.exp(logprobs - logprobs.detach()) * log_ratio  # value k1, gradient k1·∇logp
+        ref_kl = aggregate(per_token, ref_weights, index, count, counts[2], **agg)
+        loss = loss + ref_kl
+        stats.add_total("ref_kl_loss", ref_kl.item())
+        stats.add("ref_kl/kl", log_ratio[mask])
+    return loss

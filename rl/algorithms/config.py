@@ -1,0 +1,224 @@
+"""The `[algorithm]` section, its per-task overrides and rollout-correction presets.
+
+`[algorithm]` holds the trainer-wide loss (policy loss, aggregation, KL, rollout correction) and the
+default sample-building algorithm; a task may override the sample-building part with
+`[[tasks]] algorithm = { type = ..., ... }`. Frozen models are declared in `[models.<name>]`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+AdvantageType = Literal["grpo", "rloo", "max_rl", "reinforce_pp", "reward", "custom", "echo", "sft", "opd", "opsd"]
+GROUP_RELATIVE = ("grpo", "rloo", "max_rl", "reinforce_pp", "echo")
+"""Types whose advantage is taken relative to the other rollouts of the group: they need group_size >= 2."""
+RL_TYPES = ("grpo", "rloo", "max_rl", "reinforce_pp", "reward", "custom", "echo")
+"""Types that train the `rl` component: they need the live policy's sampling logprobs."""
+POLICY = "policy"
+"""The reserved model name of the live, trained policy."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class FrozenModelConfig(_Section):
+    """A model that is served but never trained: a teacher, or a sampler of demonstrations."""
+
+    path: str
+    """HF folder, hub id, or a built-in offline asset ("tiny-qwen3", ...)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: Literal["cpu", "cuda"] = "cpu"
+    replicas: int = Field(1, ge=1)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "decoupled_token_is": dict(rollout_is="token", rollout_is_threshold=2.0, bypass_mode=False),
+    "decoupled_seq_is": dict(rollout_is="sequence", rollout_is_threshold=2.0, bypass_mode=False),
+    "decoupled_seq_is_rs": dict(
+        rollout_is="sequence", rollout_is_threshold=2.0, rollout_rs="sequence", rollout_rs_threshold=2.0,
+        rollout_rs_threshold_lower=0.5, bypass_mode=False,
+    ),
+    "decoupled_geo_rs": dict(
+        rollout_rs="geometric", rollout_rs_threshold=1.001, rollout_rs_threshold_lower=0.999,
+        rollout_token_veto_threshold=1e-4, bypass_mode=False,
+    ),
+    "ppo_is_bypass": dict(rollout_is="token", rollout_is_threshold=2.0, bypass_mode=True, use_policy_gradient=False),
+    "pg_is": dict(rollout_is="sequence", rollout_is_threshold=2.0, bypass_mode=True, use_policy_gradient=True),
+    "pg_rs": dict(
+        rollout_rs="geometric", rollout_rs_threshold=1.001, rollout_rs_threshold_lower=0.999,
+        rollout_token_veto_threshold=1e-4, bypass_mode=True, use_policy_gradient=True,
+    ),
+    "disabled": dict(),
+}
+
+
+class RolloutCorrectionConfig(_Section):
+    """Correction of the gap between the sampler (π_rollout) and the trainer, after verl's rollout correction.
+
+    With every mechanism off (the default) only the `rollout_corr/` diagnostics are logged, at no extra
+    forward pass. `preset` fills the keys a user did not set.
+    """
+
+    preset: Literal[tuple(PRESETS)] | None = None  # type: ignore[valid-type]
+    rollout_is: Literal["token", "sequence"] | None = None
+    """Importance weights π_train/π_rollout per token or per sequence (product), truncated at the threshold."""
+    rollout_is_threshold: float = 2.0
+    rollout_is_batch_normalize: bool = False
+    """Rescale the truncated weights to mean 1 over the step (token: all tokens; sequence: per sequence)."""
+    rollout_rs: Literal["token", "sequence", "geometric"] | None = None
+    """Rejection of tokens / sequences whose ratio leaves [lower, upper]; geometric = per-token geometric mean."""
+    rollout_rs_threshold: float | None = None
+    rollout_rs_threshold_lower: float | None = None
+    """None = 1 / rollout_rs_threshold."""
+    rollout_token_veto_threshold: float | None = None
+    """Reject a whole sequence when any token's unbounded ratio falls below this (e.g. 1e-4)."""
+    bypass_mode: bool = True
+    """True: π_old = π_rollout (PPO anchors on the sampler's logprobs; no extra forward). False (decoupled):
+    π_old comes from a no-grad pass at the start of the step; IS/RS correct π_old vs π_rollout."""
+    use_policy_gradient: bool = False
+    """Replace the PPO loss by a plain policy gradient weighted by the IS weights (needs bypass_mode)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") in PRESETS:
+            data = {**PRESETS[data["preset"]], **data}
+        return data
+
+    @field_validator("rollout_is_threshold", "rollout_rs_threshold", "rollout_rs_threshold_lower", "rollout_token_veto_threshold", mode="before")
+    @classmethod
+    def _positive_number(cls, value: Any, info: Any) -> Any:
+        if value is None:
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{info.field_name} must be a positive number, got {value!r}")
+        if value <= 0:
+            raise ValueError(f"{info.field_name} must be positive, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _check(self) -> RolloutCorrectionConfig:
+        if self.rollout_rs is not None and self.rollout_rs_threshold is None:
+            raise ValueError("rollout_rs is set but rollout_rs_threshold is not: rejection needs a threshold")
+        if self.rollout_rs_threshold is not None and self.rs_lower > self.rollout_rs_threshold:
+            raise ValueError(
+                f"rollout_rs_threshold_lower ({self.rs_lower}) is above rollout_rs_threshold ({self.rollout_rs_threshold})"
+            )
+        if self.use_policy_gradient and not self.bypass_mode:
+            raise ValueError("use_policy_gradient needs bypass_mode = true")
+        return self
+
+    @property
+    def rs_lower(self) -> float:
+        if self.rollout_rs_threshold_lower is not None:
+            return self.rollout_rs_threshold_lower
+        return 1.0 / self.rollout_rs_threshold if self.rollout_rs_threshold else 0.0
+
+    @property
+    def corrects(self) -> bool:
+        """Whether anything beyond diagnostics is applied (weights, rejection or veto)."""
+        return self.rollout_is is not None or self.rollout_rs is not None or self.rollout_token_veto_threshold is not None
+
+
+class EchoRoleWeights(_Section):
+    """echo: cross-entropy weight of environment tokens by the role of the message they render."""
+
+    system: float = Field(0.0, ge=0)
+    user: float = Field(0.0, ge=0)
+    assistant: float = Field(0.0, ge=0)
+    tool: float = Field(0.1, ge=0)
+
+
+class TaskAlgorithmConfig(_Section):
+    """How a task's scored groups become training samples. Every field left unset comes from `[algorithm]`."""
+
+    type: AdvantageType | None = None
+    normalize_advantage_std: bool | None = None
+    drop_constant_reward_groups: bool | None = None
+    custom_advantage_fn: str | None = None
+    teacher: str | None = None
+    sampler: str | None = None
+    demo_key: str | None = None
+    echo_role_weights: EchoRoleWeights | None = None
+
+
+class AlgorithmConfig(_Section):
+    type: AdvantageType = "grpo"
+    """How advantages and loss weights are assigned (see the README's Algorithms section)."""
+    group_size: int = Field(8, ge=1)
+    normalize_advantage_std: bool = False
+    """grpo: divide the centred rewards by the group's std (original GRPO) instead of Dr.GRPO's plain centring."""
+    drop_constant_reward_groups: bool = False
+    """Dynamic sampling: drop groups whose advantages are all zero (counted in `rollouts/dropped_zero_adv_groups`)."""
+    custom_advantage_fn: str | None = None
+    """custom: `package.module:function(rewards: list[float], rollouts) -> list[float]`, one advantage per rollout."""
+    teacher: str | None = None
+    """opd: the `[models.<name>]` whose logprobs the policy is pulled towards (reverse KL)."""
+    sampler: str = POLICY
+    """Who samples the task's rollouts: "policy" or a `[models.<name>]` (then only ce/ref_kl can be trained)."""
+    demo_key: str = "demonstration"
+    """sft / opsd: the dataset row key holding the demonstration text."""
+    echo_role_weights: EchoRoleWeights = EchoRoleWeights()
+    """echo: cross-entropy weight of environment tokens by message role (tool-response bodies at 0.1)."""
+
+    loss: Literal["ppo", "gspo", "cispo", "pg"] = "ppo"
+    clip_eps_low: float = Field(0.2, ge=0)
+    clip_eps_high: float = Field(0.28, ge=0)
+    dual_clip_c: float | None = Field(None, gt=1)
+    """ppo: bound the loss of negative-advantage tokens at -c·A (dual-clip PPO); None = off."""
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of the KL to a frozen copy of the initial policy; 0 loads no reference."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_log_ratio_clamp: float = Field(20.0, gt=0)
+    kl_in_reward: bool = False
+    """Fold -kl_coef·KL(sequence) into every token's advantage instead of adding a loss term."""
+    rollout_correction: RolloutCorrectionConfig = RolloutCorrectionConfig()
+
+    def for_task(self, override: TaskAlgorithmConfig | None) -> AlgorithmConfig:
+        """This algorithm with a task's override applied."""
+        if override is None:
+            return self
+        update = {name: value for name in type(override).model_fields if (value := getattr(override, name)) is not None}
+        return self.model_copy(update=update)
+
+
+def check_algorithms(config: Any) -> None:
+    """Cross-section checks of algorithms, tasks and frozen models; each error names the offending key."""
+    models = config.models
+    if POLICY in models:
+        raise ValueError(f"models.{POLICY}: the name {POLICY!r} is reserved for the trained policy")
+    for name, model in models.items():
+        try:
+            type(config.model)(path=model.path)  # the policy's check of a model path
+        except ValidationError as exc:
+            raise ValueError(f"models.{name}.path: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+    for index, task in enumerate(config.tasks):
+        algorithm = config.algorithm.for_task(task.algorithm)
+        where = f"tasks.{index}.algorithm" if task.algorithm is not None and task.algorithm.type is not None else "algorithm"
+        if algorithm.type in GROUP_RELATIVE and config.algorithm.group_size < 2:
+            raise ValueError(
+                f"{where}.type = {algorithm.type!r} is group-relative but algorithm.group_size = "
+                f"{config.algorithm.group_size}: every advantage would be 0 (set group_size >= 2)"
+            )
+        for key in ("teacher", "sampler"):
+            name = getattr(algorithm, key)
+            if name is not None and name != POLICY and name not in models:
+                raise ValueError(f"{where}.{key} = {name!r} is not a declared model (known: {sorted(models)} or 'policy')")
+        if algorithm.type == "opd":
+            if algorithm.teacher is None:
+                raise ValueError(f"{where}.type = 'opd' needs {where}.teacher = '<a [models.<name>]>'")
+            if algorithm.teacher == POLICY:
+                raise ValueError(f"{where}.teacher = 'policy' with type 'opd': the KL of the policy to itself is 0")
+        if algorithm.sampler != POLICY and algorithm.type in RL_TYPES:
+            raise ValueError(
+                f"{where}.sampler = {algorithm.sampler!r} (a frozen model) cannot feed {where}.type = {algorithm.type!r}: "
+                "the rl loss needs the trained policy's sampling logprobs (use sft or opd)"
+            )
+        if algorithm.type == "custom" and not algorithm.custom_advantage_fn:
+            raise ValueError(f"{where}.type = 'custom' needs {where}.custom_advantage_fn = 'package.module:function'")
+    if config.algorithm.kl_in_reward and config.algorithm.kl_coef == 0:
+        raise ValueError("algorithm.kl_in_reward is set but algorithm.kl_coef is 0")

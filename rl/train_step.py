@@ -1,0 +1,188 @@
+"""One training step over a batch of packed micro-batches: the trainer's whole algorithm-blind loop.
+
+    sanitize → [no-grad pass: π_old, reference, correction] → K minibatches × (forward, loss, backward) → step
+
+The loss is `compute_loss` over the per-token streams; normalizers are counted over each minibatch before
+its first forward, so the gradient does not depend on the micro-batch split. With K = 1 and no correction
+there is no extra forward pass: this is the plain PPO update against the sampler's logprobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable, ContextManager
+
+import torch
+from tensordict import TensorDict
+
+from rl.algorithms import correction
+from rl.algorithms.config import AlgorithmConfig
+from rl.algorithms.losses import component_counts, compute_loss, kl_estimate, local_sequences, segment_sum
+from rl.batching import COMPONENTS
+from rl.logprobs import token_logprobs
+from rl.stats import MetricStats, reduce_metric_stats
+
+SPREAD = ("ratio",)
+"""Trainer metrics logged with _mean/_std/_min/_max."""
+
+
+def sanitize(micro_batch: TensorDict) -> int:
+    """Mask non-finite sampler/teacher logprobs out of every component (in place); returns how many tokens."""
+    bad = micro_batch["loss_mask"] & ~torch.isfinite(micro_batch["sampling_logprobs"])  # [B,L]
+    bad_ref = (micro_batch["ref_kl_weights"] != 0) & ~torch.isfinite(micro_batch["ref_logprobs"])
+    if bool(bad.any()) or bool(bad_ref.any()):
+        for name in COMPONENTS:
+            micro_batch[f"{name}_weights"] = torch.where(bad | bad_ref, 0.0, micro_batch[f"{name}_weights"])
+        micro_batch["sampling_logprobs"] = torch.where(bad, 0.0, micro_batch["sampling_logprobs"])
+        micro_batch["ref_logprobs"] = torch.where(bad_ref, 0.0, micro_batch["ref_logprobs"])
+    return int((bad | bad_ref).sum())
+
+
+def trained_positions(micro_batch: TensorDict) -> torch.Tensor:
+    """[B,L] bool: tokens some loss component weighs, the only ones whose logprobs are computed."""
+    return (micro_batch["rl_weights"] != 0) | (micro_batch["ce_weights"] != 0) | (micro_batch["ref_kl_weights"] != 0)
+
+
+def needs_old_pass(algorithm: AlgorithmConfig, n_minibatches: int) -> bool:
+    """Whether π_old must be computed in a no-grad pass before the update."""
+    rc = algorithm.rollout_correction
+    return n_minibatches > 1 or not rc.bypass_mode or rc.corrects
+
+
+def prepare(
+    micro_batches: list[TensorDict], model: torch.nn.Module, reference: torch.nn.Module | None,
+    algorithm: AlgorithmConfig, n_minibatches: int, stats: MetricStats, compute: Callable[[], ContextManager],
+) -> bool:
+    """The no-grad pass: π_old, reference logprobs, KL-in-reward, IS weights and rejection, in place.
+
+    Returns whether the off-policy diagnostics were taken here (else the update's first forward takes them).
+    """
+    rc = algorithm.rollout_correction
+    old_pass = needs_old_pass(algorithm, n_minibatches)
+    for micro_batch in micro_batches:
+        sampling = micro_batch["sampling_logprobs"]
+        micro_batch["old_logprobs"] = sampling
+        if not old_pass and reference is None:
+            continue
+        with torch.no_grad(), compute():
+            ids, positions, trained = micro_batch["input_ids"], micro_batch["position_ids"], trained_positions(micro_batch)
+            if reference is not None:
+                micro_batch["kl_ref_logprobs"] = token_logprobs(reference, ids, positions, mask=trained)  # [B,L]
+            if not old_pass:
+                continue
+            old = token_logprobs(model, ids, positions, mask=trained)  # [B,L] π_old
+        mask = micro_batch["rl_weights"] != 0
+        index, count = local_sequences(micro_batch["sequence_ids"])
+        correction.offpolicy_metrics(old, sampling, mask, index, count, stats)
+        weights, keep = correction.correct(old, sampling, mask, index, count, rc, stats)
+        micro_batch["rl_weights"] = torch.where(keep, micro_batch["rl_weights"], 0.0)
+        if weights is not None and (not rc.bypass_mode or rc.use_policy_gradient):
+            micro_batch["is_weights"] = weights  # in bypass + PPO the ratio already holds π_θ/π_rollout
+        if not rc.bypass_mode:
+            micro_batch["old_logprobs"] = old
+    if algorithm.kl_in_reward:
+        for micro_batch in micro_batches:
+            mask = micro_batch["rl_weights"] != 0
+            index, count = local_sequences(micro_batch["sequence_ids"])
+            kl = kl_estimate(micro_batch["sampling_logprobs"], micro_batch["kl_ref_logprobs"], estimator=algorithm.kl_estimator,
+                             log_ratio_clamp=algorithm.kl_log_ratio_clamp)
+            seq_kl = segment_sum(torch.where(mask, kl, 0.0), index, count)  # [S]
+            micro_batch["advantages"] = micro_batch["advantages"] - algorithm.kl_coef * seq_kl[index]
+    if any("is_weights" in mb.keys() for mb in micro_batches):
+        if rc.rollout_is_batch_normalize:
+            correction.normalize_is_weights(micro_batches, rc.rollout_is)
+        for micro_batch in micro_batches:
+            mask = micro_batch["rl_weights"] != 0
+            if rc.rollout_is == "token":
+                stats.add(correction.P + "rollout_is_final", micro_batch["is_weights"][mask])
+            else:
+                index, count = local_sequences(micro_batch["sequence_ids"])
+                tokens = segment_sum(mask.double(), index, count)
+                per_seq = segment_sum(micro_batch["is_weights"].double(), index, count)
+                stats.add(correction.P + "rollout_is_final", (per_seq / tokens.clamp_min(1))[tokens > 0])
+    return old_pass
+
+
+def split_minibatches(micro_batches: list[TensorDict], n: int) -> list[list[TensorDict]]:
+    """`n` disjoint, contiguous, non-empty groups of micro-batches (one optimizer step each).
+
+    With fewer micro-batches than `n`, the micro-batches are split into single rows first.
+    """
+    if n > len(micro_batches):
+        micro_batches = [row for micro_batch in micro_batches for row in micro_batch.split(1)]
+    if n > len(micro_batches):
+        raise ValueError(f"trainer.ppo_n_minibatches = {n} but the batch has only {len(micro_batches)} packed rows")
+    size, extra = divmod(len(micro_batches), n)
+    out, start = [], 0
+    for k in range(n):
+        end = start + size + (k < extra)
+        out.append(micro_batches[start:end])
+        start = end
+    return out
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    micro_batches: list[TensorDict],
+    algorithm: AlgorithmConfig,
+    *,
+    max_grad_norm: float,
+    horizon: int,
+    n_minibatches: int = 1,
+    reference: torch.nn.Module | None = None,
+    device: torch.device | str = "cpu",
+    compute: Callable[[], ContextManager] = contextlib.nullcontext,
+) -> dict[str, float]:
+    """K = `n_minibatches` optimizer steps over the batch; returns the step's metrics (reduced correctly).
+
+    `compute()` is entered around every forward pass (the trainer's bf16 autocast); losses stay float32.
+    `horizon` is the constant normalizer of seq-mean-token-sum-norm (trainer.seq_len). Metrics: loss,
+    pg_loss / ce_loss / ref_kl_loss, entropy (rl tokens) / ce_entropy / ref_kl/entropy, clip fractions, ratio_mean/_std/_min/_max, mismatch_k3, kl, grad_norm
+    (before clipping; the mean over the K steps), lr, token counts per component, nonfinite_logprob_tokens,
+    train_tokens_per_s, and the `rollout_corr/*` diagnostics.
+    """
+    start = time.perf_counter()
+    micro_batches = [micro_batch.to(device).clone() for micro_batch in micro_batches]
+    stats = MetricStats()
+    stats.add_total("nonfinite_logprob_tokens", sum(sanitize(micro_batch) for micro_batch in micro_batches))
+    diagnosed = prepare(micro_batches, model, reference, algorithm, n_minibatches, stats, compute)
+    counts_all = component_counts(micro_batches)
+    grad_norms = []
+    for minibatch in split_minibatches(micro_batches, n_minibatches):
+        counts = component_counts(minibatch)  # [3, 2]; all-reduce here with several ranks
+        optimizer.zero_grad(set_to_none=True)
+        for micro_batch in minibatch:
+            with compute():
+                logprobs, entropy = token_logprobs(  # [B,L]; the output layer runs only where a logprob is trained
+                    model, micro_batch["input_ids"], micro_batch["position_ids"], mask=trained_positions(micro_batch), return_entropy=True
+                )
+            stats.add("entropy", entropy[micro_batch["rl_weights"] != 0])
+            stats.add("ref_kl/entropy", entropy[micro_batch["ref_kl_weights"] != 0])
+            stats.add("ce_entropy", entropy[micro_batch["ce_weights"] != 0])
+            if not diagnosed:
+                index, count = local_sequences(micro_batch["sequence_ids"])
+                correction.offpolicy_metrics(logprobs, micro_batch["sampling_logprobs"], micro_batch["rl_weights"] != 0, index, count, stats)
+            loss = compute_loss(logprobs, micro_batch, counts, algorithm, stats, horizon=horizon)
+            loss.backward()
+            stats.add_total("loss", loss.item() / n_minibatches)
+        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)))
+        optimizer.step()
+        scheduler.step()
+    metrics = reduce_metric_stats(stats, spread=SPREAD)
+    metrics = {key: value for key, value in metrics.items() if not key.startswith(correction.P)}
+    metrics.update(correction.correction_metrics(stats))
+    for name in ("pg_loss", "ce_loss", "ref_kl_loss"):
+        if name in metrics:
+            metrics[name] /= n_minibatches
+    metrics.update(
+        grad_norm=sum(grad_norms) / len(grad_norms),
+        lr=scheduler.get_last_lr()[0],
+        num_loss_tokens=float(counts_all[0, 0]),
+        num_ce_tokens=float(counts_all[1, 0]),
+        num_ref_kl_tokens=float(counts_all[2, 0]),
+        train_tokens_per_s=sum(int((mb["sequence_ids"] >= 0).sum()) for mb in micro_batches) / (time.perf_counter() - start),
+    )
+    return metrics
