@@ -494,6 +494,7 @@ class Controller:
             get.cancel()
             producer.result()
         groups, evicted = await get  # the producer closes the buffer when the data runs out
+        groups.sort(key=lambda group: row_index_of(group.group_id))  # row order, not completion order: packing and logs replay on resume
         await self.admission.release_accepted(len(evicted))
         return groups, evicted
 
