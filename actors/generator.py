@@ -1,24 +1,29 @@
 """Generator: a vLLM engine inside a Monarch actor, token-in/token-out, reloading weights in place.
 
 The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so the actor's process owns
-it. Completions carry the policy version of the weights that produced them; after
-`update_weights(v)` every later completion says `v`.
+it, driven by an `EngineLoop`: endpoints are concurrent, so many small calls (one per sample
+and turn) batch together inside vLLM. Completions carry the policy version of the weights that
+produced them; a reload waits for in-flight requests or resubmits them
+(`generator.on_weight_update`), so a completion's version is exact.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import time
 from typing import Any
 
 import torch
-from monarch.actor import endpoint
+from monarch.actor import concurrent_endpoint, current_rank
 
 from env_types.renderer_env import Completion, GenerationRequest
 from rl import weight_sync
+from rl.affinity import pin_process
 from rl.assets import resolve_model_path
 from rl.config import Config, SamplingConfig
+from rl.engine_loop import EngineLoop
 from rl.metrics.actor import MetricsActor
 
 
@@ -31,9 +36,12 @@ class Generator(MetricsActor):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         if config.generator.device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.generator.cpu_kv_cache_gib))
+        generator_config = config.generator
+        cpus = pin_process(generator_config.cpus, rank=current_rank().rank, of=generator_config.num_replicas)
+        if cpus:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cpus))
         from vllm import LLM
 
-        generator_config = config.generator
         self.stop_token_ids = stop_token_ids
         self.policy_version = 0
         self.llm = LLM(
@@ -47,6 +55,9 @@ class Generator(MetricsActor):
             gpu_memory_utilization=generator_config.gpu_memory_utilization,
             seed=generator_config.seed,
         )
+        self.engine = EngineLoop(self.llm.llm_engine)
+        self.on_weight_update = generator_config.on_weight_update
+        self.weights = weight_sync.WeightReceiver(config.weight_sync.transport)
 
     def _sampling_params(self, sampling: SamplingConfig, request: GenerationRequest) -> Any:
         from vllm import SamplingParams
@@ -63,74 +74,65 @@ class Generator(MetricsActor):
             detokenize=False,
         )
 
-    def _generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[Completion]:
+    async def _generate_one(self, request: GenerationRequest, sampling: SamplingConfig) -> Completion:
         from vllm.inputs import TokensPrompt
 
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=request.prompt_token_ids) for request in requests],
-            sampling_params=[self._sampling_params(sampling, request) for request in requests],
-            use_tqdm=False,
+        output, version = await self.engine.generate(
+            TokensPrompt(prompt_token_ids=request.prompt_token_ids), self._sampling_params(sampling, request)
         )
-        completions = []
-        for output in outputs:
-            sample = output.outputs[0]
-            token_ids = list(sample.token_ids)
-            logprobs = [position[token_id].logprob for position, token_id in zip(sample.logprobs, token_ids)]
-            completions.append(
-                Completion(
-                    token_ids=token_ids,
-                    logprobs=logprobs,
-                    finish_reason=sample.finish_reason or "abort",
-                    policy_version=self.policy_version,
-                )
-            )
-        return completions
+        sample = output.outputs[0]
+        token_ids = list(sample.token_ids)
+        return Completion(
+            token_ids=token_ids,
+            logprobs=[position[token_id].logprob for position, token_id in zip(sample.logprobs, token_ids)],
+            finish_reason=sample.finish_reason or "abort",
+            policy_version=version,
+        )
 
-    @endpoint
+    @concurrent_endpoint
     async def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[Completion | str]:
         """One completion per request; a request the engine rejects yields its error text instead.
 
-        The batch goes to vLLM in one call; if that call fails, requests are retried one by one
-        so a single bad request cannot fail the others.
+        Requests enter the engine one by one and batch there with every other caller's.
         """
-        try:
-            return list(self._generate(requests, sampling))
-        except Exception:
-            results: list[Completion | str] = []
-            for request in requests:
-                try:
-                    results.extend(self._generate([request], sampling))
-                except Exception as exc:
-                    results.append(f"generation failed: {exc!r}")
-            return results
 
-    @endpoint
+        async def one(request: GenerationRequest) -> Completion | str:
+            try:
+                return await self._generate_one(request, sampling)
+            except Exception as exc:
+                return f"generation failed: {exc!r}"
+
+        return list(await asyncio.gather(*(one(request) for request in requests)))
+
+    @concurrent_endpoint
     async def update_weights(self, policy_version: int) -> float:
-        """Pull `policy_version` from torchstore and reload it in place; returns seconds spent."""
+        """Pull `policy_version` and reload it in place once no request runs; returns seconds spent."""
         start = time.perf_counter()
-        state_dict = await weight_sync.pull_state_dict(policy_version)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
-        self.llm.reset_prefix_cache()
+        state_dict = await self.weights.pull(policy_version)
+        async with self.engine.pause(self.on_weight_update, policy_version):
+            await self.engine.call(self.llm.collective_rpc, "reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
+            await self.engine.call(self.llm.reset_prefix_cache)
         self.policy_version = policy_version
         return time.perf_counter() - start
 
-    @endpoint
+    @concurrent_endpoint
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """Logprob of each token given its prefix under the loaded weights (position 0 gets 0.0)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        output = self.llm.generate([TokensPrompt(prompt_token_ids=token_ids)], sampling_params=params, use_tqdm=False)[0]
+        output, _ = await self.engine.generate(TokensPrompt(prompt_token_ids=token_ids), params)
         return [0.0] + [position[token_id].logprob for position, token_id in zip(output.prompt_logprobs[1:], token_ids[1:])]
 
-    @endpoint
+    @concurrent_endpoint
     async def version(self) -> int:
         return self.policy_version
 
-    @endpoint
+    @concurrent_endpoint
     async def shutdown(self) -> None:
         """Free the engine before the process is stopped, so teardown stays within Monarch's deadline."""
+        await self.engine.close()
         self.llm.llm_engine.engine_core.shutdown()
         del self.llm
         gc.collect()

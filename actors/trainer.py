@@ -17,6 +17,7 @@ from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
 from rl import checkpoint, weight_sync
+from rl.affinity import pin_process
 from rl.assets import resolve_model_path
 from rl.config import Config, TrainerConfig
 from rl.logprobs import token_logprobs
@@ -51,7 +52,8 @@ def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
 class PolicyTrainer(MetricsActor):
     """Owns the trainable policy (and the frozen reference when a KL term is configured)."""
 
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, total_steps: int | None = None):
+        pin_process(config.trainer.cpus)
         torch.manual_seed(config.trainer.seed)
         self.config = config
         trainer_config = config.trainer
@@ -66,8 +68,10 @@ class PolicyTrainer(MetricsActor):
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=trainer_config.lr, betas=trainer_config.betas, weight_decay=trainer_config.weight_decay
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, config.run.steps * trainer_config.ppo_n_minibatches))
+        steps = (total_steps or config.run.steps) * trainer_config.ppo_n_minibatches  # one LR step per optimizer step
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, steps))
         self.policy_version = 0
+        self.publisher = weight_sync.WeightPublisher(config.weight_sync.transport)
 
     def compute(self):
         """Forward passes run in `trainer.dtype` (autocast) over the `trainer.param_dtype` weights."""
@@ -88,14 +92,15 @@ class PolicyTrainer(MetricsActor):
     async def push_weights(self, policy_version: int) -> float:
         """Publish the current weights as `policy_version`; returns seconds spent."""
         start = time.perf_counter()
-        generator_dtype = TORCH_DTYPES[self.config.generator.dtype]
-        state_dict = {  # sent in the generators' dtype: half the bytes when they run bf16
-            name: tensor.detach().to(generator_dtype) if tensor.is_floating_point() else tensor.detach()
-            for name, tensor in self.model.state_dict().items()
-        }
-        await weight_sync.push_state_dict(state_dict, policy_version, keep_versions=2)
+        # sent in the generators' dtype: half the bytes when they run bf16
+        await self.publisher.publish(self.model.state_dict(), policy_version, TORCH_DTYPES[self.config.generator.dtype])
         self.policy_version = policy_version
         return time.perf_counter() - start
+
+    @endpoint
+    async def release_weights(self) -> None:
+        """Free the published weights' shared memory (before the process is stopped)."""
+        self.publisher.close()
 
     @endpoint
     async def save_checkpoint(self, path: str) -> None:

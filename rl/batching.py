@@ -156,3 +156,14 @@ def split_micro_batches(batch: TensorDict, micro_batch_size: int) -> list[Tensor
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
     return list(batch.split(micro_batch_size, dim=0))
 
+
+def trim_padding(batch: TensorDict) -> TensorDict:
+    """The batch without the padding columns every row ends with: [R, L] -> [R, L'], L' = longest row's real length.
+
+    Position ids restart for every sample, so the real tokens' logits do not change; the trainer just
+    stops computing on columns that are padding in every row.
+    """
+    real = batch["sequence_ids"] >= 0  # [R, L]
+    columns = real.any(dim=0).nonzero()
+    length = int(columns[-1]) + 1 if len(columns) else 1
+    return TensorDict({key: value[:, :length] for key, value in batch.items()}, batch_size=batch.batch_size)

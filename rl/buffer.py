@@ -1,8 +1,9 @@
-"""The bounded buffer between rollout production and training, with a staleness budget.
+"""The buffer between rollout production and training, with a staleness budget.
 
 A group is fresh enough for the optimizer step that would produce policy version `v + 1`
 when its oldest sampled token came from version `>= v - max_staleness`. With a budget of 0
-training is synchronous: every group was sampled by the weights being trained.
+training is synchronous: every group was sampled by the weights being trained. The buffer is
+not bounded itself: admission (`rl.admission`) bounds how many rows can be in it.
 """
 
 from __future__ import annotations
@@ -23,21 +24,28 @@ def is_frozen_sampled(group: RolloutGroup) -> bool:
 
 
 class RolloutBuffer:
-    """FIFO of scored groups; `put` waits when full, `get` evicts groups that are too stale."""
+    """FIFO of scored groups; `get` evicts groups that are too stale; `close` marks the end of production."""
 
-    def __init__(self, capacity: int, max_staleness: int):
-        self._queue: asyncio.Queue[RolloutGroup] = asyncio.Queue(maxsize=capacity)
+    def __init__(self, max_staleness: int):
+        self._queue: asyncio.Queue[RolloutGroup | None] = asyncio.Queue()
         self.max_staleness = max_staleness
 
     async def put(self, group: RolloutGroup) -> None:
         await self._queue.put(group)
 
+    def close(self) -> None:
+        """No more groups will come: `get` returns what is left instead of waiting."""
+        self._queue.put_nowait(None)
+
     async def get(self, count: int, trainer_policy_version: int) -> tuple[list[RolloutGroup], list[RolloutGroup]]:
-        """The next `count` fresh groups, and the stale ones evicted on the way."""
+        """The next `count` fresh groups (fewer once closed), and the stale ones evicted on the way."""
         groups: list[RolloutGroup] = []
         evicted: list[RolloutGroup] = []
         while len(groups) < count:
             group = await self._queue.get()
+            if group is None:
+                self._queue.put_nowait(None)  # later gets see the end too
+                break
             if is_frozen_sampled(group) or is_fresh(group.min_policy_version, trainer_policy_version, self.max_staleness):
                 groups.append(group)
             else:

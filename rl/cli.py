@@ -1,5 +1,5 @@
 """`rlmesh train --config FILE [--section.key value ...]`, `rlmesh train --resume RUN_DIR [...]`, `rlmesh validate ...`,
-`rlmesh new-task NAME`, `rlmesh report RUN_DIR`."""
+`rlmesh bench ...`, `rlmesh new-task NAME`, `rlmesh report RUN_DIR`."""
 
 from __future__ import annotations
 
@@ -36,7 +36,11 @@ def parse_overrides(extra: list[str]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rlmesh", description="RL post-training of language models on Monarch actors")
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (("train", "run training"), ("validate", "print the resolved config and start nothing")):
+    for name, help_text in (
+        ("train", "run training"),
+        ("validate", "print the resolved config and start nothing"),
+        ("bench", "measure generation, training, the sync and async loops and weight sync; write bench.json and bench.md"),
+    ):
         command = commands.add_parser(name, help=help_text)
         command.add_argument("--config", help="TOML config file (defaults apply to anything it leaves out)")
         command.add_argument("--resume", metavar="RUN_DIR", type=Path, help="continue RUN_DIR from its newest checkpoint")
@@ -77,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.command == "validate":
         print(dump_toml(config), end="")
+        return 0
+    if args.command == "bench":
+        from rl.bench import bench, table
+
+        results = asyncio.run(bench(config))
+        print(table(results) + f"\nwritten to {results['out_dir']}")
         return 0
     if resume_from is not None:
         truncate_logs(args.resume, read_run_state(resume_from)["step"])

@@ -70,6 +70,10 @@ class GeneratorConfig(Section):
     sampling: SamplingConfig = SamplingConfig()
     eval_sampling: SamplingConfig = SamplingConfig(temperature=0.0)
     """Sampling for held-out validation (greedy by default)."""
+    on_weight_update: Literal["finish", "resubmit"] = "finish"
+    """Requests in flight at a weight reload: finish on the old weights, or abort and restart on the new."""
+    cpus: list[int] | None = None
+    """CPU cores for the generator processes (split evenly between replicas); None = no pinning."""
 
 
 class TrainerConfig(Section):
@@ -94,6 +98,8 @@ class TrainerConfig(Section):
     """K optimizer steps per batch on disjoint minibatches, against π_old computed once without gradients."""
     seed: int = 0
     gradient_checkpointing: bool = False
+    cpus: list[int] | None = None
+    """CPU cores the trainer process runs on (and its torch thread count); None = no pinning."""
 
 
 class RubricConfig(Section):
@@ -155,6 +161,9 @@ class TaskConfig(Section):
     env: RendererEnvConfig = RendererEnvConfig()
     renderer: RendererConfig = RendererConfig()
     rubric: RubricConfig | None = None
+    rollout_fn: str | None = None
+    """Import path `package.module:fn` of `async fn(row, context) -> Rollout | None`, one trajectory per
+    call, replacing the task's environment loop (see `rollouts.fanout`); None = the task's environment."""
     data: DataConfig | None = None
     algorithm: TaskAlgorithmConfig | None = None
     """Overrides of `[algorithm]` for this task (type, teacher, sampler, ...); None = `[algorithm]` as is."""
@@ -220,6 +229,12 @@ class RunConfig(Section):
     mismatch_warn_factor: float = Field(5.0, gt=1)
     """Warn when `train/mismatch_k3` exceeds this many times its first-step value (and `mismatch_warn_floor`)."""
     mismatch_warn_floor: float = Field(1e-3, ge=0)
+    max_concurrent_rollouts: int = Field(64, ge=1)
+    """Most rows (each a whole group) generating at once."""
+    epochs: float | None = Field(None, gt=0)
+    """End after this many passes over the training rows (all tasks together); None = no data limit."""
+    max_rows: int | None = Field(None, ge=1)
+    """End after this many training rows; with `epochs`, the smaller limit wins."""
 
 
 class CheckpointConfig(Section):
@@ -227,6 +242,12 @@ class CheckpointConfig(Section):
     """Write a checkpoint every N optimizer steps; 0 = only the final one (always written when a run ends)."""
     keep: int = Field(2, ge=1)
     """Newest committed checkpoints kept; older ones are deleted after each commit."""
+
+
+class WeightSyncConfig(Section):
+    transport: Literal["shared_memory", "torchstore"] = "shared_memory"
+    """"shared_memory": bytes through a shared file on this host, torchstore carries a versioned handle;
+    "torchstore": every tensor through the store (needed when trainer and generators are on different hosts)."""
 
 
 class Config(Section):
@@ -241,6 +262,7 @@ class Config(Section):
     checkpoint: CheckpointConfig = CheckpointConfig()
     wandb: WandbConfig = WandbConfig()
     sample_logging: SampleLoggingConfig = SampleLoggingConfig()
+    weight_sync: WeightSyncConfig = WeightSyncConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Config:

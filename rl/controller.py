@@ -1,21 +1,25 @@
 """The Controller owns a run: it reads like the GRPO loop it drives.
 
-    producer:  rows → environments → generation ⇄ environment steps → scoring → buffer
+    producer:  admitted row → group_size rollouts (generation ⇄ environment) → scoring → buffer
     consumer:  buffer → advantages → packed batch → train step → weight push → generator reload
 
-The two halves are joined by a bounded buffer of policy-version-tagged groups. The
-producer may run `run.max_policy_staleness` batches ahead of training (0 = synchronous).
-All run state that a resume needs (step, policy version, data cursor) lives in `RunState`.
+The producer admits rows one at a time (`rl.admission`): at most `run.max_concurrent_rollouts`
+generate at once, and no more than `run.max_policy_staleness` steps' worth of rows ahead of the
+policy version (0 = synchronous). Each row's group enters the buffer as soon as it is scored; the
+buffer evicts a group that finished too late for the budget. The run ends after `run.steps` steps
+or when the data runs out (`run.epochs`, `run.max_rows`). All run state that a resume needs
+(step, policy version, data cursor) lives in `RunState`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 import monarch.actor
 import monarch.config
@@ -25,15 +29,16 @@ from tqdm import tqdm
 from actors.generator import Generator
 from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
-from env_types.renderer_env import GenerationRequest
+from env_types.renderer_env import Completion, GenerationRequest
 from rl import checkpoint, weight_sync
+from rl.admission import Admission
 from rl.algorithms.config import POLICY
 from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
-from rl.batching import pack_samples, split_micro_batches
+from rl.batching import pack_samples, split_micro_batches, trim_padding
 from rl.buffer import RolloutBuffer, is_frozen_sampled
 from rl.config import Config, SamplingConfig, dump_toml
-from rl.data import RowStream
+from rl.data import RowStream, row_limit
 from rl.frozen_models import FrozenModels, mark_frozen, task_algorithms
 from rl.interrupts import monarch_processes, reap
 from rl.metrics import MetricsLogger, timer
@@ -43,8 +48,9 @@ from rl.metrics.samples import SampleLogger
 from rl.metrics.standard import reward_metrics, rollout_metrics
 from rl.precision import MismatchWatch
 from rl.renderer import stop_token_ids
-from rollouts.runner import GroupSpec, collect_groups
-from rollouts.types import RolloutGroup, RolloutStatus
+from rl.router import LeastOutstanding
+from rollouts.fanout import RolloutContext, rollout_group
+from rollouts.types import Rollout, RolloutGroup, RolloutStatus
 from tasks.build import BuiltTask, build_task
 
 
@@ -88,13 +94,13 @@ class RunState:
     """Everything about the run's progress in one place; a checkpoint saves it as is."""
 
     step: int = 0
-    """Optimizer steps done (consumed batches, including skipped ones)."""
+    """Optimizer steps done (consumed batches; the policy version lags it only by batches with no sample to train)."""
     policy_version: int = 0
     """Version of the newest weights; the generators run it once the step's sync is done."""
     data_cursor: int = 0
-    """Every training row below this index has been consumed (trained, or evicted as stale)."""
+    """Every training row below this index has been consumed (trained, dropped, or evicted as stale)."""
     rows_done_ahead: list[int] = field(default_factory=list)
-    """Rows at or above `data_cursor` already consumed (groups may finish out of row order)."""
+    """Rows at or above `data_cursor` already consumed (groups finish out of row order)."""
 
     def mark_rows_done(self, row_indices: list[int]) -> None:
         done = set(self.rows_done_ahead) | set(row_indices)
@@ -106,14 +112,34 @@ class RunState:
 
 @dataclass
 class GenerationStats:
-    """What the producer spent since the consumer last looked."""
+    """What the producer did since the consumer last looked; `seconds` counts time with any row generating."""
 
     seconds: float = 0.0
     completion_tokens: int = 0
+    dropped_groups: int = 0
+    dropped_zero_adv_groups: int = 0
+    running: int = 0
+    busy_since: float = 0.0
+
+    def row_started(self) -> None:
+        if self.running == 0:
+            self.busy_since = time.perf_counter()
+        self.running += 1
+
+    def row_finished(self, group: RolloutGroup, drop: str | None) -> None:
+        """`drop`: the metric key the group was dropped under (`SampleBuilder.drop_reason`), None if kept."""
+        self.running -= 1
+        if self.running == 0:
+            self.seconds += time.perf_counter() - self.busy_since
+        self.completion_tokens += sum(rollout.num_completion_tokens for rollout in group.rollouts)
+        self.dropped_groups += drop is not None
+        self.dropped_zero_adv_groups += drop == "rollouts/dropped_zero_adv_groups"
 
     def drain(self) -> GenerationStats:
-        drained = GenerationStats(self.seconds, self.completion_tokens)
-        self.seconds, self.completion_tokens = 0.0, 0
+        now = time.perf_counter()
+        seconds = self.seconds + (now - self.busy_since if self.running else 0.0)
+        drained = GenerationStats(seconds, self.completion_tokens, self.dropped_groups, self.dropped_zero_adv_groups)
+        self.seconds, self.completion_tokens, self.dropped_groups, self.dropped_zero_adv_groups, self.busy_since = 0.0, 0, 0, 0, now
         return drained
 
 
@@ -128,19 +154,25 @@ class Controller:
         self.renderers = {name: task.config.renderer.build(model_path) for name, task in self.tasks.items()}
         self.stop_token_ids = sorted({token for renderer in self.renderers.values() for token in stop_token_ids(renderer)})
         self.pad_token_id = self.stop_token_ids[0]
+        train_rows = {name: task.load_rows("train") for name, task in self.tasks.items()}
+        limit = row_limit(train_rows, epochs=config.run.epochs, max_rows=config.run.max_rows)
         self.stream = RowStream(
-            {name: task.load_rows("train") for name, task in self.tasks.items()},
-            {name: task.config.weight for name, task in self.tasks.items()},
-            seed=config.run.seed,
+            train_rows, {name: task.config.weight for name, task in self.tasks.items()}, seed=config.run.seed, limit=limit
         )
         self.stream.seek(self.state.data_cursor)
+        self.planned_steps = config.run.steps if limit is None else min(config.run.steps, limit // config.run.groups_per_step)
+        """Optimizer steps the LR schedule is sized for; fewer happen if dropped groups use up the data."""
         self.validation_rows = [
             (name, row) for name, task in sorted(self.tasks.items()) for row in task.load_rows("validation")
         ][: config.run.eval_groups]
-        self.buffer = RolloutBuffer(
-            capacity=config.run.groups_per_step * (config.run.max_policy_staleness + 1),
+        self.buffer = RolloutBuffer(max_staleness=config.run.max_policy_staleness)
+        self.admission = Admission(
+            max_concurrent=config.run.max_concurrent_rollouts,
             max_staleness=config.run.max_policy_staleness,
+            rows_per_step=config.run.groups_per_step,
+            policy_version=self.state.policy_version,
         )
+        self.router = LeastOutstanding(config.generator.num_replicas)
         self.generation_stats = GenerationStats()
         self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
         self.algorithms = task_algorithms(config)
@@ -148,8 +180,6 @@ class Controller:
         self.samples = SampleBuilder(
             self.algorithms, self.renderers, lambda name, seqs: self.frozen.prompt_logprobs(name, seqs, policy=self.generators)
         )
-        self.step_done = asyncio.Condition()
-        self._replica = 0
         self._proc_meshes: list[Any] = []
         self.actor_failures: list[str] = []
         self._store_started = False
@@ -179,6 +209,7 @@ class Controller:
         monarch.actor.unhandled_fault_hook = self._on_actor_failure
         monarch.config.configure(cleanup_timeout="10s")
         self.run_log = RunLog(self.config.run.output_dir)
+        weight_sync.remove_dead_shared_files()
         await weight_sync.initialize_store()
         self._store_started = True
         generator_config = self.config.generator
@@ -191,7 +222,7 @@ class Controller:
         )
         reward_procs = this_host().spawn_procs(per_host={"procs": 1})
         self._proc_meshes = [trainer_procs, generator_procs, reward_procs]
-        self.trainer = trainer_procs.spawn("trainer", PolicyTrainer, self.config)
+        self.trainer = trainer_procs.spawn("trainer", PolicyTrainer, self.config, self.planned_steps)
         self.generators = generator_procs.spawn("generator", Generator, self.config, self.stop_token_ids)
         self.reward = reward_procs.spawn("reward", RewardActor, self.config)
         await asyncio.gather(
@@ -222,7 +253,7 @@ class Controller:
 
     def checkpoint_due(self) -> bool:
         every = self.config.checkpoint.every_steps
-        return self.state.step == self.config.run.steps or (every > 0 and self.state.step % every == 0)
+        return self.state.step == self.planned_steps or (every > 0 and self.state.step % every == 0)
 
     async def shutdown(self) -> None:
         """Stop every actor process and the store; safe after a partial setup."""
@@ -230,7 +261,8 @@ class Controller:
         actor_processes = monarch_processes()
         if self._actors_ready:
             await asyncio.gather(
-                asyncio.wait_for(self.generators.shutdown.call(), 10), self.frozen.stop_engines(), return_exceptions=True
+                asyncio.wait_for(self.generators.shutdown.call(), 10), self.trainer.release_weights.call(), self.frozen.stop_engines(),
+                return_exceptions=True,
             )
         stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes + self.frozen.take_procs()), return_exceptions=True)
         try:
@@ -248,41 +280,53 @@ class Controller:
         if self._previous_fault_hook is not None:
             monarch.actor.unhandled_fault_hook, self._previous_fault_hook = self._previous_fault_hook, None
 
-    async def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[Any]:
-        """Send a batch to the next generator replica (round-robin)."""
-        replicas = self.config.generator.num_replicas
-        replica = self.generators.slice(procs=self._replica % replicas)
-        self._replica += 1
-        return await replica.generate.call_one(requests, sampling)
+    async def generate(self, request: GenerationRequest, sampling: SamplingConfig, replica: int) -> Completion:
+        """One completion from generator `replica`; raises if the generator failed the request."""
+        [result] = await self.generators.slice(procs=replica).generate.call_one([request], sampling)
+        if isinstance(result, str):
+            raise RuntimeError(result)
+        return result
+
+    async def generate_frozen(self, name: str, request: GenerationRequest, sampling: SamplingConfig) -> Completion:
+        """One completion from frozen model `name`; raises if its generator failed the request."""
+        [result] = await self.frozen.generate(name, [request], sampling)
+        if isinstance(result, str):
+            raise RuntimeError(result)
+        return result
 
     async def rollout_and_score(
-        self, rows: list[tuple[str, dict]], group_ids: list[str], group_size: int, sampling: SamplingConfig,
-        frozen_samplers: bool = False,
-    ) -> list[RolloutGroup]:
-        specs = [
-            GroupSpec(
-                group_id=group_id,
-                task_name=task_name,
-                task=self.tasks[task_name].task,
-                example=row,
-                renderer=self.renderers[task_name],
-                env_config=self.tasks[task_name].config.env,
-            )
-            for group_id, (task_name, row) in zip(group_ids, rows, strict=True)
-        ]
-        samplers = [self.algorithms[spec.task_name].sampler if frozen_samplers else POLICY for spec in specs]
-        groups = await collect_groups(
-            [spec for spec, sampler in zip(specs, samplers) if sampler == POLICY], group_size,
-            lambda requests: self.generate(requests, sampling), run_seed=self.config.run.seed,
-        )
-        for name in sorted(set(samplers) - {POLICY}):
-            frozen = await collect_groups(
-                [spec for spec, sampler in zip(specs, samplers) if sampler == name], group_size,
-                lambda requests, name=name: self.frozen.generate(name, requests, sampling), run_seed=self.config.run.seed,
-            )
-            mark_frozen(frozen, name)
-            groups += frozen
-        return list(await asyncio.gather(*(self.score(group) for group in groups)))
+        self, row_id: str, task_name: str, row: dict, group_size: int, sampling: SamplingConfig, sampler: str = POLICY
+    ) -> RolloutGroup:
+        """A row's group: `group_size` rollouts on the least-busy generator replica (or frozen model `sampler`), then its rewards."""
+        task = self.tasks[task_name]
+        with self.router.route() if sampler == POLICY else contextlib.nullcontext() as replica:
+
+            def generate(request: GenerationRequest) -> Awaitable[Completion]:
+                if sampler == POLICY:
+                    return self.generate(request, sampling, replica)
+                return self.generate_frozen(sampler, request, sampling)
+
+            def context(sample_index: int) -> RolloutContext:
+                return RolloutContext(
+                    row_id=row_id,
+                    sample_index=sample_index,
+                    task_name=task_name,
+                    task=task.task,
+                    renderer=self.renderers[task_name],
+                    env_config=task.config.env,
+                    generate=generate,
+                    run_seed=self.config.run.seed,
+                )
+
+            group = await rollout_group(row_id, task_name, row, group_size, task.rollout_fn, context)
+        if sampler == POLICY:
+            for rollout in group.rollouts:
+                rollout.metadata["generator_replica"] = replica
+        else:
+            mark_frozen([group], sampler)
+        if group.rollouts and all(rollout.reward is not None for rollout in group.rollouts):
+            return group  # the rollout_fn scored its own samples
+        return await self.score(group)
 
     async def score(self, group: RolloutGroup) -> RolloutGroup:
         try:
@@ -293,38 +337,46 @@ class Controller:
                 rollout.error = f"reward actor failed: {exc}"
             return group
 
+    async def produce_row(self, row_index: int, task_name: str, row: dict) -> None:
+        self.generation_stats.row_started()
+        group = await self.rollout_and_score(
+            train_group_id(row_index), task_name, row, self.config.algorithm.group_size, self.config.generator.sampling,
+            sampler=self.algorithms[task_name].sampler,
+        )
+        drop = self.samples.drop_reason(group, self.config.trainer.seq_len)  # a dropped group gives its slot to another row
+        self.generation_stats.row_finished(group, drop)
+        if drop is None:
+            await self.buffer.put(group)
+        else:
+            self.state.mark_rows_done([row_index])
+        await self.admission.finish(drop is None)
+
     async def produce(self) -> None:
-        """Fill the buffer batch after batch, never more than the staleness budget ahead of training."""
-        run = self.config.run
-        batch_index = self.state.step
+        """Admit rows one by one as the budgets allow; each row's group reaches the buffer when it finishes."""
         rows_done_ahead = set(self.state.rows_done_ahead)  # consumed before a resume: not drawn again
-        while True:
-            async with self.step_done:
-                await self.step_done.wait_for(lambda: self.state.step >= batch_index - run.max_policy_staleness)
-            start = time.perf_counter()
-            rows, group_ids = [], []
-            while len(rows) < run.groups_per_step:
+        async with asyncio.TaskGroup() as rows:
+            while True:
+                await self.admission.acquire()
                 row_index = self.stream.cursor
-                row = self.stream.next()
-                if row_index not in rows_done_ahead:
-                    rows.append(row)
-                    group_ids.append(train_group_id(row_index))
-            groups = await self.rollout_and_score(
-                rows, group_ids, self.config.algorithm.group_size, self.config.generator.sampling, frozen_samplers=True
-            )
-            stats = self.generation_stats
-            stats.seconds += time.perf_counter() - start
-            for group in groups:
-                stats.completion_tokens += sum(rollout.num_completion_tokens for rollout in group.rollouts)
-                await self.buffer.put(group)
-            batch_index += 1
+                while (drawn := self.stream.next()) is not None and row_index in rows_done_ahead:
+                    row_index = self.stream.cursor
+                if drawn is None:
+                    await self.admission.finish(accepted=False)
+                    break
+                task_name, row = drawn
+                rows.create_task(self.produce_row(row_index, task_name, row))
+        self.buffer.close()
 
     async def validate(self) -> dict[str, float]:
         """Held-out reward through the same rollout path, one sample per row."""
         if not self.validation_rows:
             return {}
-        group_ids = [f"eval/step={self.state.step}/{index}" for index in range(len(self.validation_rows))]
-        groups = await self.rollout_and_score(self.validation_rows, group_ids, 1, self.config.generator.eval_sampling)
+        groups = await asyncio.gather(
+            *(
+                self.rollout_and_score(f"eval/step={self.state.step}/{index}", task_name, row, 1, self.config.generator.eval_sampling)
+                for index, (task_name, row) in enumerate(self.validation_rows)
+            )
+        )
         self.logger.log_rollouts(self.state.step, "eval", groups)
         return reward_metrics([rollout for group in groups for rollout in group.rollouts], prefix="eval/reward")
 
@@ -334,10 +386,12 @@ class Controller:
         all_samples, metrics = await self.samples.build(groups)
         samples = [sample for sample in all_samples if len(sample.input_ids) <= trainer_config.seq_len]
         metrics["rollouts/too_long"] = len(all_samples) - len(samples)
-        if not samples:
+        if not samples:  # the weights do not change: the groups' admission slots go to other rows
             metrics["train/skipped"] = 1
+            await self.admission.release_accepted(len(groups))
             return metrics
-        batch = pack_samples(samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id)  # [R, L]
+        batch = trim_padding(pack_samples(samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id))  # [R, L' <= L]
+        metrics["train/packing_efficiency"] = float((batch["sequence_ids"] >= 0).float().mean())  # real / all tokens
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         with timer("train"):
             train_metrics = await self.trainer.train_step.call_one(micro_batches)
@@ -347,13 +401,16 @@ class Controller:
 
         with timer("weight_sync"):
             await self.sync_weights(self.state.policy_version + 1)
+        if "train/clip_frac_low" in metrics:
+            metrics["train/ppo_clip_frac"] = metrics["train/clip_frac_low"] + metrics["train/clip_frac_high"]
         return metrics
 
     async def sync_weights(self, policy_version: int) -> None:
-        """The trainer publishes its weights as `policy_version`; every generator reloads them."""
+        """The trainer publishes its weights as `policy_version`; every generator reloads them; admission moves on."""
         await self._within(self.trainer.push_weights.call_one(policy_version), "trainer weight push", policy_version)
         await self._within(self.generators.update_weights.call(policy_version), "generator weight reload", policy_version)
         self.state.policy_version = policy_version
+        await self.admission.set_policy_version(policy_version)
 
     async def run(self) -> dict[str, Any]:
         """The whole run: start the actors, train, stop them (also on error or Ctrl-C)."""
@@ -365,7 +422,7 @@ class Controller:
             await self.shutdown()
 
     async def train(self) -> dict[str, Any]:
-        """Validate, then `run.steps` optimizer steps; returns the first and last validation metrics."""
+        """Validate, then optimizer steps until `run.steps` or the data's end; returns the first and last validation metrics."""
         config = self.config
         if self.resume_from is not None:
             run_dir = self.resume_from.parent.parent
@@ -386,19 +443,32 @@ class Controller:
             if config.run.eval_every > 0 and self.state.step == 0:
                 summary["eval_start"] = await self.validate()
                 self.logger.log_step(0, {"policy_version": 0, **summary["eval_start"]})
-            for _ in self.logger.progress(self.state.step, config.run.steps):
+            for _ in self.logger.progress(self.state.step, self.planned_steps):
                 step_start = time.perf_counter()
                 groups, evicted = await self._next_batch(producer)
+                wait_seconds = time.perf_counter() - step_start
+                if len(groups) < config.run.groups_per_step:  # the data ran out before the planned steps
+                    summary["data_exhausted_at_step"] = self.state.step
+                    if config.run.eval_every > 0 and self.state.step % config.run.eval_every != 0:
+                        summary["eval_end"] = await self.validate()
+                        self.logger.log_step(self.state.step, {"policy_version": self.state.policy_version, **summary["eval_end"]})
+                    if self.state.step > 0:
+                        await self.save_checkpoint(run_dir)
+                    break
                 self.logger.log_rollouts(self.state.step + 1, "train", groups)
                 await sample_logger.record(groups, self.state.step + 1)
-                metrics = self._rollout_metrics(groups, len(evicted), wait_seconds=time.perf_counter() - step_start)
-                metrics.update(await self.train_step(groups))
-                actor_states = await gather_states([self.trainer, self.generators, self.reward])
+                metrics = self._rollout_metrics(groups, len(evicted), wait_seconds)
+                step_metrics = await self.train_step(groups)
+                for key in ("rollouts/dropped_groups", "rollouts/dropped_zero_adv_groups"):  # the producer's drops and the step's
+                    step_metrics[key] += metrics[key]
+                metrics.update(step_metrics)
+                actor_states = await gather_states([self.trainer, self.reward])  # generators record nothing; never wait behind generation
                 self.state.mark_rows_done([row_index_of(group.group_id) for group in groups + evicted])
-                async with self.step_done:
-                    self.state.step += 1
-                    self.step_done.notify_all()
-                is_last = self.state.step == config.run.steps
+                busy = metrics.get("time/train_s", 0.0) + metrics.get("time/weight_sync_s", 0.0)
+                metrics["perf/wait_time_ratio"] = wait_seconds / (wait_seconds + busy)
+                metrics["perf/overlap_ratio"] = 1.0 - metrics["perf/wait_time_ratio"]
+                self.state.step += 1
+                is_last = self.state.step == self.planned_steps
                 if config.run.eval_every > 0 and (self.state.step % config.run.eval_every == 0 or is_last):
                     eval_metrics = await self.validate()
                     metrics.update(eval_metrics)
@@ -428,20 +498,29 @@ class Controller:
         """The next batch from the buffer; a crashed producer raises here instead of hanging the run."""
         get = asyncio.ensure_future(self.buffer.get(self.config.run.groups_per_step, self.state.policy_version))
         await asyncio.wait([get, producer], return_when=asyncio.FIRST_COMPLETED)
-        if not get.done():
+        if producer.done() and producer.exception() is not None:
             get.cancel()
             producer.result()
-        return get.result()
+        groups, evicted = await get  # the producer closes the buffer when the data runs out
+        groups.sort(key=lambda group: row_index_of(group.group_id))  # row order, not completion order: packing and logs replay on resume
+        await self.admission.release_accepted(len(evicted))
+        return groups, evicted
 
     def _rollout_metrics(self, groups: list[RolloutGroup], evicted: int, wait_seconds: float) -> dict[str, float]:
+        rollouts = [rollout for group in groups for rollout in group.rollouts]
         stats = self.generation_stats.drain()
+        offsets = [self.state.policy_version - min(r.policy_versions) for r in rollouts if r.turns]
         metrics: dict[str, float] = {
             "rollouts/evicted_stale_groups": evicted,
+            "rollouts/dropped_groups": stats.dropped_groups,
+            "rollouts/dropped_zero_adv_groups": stats.dropped_zero_adv_groups,
+            "async/version_offset_mean": sum(offsets) / len(offsets) if offsets else 0.0,
+            "async/version_offset_max": max(offsets, default=0),
             "rollouts/policy_lag_max": max(
                 (self.state.policy_version - group.min_policy_version for group in groups if not is_frozen_sampled(group)), default=0
             ),
             "time/generation_s": stats.seconds,
-            "time/wait_for_rollouts_s": wait_seconds,
+            "perf/sample_wait_time": wait_seconds,
             "perf/generation_tokens_per_s": stats.completion_tokens / stats.seconds if stats.seconds else 0.0,
         }
         metrics.update(rollout_metrics(groups))

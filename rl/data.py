@@ -1,20 +1,32 @@
 """The training row stream: tasks mixed by weight, each task's rows reshuffled every epoch.
 
 Fully determined by the seed and the number of rows drawn so far (`cursor`), so a resumed
-run can continue exactly where it stopped by replaying the cursor.
+run can continue exactly where it stopped by replaying the cursor. Each row is handed out as a
+fresh copy, so code that mutates its row cannot change later epochs.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import random
 from typing import Any
 
 
-class RowStream:
-    """Deterministic infinite stream of `(task_name, row)` pairs."""
+def row_limit(rows_by_task: dict[str, list[dict[str, Any]]], *, epochs: float | None, max_rows: int | None) -> int | None:
+    """Rows a run may draw: `epochs` passes over all tasks' rows and/or `max_rows`, the smaller; None = unlimited."""
+    limits = [max_rows] if max_rows is not None else []
+    if epochs is not None:
+        limits.append(math.floor(epochs * sum(len(rows) for rows in rows_by_task.values())))
+    return min(limits) if limits else None
 
-    def __init__(self, rows_by_task: dict[str, list[dict[str, Any]]], weights: dict[str, float], seed: int):
+
+class RowStream:
+    """Deterministic stream of `(task_name, row)` pairs, endless unless it has a `limit`."""
+
+    def __init__(
+        self, rows_by_task: dict[str, list[dict[str, Any]]], weights: dict[str, float], seed: int, limit: int | None = None
+    ):
         empty = [name for name, rows in rows_by_task.items() if not rows]
         if empty:
             raise ValueError(f"tasks with an empty training split: {empty}")
@@ -22,6 +34,7 @@ class RowStream:
         self.rows_by_task = rows_by_task
         self.weights = [weights[name] for name in self.task_names]
         self.seed = seed
+        self.limit = limit
         self.cursor = 0
         self._task_rng = random.Random(seed)
         self._orders: dict[str, list[int]] = {}
@@ -41,13 +54,20 @@ class RowStream:
             self._epochs[task_name] += 1
         return index
 
-    def next(self) -> tuple[str, dict[str, Any]]:
+    def next(self) -> tuple[str, dict[str, Any]] | None:
+        """The next row, or None once `limit` rows were drawn."""
+        if self.limit is not None and self.cursor >= self.limit:
+            return None
         task_name = self._task_rng.choices(self.task_names, weights=self.weights)[0]
         self.cursor += 1
         return task_name, copy.deepcopy(self.rows_by_task[task_name][self._next_index(task_name)])
 
     def take(self, count: int) -> list[tuple[str, dict[str, Any]]]:
-        return [self.next() for _ in range(count)]
+        """Up to `count` rows (fewer at the limit)."""
+        rows = []
+        while len(rows) < count and (row := self.next()) is not None:
+            rows.append(row)
+        return rows
 
     def seek(self, cursor: int) -> None:
         """Continue from row `cursor` of a fresh stream with the same seed (replays the draws before it)."""

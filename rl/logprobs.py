@@ -22,39 +22,60 @@ def entropy_of_logits(logits: torch.Tensor) -> torch.Tensor:
         return log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
+def _head_log_softmax(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden: [N,H], targets: [N] -> ([N] float32 logprobs, [N] entropies or [0]) through the output layer."""
+    logits = lm_head(hidden)  # [N,V]
+    entropy = entropy_of_logits(logits) if with_entropy else logits.new_zeros(0, dtype=torch.float32)
+    return selective_log_softmax(logits, targets), entropy
+
+
 def token_logprobs(
-    model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, *, chunk_size: int = 512, return_entropy: bool = False
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    chunk_size: int = 512,
+    return_entropy: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Float32 log-probability of each token given its prefix; 0.0 wherever position_ids == 0.
 
     Rows may pack several sequences: each restarts its position ids at 0, and with attention_mask=None
     transformers turns the position ids into a block-diagonal causal mask. use_cache=False matters: with a
     cache object the packed-sequence detection is skipped and sequences would attend to each other.
-    The float32 log-softmax runs over `chunk_size` positions at a time ([B, chunk_size, V] floats); under
-    autograd each chunk is recomputed in backward instead of being kept, so memory stays bounded for a
-    large vocab either way. With `return_entropy`, also the (gradient-free) entropy of the predictive
-    distribution of each token [B,L], 0.0 where position_ids == 0.
+    With `mask` ([B,L] bool, e.g. the trained tokens) only the tokens where it is True get a logprob (0.0
+    elsewhere): the output layer and the float32 log-softmax run on those positions alone, which saves
+    most of their cost when prompts are long or rows are padded. They run over `chunk_size` positions at
+    a time; under autograd each chunk is recomputed in backward instead of being kept, so memory stays
+    bounded for a large vocab. With `return_entropy`, also the (gradient-free) entropy of the predictive
+    distribution of each token [B,L], 0.0 where position_ids == 0 or outside `mask`.
     """
     # input_ids, position_ids: [B,L]
-    logits = model(input_ids=input_ids, position_ids=position_ids, use_cache=False).logits  # [B,L,V]
-    targets = input_ids[:, 1:]  # [B,L-1]: token t+1 is predicted by the logits at t
-    recompute = torch.is_grad_enabled() and logits.requires_grad
+    hidden = model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state  # [B,L,H]
+    used = torch.ones_like(input_ids[:, 1:], dtype=torch.bool) if mask is None else mask[:, 1:]  # [B,L-1]: positions t whose next token is used
+    picked_hidden = hidden[:, :-1][used]  # [N,H]
+    picked_targets = input_ids[:, 1:][used]  # [N]: token t+1 is predicted by the output at t
+    lm_head = model.get_output_embeddings()
+    recompute = torch.is_grad_enabled() and picked_hidden.requires_grad
     chunks, entropies = [], []
-    for start in range(0, targets.shape[1], chunk_size):
-        end = min(start + chunk_size, targets.shape[1])
-        chunk_logits = logits[:, start:end]  # [B,C,V]
-        chunk_targets = targets[:, start:end]  # [B,C]
-        if return_entropy:
-            entropies.append(entropy_of_logits(chunk_logits))
-        if recompute:
-            chunks.append(checkpoint(selective_log_softmax, chunk_logits, chunk_targets, use_reentrant=False))
+    for start in range(0, max(1, picked_targets.shape[0]), chunk_size):  # an empty chunk keeps the result in the graph
+        chunk_hidden, chunk_targets = picked_hidden[start : start + chunk_size], picked_targets[start : start + chunk_size]  # [C,H], [C]
+        if recompute:  # the [C,V] logits are recomputed in backward, not kept
+            picked, entropy = checkpoint(_head_log_softmax, lm_head, chunk_hidden, chunk_targets, return_entropy, use_reentrant=False)
         else:
-            chunks.append(selective_log_softmax(chunk_logits, chunk_targets))
+            picked, entropy = _head_log_softmax(lm_head, chunk_hidden, chunk_targets, return_entropy)
+        chunks.append(picked)
+        entropies.append(entropy)
     first = torch.zeros(input_ids.shape[0], 1, dtype=torch.float32, device=input_ids.device)  # [B,1]
-    logprobs = torch.cat([first, *chunks], dim=1)  # [B,L]
-    # A sequence's first token has no prefix; in a packed row the logits before it belong to another sequence.
-    logprobs = torch.where(position_ids == 0, 0.0, logprobs)
+
+    def scatter(values: list[torch.Tensor]) -> torch.Tensor:
+        """[N] values at the used positions -> [B,L], 0.0 elsewhere."""
+        flat = torch.cat(values)
+        shifted = torch.zeros(used.shape, dtype=torch.float32, device=input_ids.device).masked_scatter(used, flat)  # [B,L-1]
+        # A sequence's first token has no prefix; in a packed row the output before it belongs to another sequence.
+        return torch.where(position_ids == 0, 0.0, torch.cat([first, shifted], dim=1))  # [B,L]
+
+    logprobs = scatter(chunks)
     if not return_entropy:
         return logprobs
-    entropy = torch.where(position_ids == 0, 0.0, torch.cat([first, *entropies], dim=1))  # [B,L]
-    return logprobs, entropy
+    return logprobs, scatter(entropies)

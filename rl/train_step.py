@@ -39,6 +39,11 @@ def sanitize(micro_batch: TensorDict) -> int:
     return int((bad | bad_ref).sum())
 
 
+def trained_positions(micro_batch: TensorDict) -> torch.Tensor:
+    """[B,L] bool: tokens some loss component weighs, the only ones whose logprobs are computed."""
+    return (micro_batch["rl_weights"] != 0) | (micro_batch["ce_weights"] != 0) | (micro_batch["ref_kl_weights"] != 0)
+
+
 def needs_old_pass(algorithm: AlgorithmConfig, n_minibatches: int) -> bool:
     """Whether π_old must be computed in a no-grad pass before the update."""
     rc = algorithm.rollout_correction
@@ -61,12 +66,12 @@ def prepare(
         if not old_pass and reference is None:
             continue
         with torch.no_grad(), compute():
-            ids, positions = micro_batch["input_ids"], micro_batch["position_ids"]
+            ids, positions, trained = micro_batch["input_ids"], micro_batch["position_ids"], trained_positions(micro_batch)
             if reference is not None:
-                micro_batch["kl_ref_logprobs"] = token_logprobs(reference, ids, positions)  # [B,L]
+                micro_batch["kl_ref_logprobs"] = token_logprobs(reference, ids, positions, mask=trained)  # [B,L]
             if not old_pass:
                 continue
-            old = token_logprobs(model, ids, positions)  # [B,L] π_old
+            old = token_logprobs(model, ids, positions, mask=trained)  # [B,L] π_old
         mask = micro_batch["rl_weights"] != 0
         index, count = local_sequences(micro_batch["sequence_ids"])
         correction.offpolicy_metrics(old, sampling, mask, index, count, stats)
@@ -151,7 +156,9 @@ def train_step(
         optimizer.zero_grad(set_to_none=True)
         for micro_batch in minibatch:
             with compute():
-                logprobs, entropy = token_logprobs(model, micro_batch["input_ids"], micro_batch["position_ids"], return_entropy=True)  # [B,L]
+                logprobs, entropy = token_logprobs(  # [B,L]; the output layer runs only where a logprob is trained
+                    model, micro_batch["input_ids"], micro_batch["position_ids"], mask=trained_positions(micro_batch), return_entropy=True
+                )
             stats.add("entropy", entropy[micro_batch["rl_weights"] != 0])
             stats.add("ref_kl/entropy", entropy[micro_batch["ref_kl_weights"] != 0])
             stats.add("ce_entropy", entropy[micro_batch["ce_weights"] != 0])

@@ -12,10 +12,17 @@ the compat patch also runs in their process.
 
 Each version is stored as ``policy/v{N}/<param>`` plus ``policy/v{N}/MAPPING``; torchstore writes
 ``MAPPING`` last, so pulling a version whose push has not finished fails instead of returning a
-partial state dict.
+partial state dict. On one host the bytes can skip the store instead (``WeightPublisher`` with
+``weight_sync.transport = "shared_memory"``): they go through a shared-memory file and the store
+carries only a versioned handle, written last as the commit marker.
 """
 
 import asyncio
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -77,3 +84,117 @@ async def pull_state_dict(
 ) -> dict[str, torch.Tensor]:
     """Fetch ``policy_version``; with ``template`` (same keys) the values are copied into its tensors."""
     return await ts.get_state_dict(policy_key(policy_version), user_state_dict=template)
+
+
+SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+SHM_PREFIX = "rlmesh-weights-"
+
+
+@dataclass(frozen=True)
+class SharedWeights:
+    """The handle torchstore carries for a version whose bytes sit in a shared-memory file.
+
+    `layout` maps each parameter name to (byte offset, shape, dtype name); tied parameters share
+    an offset. It is written under `policy/v{N}/HANDLE` after the bytes: its presence is the
+    version's commit marker.
+    """
+
+    path: str
+    nbytes: int
+    layout: dict[str, tuple[int, tuple[int, ...], str]]
+
+
+def _map(path: str, nbytes: int) -> torch.Tensor:
+    """A uint8 tensor over the shared file (created if missing): writes are seen by every mapper."""
+    return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+
+
+def _view(buffer: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    dtype_ = getattr(torch, dtype)
+    count = math.prod(shape)
+    nbytes = count * torch.empty((), dtype=dtype_).element_size()
+    return buffer[offset : offset + nbytes].view(dtype_).view(shape)
+
+
+def remove_dead_shared_files() -> None:
+    """Delete weight files left by trainer processes that no longer exist (a killed run)."""
+    for path in SHM_DIR.glob(f"{SHM_PREFIX}*"):
+        pid = int(path.name[len(SHM_PREFIX) :].split("-", 1)[0])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+        except PermissionError:
+            pass
+
+
+class WeightPublisher:
+    """Trainer side: publish a state dict as a policy version.
+
+    "torchstore" sends every tensor through the store. "shared_memory" copies (and casts) the
+    tensors into one of two shared files on this host, alternating by version parity so a version
+    being read is never overwritten by the next, then puts only the `SharedWeights` handle in the
+    store. The controller reloads every generator before the next push, so two slots suffice.
+    """
+
+    def __init__(self, transport: str):
+        self.transport = transport
+        self._slots: dict[int, tuple[SharedWeights, torch.Tensor]] = {}
+
+    def _slot(self, policy_version: int, state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[SharedWeights, torch.Tensor]:
+        slot = policy_version % 2
+        if slot not in self._slots:
+            layout: dict[str, tuple[int, tuple[int, ...], str]] = {}
+            offsets: dict[int, int] = {}  # storage pointer -> offset, so tied weights are stored once
+            nbytes = 0
+            for name, tensor in state_dict.items():
+                out_dtype = dtype if tensor.is_floating_point() else tensor.dtype
+                key = tensor.data_ptr()
+                if key not in offsets:
+                    offsets[key] = nbytes
+                    nbytes += -(-tensor.numel() * torch.empty((), dtype=out_dtype).element_size() // 64) * 64
+                layout[name] = (offsets[key], tuple(tensor.shape), str(out_dtype).removeprefix("torch."))
+            path = str(SHM_DIR / f"{SHM_PREFIX}{os.getpid()}-{slot}")
+            self._slots[slot] = (SharedWeights(path, nbytes, layout), _map(path, nbytes))
+        return self._slots[slot]
+
+    async def publish(self, state_dict: dict[str, torch.Tensor], policy_version: int, dtype: torch.dtype) -> None:
+        if self.transport == "torchstore":
+            cast = {k: v.detach().to(dtype) if v.is_floating_point() else v.detach() for k, v in state_dict.items()}
+            await push_state_dict(cast, policy_version, keep_versions=2)
+            return
+        handle, buffer = self._slot(policy_version, state_dict, dtype)
+        written: set[int] = set()
+        with torch.no_grad():
+            for name, tensor in state_dict.items():
+                offset = handle.layout[name][0]
+                if offset not in written:  # a tied weight is copied once
+                    written.add(offset)
+                    _view(buffer, *handle.layout[name]).copy_(tensor)
+        await ts.put(policy_key(policy_version) + "/HANDLE", handle)
+        stale = policy_key(policy_version - 2) + "/HANDLE"
+        if policy_version >= 2 and await ts.exists(stale):
+            await ts.delete(stale)
+
+    def close(self) -> None:
+        """Remove the shared files (the generators' mappings stay valid until they exit)."""
+        for handle, _ in self._slots.values():
+            Path(handle.path).unlink(missing_ok=True)
+        self._slots.clear()
+
+
+class WeightReceiver:
+    """Generator side: the state dict of a published version (views of the shared file, or pulled tensors)."""
+
+    def __init__(self, transport: str):
+        self.transport = transport
+        self._mapped: dict[str, torch.Tensor] = {}
+
+    async def pull(self, policy_version: int) -> dict[str, torch.Tensor]:
+        if self.transport == "torchstore":
+            return await pull_state_dict(policy_version)
+        handle: SharedWeights = await ts.get(policy_key(policy_version) + "/HANDLE")
+        if handle.path not in self._mapped:
+            self._mapped[handle.path] = _map(handle.path, handle.nbytes)
+        buffer = self._mapped[handle.path]
+        return {name: _view(buffer, *entry) for name, entry in handle.layout.items()}

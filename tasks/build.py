@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl.config import RubricConfig, TaskConfig
-from rl.registry import REWARD_FNS, TASKS, resolve
+from rl.registry import REWARD_FNS, TASKS, import_object, resolve
+from rollouts.fanout import RolloutFn, task_rollout
 from rubrics.rubric import RewardFn, Rubric
 from tasks.datasets import load_file_rows
 from tasks.task import Split, Task
@@ -44,6 +45,8 @@ class BuiltTask:
     config: TaskConfig
     task: Task
     rubric: Rubric
+    rollout_fn: RolloutFn
+    """One trajectory per call: the config's `rollout_fn`, else the task's environment (`task_rollout`)."""
 
     def load_rows(self, split: Split) -> list[dict[str, Any]]:
         """A split's rows: from the file the config names for it, else from the task."""
@@ -64,4 +67,5 @@ def build_task(task_config: TaskConfig) -> BuiltTask:
         raise ValueError(f"task {task_config.name!r}: bad args {task_config.args}: {exc}") from exc
     rubric = build_rubric(task_config.rubric) if task_config.rubric is not None else task.build_rubric()
     task.rubric = rubric
-    return BuiltTask(name=task_config.name, config=task_config, task=task, rubric=rubric)
+    rollout_fn = import_object(task_config.rollout_fn) if task_config.rollout_fn is not None else task_rollout
+    return BuiltTask(name=task_config.name, config=task_config, task=task, rubric=rubric, rollout_fn=rollout_fn)

@@ -1,8 +1,9 @@
 """A Task bundles what travels together in RL: data, environment, rubric.
 
 The framework reads rows from `load_dataset` (or from files named in config), tags each with
-the task's name, builds one environment per sample with `make_envs`, and scores the finished
-group with `score_group` -- by default the task's rubric.
+the task's name, builds one environment per sample with `make_env` (the default rollout,
+`rollouts.fanout.task_rollout`), and scores the finished group with `score_group` -- by default
+the task's rubric.
 A user's task is any `Task` subclass importable by path; its constructor receives the
 `args` table of the task's config entry as keyword arguments.
 """
@@ -10,7 +11,6 @@ A user's task is any `Task` subclass importable by path; its constructor receive
 from __future__ import annotations
 
 import abc
-import copy
 from typing import Any, Literal
 
 from env_types.message_env import MessageEnv
@@ -46,14 +46,6 @@ class Task(abc.ABC):
     def target(self, example: dict[str, Any]) -> str | None:
         """The reference answer of a row as text, shown next to samples in logs; None if the task has none."""
         return None
-
-    def make_envs(self, example: dict[str, Any], group_size: int) -> list[MessageEnv]:
-        """Environments for the `group_size` rollouts of a row; override to pool expensive ones.
-
-        Each environment gets its own deep copy of the row, so one that mutates it cannot change
-        what its siblings see.
-        """
-        return [self.make_env(copy.deepcopy(example)) for _ in range(group_size)]
 
     async def score_group(self, rollouts: list[Rollout], example: dict[str, Any]) -> list[Reward]:
         """One `Reward` per rollout of a finished group, in order: the one place scoring goes through.

@@ -194,7 +194,7 @@ def test_sft_from_a_frozen_sampler_trains_its_tokens_and_never_goes_stale():
     assert all(s.rl_weights == [0.0] * 4 and s.loss_mask == [False] * 4 for s in samples)
 
     async def take():
-        buffer = RolloutBuffer(capacity=2, max_staleness=0)
+        buffer = RolloutBuffer(max_staleness=0)
         await buffer.put(group)  # sampled at version 0, trained at version 5: a policy group would be evicted
         return await buffer.get(1, trainer_policy_version=5)
 

@@ -3,7 +3,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
 from rl.algorithms.losses import component_counts
-from rl.batching import TrainSample, pack_samples, split_micro_batches
+from rl.batching import TrainSample, pack_samples, split_micro_batches, trim_padding
 from rl.logprobs import token_logprobs
 
 
@@ -133,6 +133,44 @@ def test_token_logprobs_chunking_matches_plain_log_softmax_with_gradients() -> N
     torch.testing.assert_close(chunked, reference, atol=1e-6, rtol=0)
     torch.testing.assert_close(chunked_grad, reference_grad, atol=1e-6, rtol=0)
     assert chunked.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "llama"])
+def test_masked_logprobs_equal_full_logprobs_on_the_mask_with_gradients(kind: str) -> None:
+    """The output layer on the masked positions only: same values and the same gradients as the full pass."""
+    model = _tiny_model(kind, "sdpa")
+    samples = [
+        TrainSample(list(range(3, 3 + n)), [False] * p + [True] * (n - p), [0.0] * n, 0.0, 0) for n, p in ((5, 2), (3, 1), (6, 4))
+    ]
+    batch = pack_samples(samples, seq_len=8, pad_token_id=0)
+    mask = batch["loss_mask"]
+
+    full = token_logprobs(model, batch["input_ids"], batch["position_ids"])
+    full_loss = torch.where(mask, full, 0.0).sum()
+    full_grads = torch.autograd.grad(full_loss, [model.lm_head.weight, model.model.layers[0].mlp.up_proj.weight])
+
+    masked = token_logprobs(model, batch["input_ids"], batch["position_ids"], mask=mask, chunk_size=3)
+    masked_grads = torch.autograd.grad(masked.sum(), [model.lm_head.weight, model.model.layers[0].mlp.up_proj.weight])
+
+    assert int(mask.sum()) == 3 + 2 + 2
+    torch.testing.assert_close(masked, torch.where(mask, full, 0.0), atol=1e-6, rtol=0)
+    for masked_grad, full_grad in zip(masked_grads, full_grads):
+        torch.testing.assert_close(masked_grad, full_grad, atol=1e-6, rtol=0)
+    _, full_entropy = token_logprobs(model, batch["input_ids"], batch["position_ids"], return_entropy=True)
+    _, masked_entropy = token_logprobs(model, batch["input_ids"], batch["position_ids"], mask=mask, return_entropy=True)
+    torch.testing.assert_close(masked_entropy, torch.where(mask, full_entropy, 0.0), atol=1e-6, rtol=0)
+
+
+def test_trim_padding_drops_only_columns_that_are_padding_in_every_row() -> None:
+    samples = [TrainSample([i] * n, [False] + [True] * (n - 1), [0.0] * n, 0.0, 0) for i, n in enumerate((5, 3, 2))]
+    batch = pack_samples(samples, seq_len=8, pad_token_id=99)  # rows: [5 + 3 | pad], [2 | 6 pads]
+    trimmed = trim_padding(batch)
+    assert trimmed.batch_size == batch.batch_size and trimmed["input_ids"].shape == (2, 8)
+    batch = pack_samples(samples[1:], seq_len=8, pad_token_id=99)  # rows: [3 + 2 | 3 pads]
+    trimmed = trim_padding(batch)
+    assert trimmed["input_ids"].tolist() == [[1, 1, 1, 2, 2]]
+    for key in batch.keys():
+        assert torch.equal(trimmed[key], batch[key][:, :5]), key
 
 
 def test_token_entropy_matches_the_softmax_entropy() -> None:

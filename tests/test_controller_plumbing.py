@@ -6,6 +6,7 @@ import pytest
 
 from rl.config import load_config
 from rl.controller import Controller, RunState, fresh_run_dir, gpu_placement
+from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -60,3 +61,46 @@ def test_run_state_data_cursor_advances_over_consumed_rows_in_any_order():
     assert (state.data_cursor, state.rows_done_ahead) == (2, [3])
     state.mark_rows_done([2, 4])
     assert (state.data_cursor, state.rows_done_ahead) == (5, [])
+
+
+def scored_group(row_id: str, task_name: str, row: dict, group_size: int, version: int) -> RolloutGroup:
+    rollouts = []
+    for index in range(group_size):
+        turn = RolloutTurn(prompt_messages=[], prompt_token_ids=[1, 2], completion_token_ids=[3],
+                           completion_logprobs=[-0.5], policy_version=version)
+        rollouts.append(Rollout(rollout_id=f"{row_id}/{index}", group_id=row_id, task_name=task_name, sample_index=index,
+                                turns=[turn], status=RolloutStatus.COMPLETED, reward=float(index == 0)))
+    return RolloutGroup(group_id=row_id, task_name=task_name, example=row, rollouts=rollouts)
+
+
+async def test_the_run_ends_when_the_data_runs_out():
+    """7 rows, 2 per step, 1 of them dropped: the producer admits by row, the consumer gets 2 full batches, then the end."""
+    controller = Controller(load_config(CONFIGS / "tiny_qwen3_e2e.toml", {"run.max_rows": "7", "run.steps": "10",
+                                                                           "run.max_policy_staleness": "1",
+                                                                           "algorithm.drop_constant_reward_groups": "true"}))
+    assert controller.planned_steps == 3 and controller.stream.limit == 7  # the LR schedule is sized for 3 steps
+    dropped = []
+
+    async def rollout_and_score(row_id, task_name, row, group_size, sampling, sampler="policy"):
+        await asyncio.sleep(0)
+        group = scored_group(row_id, task_name, row, group_size, controller.state.policy_version)
+        if row_id.endswith("=1"):  # the second row's rewards are constant: nothing to learn, its slot is reused
+            dropped.append(row_id)
+            for rollout in group.rollouts:
+                rollout.reward = 1.0
+        return group
+
+    controller.rollout_and_score = rollout_and_score
+    producer = asyncio.create_task(controller.produce())
+    batches = []
+    while True:
+        groups, evicted = await controller._next_batch(producer)
+        if len(groups) < 2:
+            break
+        batches.append([group.group_id for group in groups])
+        controller.state.policy_version += 1
+        await controller.admission.set_policy_version(controller.state.policy_version)
+    await producer
+    assert dropped == ["train/row=1"] and evicted == []
+    assert batches == [["train/row=0", "train/row=2"], ["train/row=3", "train/row=4"], ["train/row=5", "train/row=6"]]
+    assert controller.stream.next() is None and groups == []

@@ -3,7 +3,7 @@ import asyncio
 import pytest
 
 from rl.buffer import RolloutBuffer, is_fresh
-from rl.data import RowStream
+from rl.data import RowStream, row_limit
 from rollouts.types import Rollout, RolloutGroup, RolloutTurn
 
 
@@ -41,36 +41,41 @@ def group(version: int, name: str) -> RolloutGroup:
     return RolloutGroup(group_id=name, task_name="t", example={}, rollouts=[Rollout(rollout_id=f"{name}/0", group_id=name, task_name="t", sample_index=0, turns=[turn])])
 
 
-async def test_buffer_evicts_stale_groups_and_blocks_when_full():
-    buffer = RolloutBuffer(capacity=2, max_staleness=1)
+async def test_buffer_evicts_stale_groups_and_waits_for_enough():
+    buffer = RolloutBuffer(max_staleness=1)
     await buffer.put(group(0, "old"))
     await buffer.put(group(1, "ok1"))
-    blocked = asyncio.ensure_future(buffer.put(group(2, "ok2")))
+    waiting = asyncio.ensure_future(buffer.get(2, trainer_policy_version=2))
     await asyncio.sleep(0.01)
-    assert not blocked.done()
-    groups, evicted = await buffer.get(2, trainer_policy_version=2)
+    assert not waiting.done()
+    await buffer.put(group(2, "ok2"))
+    groups, evicted = await waiting
     assert [g.group_id for g in groups] == ["ok1", "ok2"] and len(evicted) == 1
-    await blocked
 
 
-def test_rows_are_copies_per_draw_and_per_environment():
-    from tasks.task import Task
+async def test_closed_buffer_returns_what_is_left():
+    buffer = RolloutBuffer(max_staleness=0)
+    await buffer.put(group(0, "last"))
+    buffer.close()
+    assert [g.group_id for g in (await buffer.get(2, trainer_policy_version=0))[0]] == ["last"]
+    assert await buffer.get(2, trainer_policy_version=0) == ([], [])
 
+
+def test_row_stream_ends_at_its_limit_with_fresh_copies():
+    rows = {"a": [{"i": [0]}, {"i": [1]}, {"i": [2]}]}
+    assert row_limit(rows, epochs=2, max_rows=None) == 6
+    assert row_limit(rows, epochs=2, max_rows=4) == 4
+    assert row_limit(rows, epochs=None, max_rows=None) is None
+    stream = RowStream(rows, {"a": 1.0}, seed=0, limit=row_limit(rows, epochs=1.5, max_rows=None))
+    first = stream.next()
+    first[1]["i"].append(99)  # a rollout that mutates its row
+    rest = stream.take(10)
+    assert len(rest) == 3 and stream.next() is None and stream.cursor == 4
+    assert all(len(row["i"]) == 1 for _, row in rest) and rows["a"][first[1]["i"][0]] == {"i": [first[1]["i"][0]]}
+
+
+def test_rows_are_copies_per_draw():
     rows = [{"n": 1, "seen": []}]
     stream = RowStream({"t": rows}, {"t": 1.0}, seed=0)
     stream.next()[1]["seen"].append("mutated")
     assert stream.next()[1] == {"n": 1, "seen": []} and rows[0] == {"n": 1, "seen": []}
-
-    class RecordingTask(Task):
-        def load_dataset(self, split):
-            return rows
-
-        def make_env(self, example):
-            example["seen"].append("env")  # an environment that mutates its row
-            return example
-
-        def build_rubric(self):
-            raise NotImplementedError
-
-    envs = RecordingTask().make_envs(rows[0], 3)
-    assert envs == [{"n": 1, "seen": ["env"]}] * 3 and rows[0] == {"n": 1, "seen": []}

@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 from env_types.renderer_env import Completion, RendererEnvConfig
 from rl.assets import resolve_model_path
 from rl.renderer import RendererConfig
-from rollouts.runner import GroupSpec, collect_groups
+from rollouts.fanout import RolloutContext, rollout_group, task_rollout
 from rollouts.types import RolloutStatus
 from rubrics.rubric import apply_reward
 
@@ -23,20 +23,25 @@ def readme_blocks(language: str) -> list[str]:
 
 def write_user_package(root: Path) -> None:
     [task_code] = [block for block in readme_blocks("python") if "class CapitalsTask" in block]
+    [rollout_code] = [block for block in readme_blocks("python") if "async def skip_long_rows" in block]
     (root / "my_tasks").mkdir()
     (root / "my_tasks" / "__init__.py").write_text("")
     (root / "my_tasks" / "capitals.py").write_text(task_code)
+    (root / "my_tasks" / "rollouts.py").write_text(rollout_code)
 
 
-def test_readme_task_config_validates_by_import_path(tmp_path):
+def test_readme_task_configs_validate_by_import_path(tmp_path):
     write_user_package(tmp_path)
-    [task_toml] = [block for block in readme_blocks("toml") if "my_tasks.capitals:CapitalsTask" in block]
-    config = tmp_path / "capitals.toml"
-    config.write_text('[model]\npath = "tiny-qwen3"\n' + task_toml)
-    result = subprocess.run([sys.executable, "-m", "rl.cli", "validate", "--config", str(config)],
-                            cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": ""})
-    assert result.returncode == 0, result.stderr
-    assert 'name = "my_tasks.capitals:CapitalsTask"' in result.stdout
+    task_tomls = [block for block in readme_blocks("toml") if "my_tasks.capitals:CapitalsTask" in block]
+    assert len(task_tomls) == 2  # the task, and the task with its own rollout_fn
+    for index, task_toml in enumerate(task_tomls):
+        config = tmp_path / f"capitals{index}.toml"
+        config.write_text('[model]\npath = "tiny-qwen3"\n' + task_toml)
+        result = subprocess.run([sys.executable, "-m", "rl.cli", "validate", "--config", str(config)],
+                                cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": ""})
+        assert result.returncode == 0, result.stderr
+        assert 'name = "my_tasks.capitals:CapitalsTask"' in result.stdout
+    assert 'rollout_fn = "my_tasks.rollouts:skip_long_rows"' in result.stdout
 
 
 async def test_readme_task_rolls_out_and_scores(tmp_path, monkeypatch):
@@ -49,12 +54,13 @@ async def test_readme_task_rolls_out_and_scores(tmp_path, monkeypatch):
     renderer = RendererConfig(name="qwen3").build("tiny-qwen3")
     answer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen3")).encode("Nairobi<|im_end|>")
 
-    async def generate(requests):
-        return [Completion(token_ids=answer, logprobs=[-0.1] * len(answer), finish_reason="stop", policy_version=0) for _ in requests]
+    async def generate(request):
+        return Completion(token_ids=answer, logprobs=[-0.1] * len(answer), finish_reason="stop", policy_version=0)
 
-    [group] = await collect_groups(
-        [GroupSpec("g", "capitals", task, row, renderer, RendererEnvConfig(max_new_tokens=16))], 2, generate
-    )
+    def context(index):
+        return RolloutContext("g", index, "capitals", task, renderer, RendererEnvConfig(max_new_tokens=16), generate)
+
+    group = await rollout_group("g", "capitals", row, 2, task_rollout, context)
     rewards = await task.build_rubric().score_group(group.rollouts, group.example)
     for rollout, reward in zip(group.rollouts, rewards):
         apply_reward(rollout, reward)

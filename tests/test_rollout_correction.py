@@ -122,6 +122,13 @@ class UnigramLM(torch.nn.Module):
     def forward(self, input_ids, position_ids=None, use_cache=False):
         return SimpleNamespace(logits=self.logits.expand(*input_ids.shape, -1))
 
+    def get_decoder(self):
+        """Hidden state 1 at every position (the output layer reads only trained positions, `rl.logprobs`)."""
+        return lambda input_ids, position_ids=None, use_cache=False: SimpleNamespace(last_hidden_state=torch.ones(*input_ids.shape, 1))
+
+    def get_output_embeddings(self):
+        return lambda hidden: hidden * self.logits  # [N,1] -> [N,V]
+
 
 def _batch() -> TensorDict:
     """The hand row with π_train = uniform over 3 tokens; sampler logprobs set for ratios 3, 0.5, 1e-5."""

@@ -1,4 +1,4 @@
-"""RendererEnv + collect_groups with the real Qwen3 renderer and a scripted generator."""
+"""RendererEnv + the task rollout fanned out per row, with the real Qwen3 renderer and a scripted generator."""
 
 import asyncio
 
@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from rl.assets import resolve_model_path
 from rl.renderer import RendererConfig
-from rollouts.runner import GroupSpec, collect_groups
+from rollouts.fanout import RolloutContext, rollout_group, task_rollout
 from rollouts.types import RolloutStatus
 from tasks.sum_digits import SumDigitsTask
 
@@ -44,7 +44,25 @@ def scripted_generator(tokenizer, reply: str, *, finish_reason="stop", fail_when
 
 
 def spec(task, row, renderer, env_config, index=0):
-    return GroupSpec(group_id=f"g{index}", task_name="sum_digits", task=task, example=row, renderer=renderer, env_config=env_config)
+    return dict(row_id=f"g{index}", task=task, row=row, renderer=renderer, env_config=env_config)
+
+
+async def collect_groups(specs, group_size, generate):
+    """Every spec's row fanned out to `group_size` task rollouts, each request sent to `generate` on its own."""
+
+    async def one(request):
+        [result] = await generate([request])
+        if isinstance(result, str):
+            raise RuntimeError(result)
+        return result
+
+    async def group(spec):
+        def context(index):
+            return RolloutContext(spec["row_id"], index, "sum_digits", spec["task"], spec["renderer"], spec["env_config"], one)
+
+        return await rollout_group(spec["row_id"], "sum_digits", spec["row"], group_size, task_rollout, context)
+
+    return list(await asyncio.gather(*(group(spec) for spec in specs)))
 
 
 async def test_single_turn_group_completes_with_exact_tokens(renderer, tokenizer):
@@ -72,7 +90,7 @@ async def test_prompt_overflow_never_reaches_the_generator(renderer, tokenizer):
     assert [r.status for r in groups[0].rollouts] == [RolloutStatus.PROMPT_OVERFLOW] * 2
     assert all(not r.turns for r in groups[0].rollouts)
     assert [r.status for r in groups[1].rollouts] == [RolloutStatus.COMPLETED] * 2
-    assert len(calls) == 1 and len(calls[0]) == 2
+    assert len(calls) == 2 and all(len(call) == 1 and len(call[0].prompt_token_ids) <= 64 for call in calls)
 
 
 async def test_length_finish_is_truncated(renderer, tokenizer):
@@ -82,7 +100,7 @@ async def test_length_finish_is_truncated(renderer, tokenizer):
     assert group.rollouts[0].status is RolloutStatus.TRUNCATED
 
 
-async def test_failed_generation_fails_only_that_group(renderer, tokenizer):
+async def test_failed_generation_fails_only_its_samples(renderer, tokenizer):
     task = SumDigitsTask(num_digits=2, num_validation=4)
     rows = task.load_dataset("validation")[:2]
     bad_prompt = renderer.render_ids([{"role": "user", "content": rows[0]["prompt"]}], add_generation_prompt=True)
@@ -177,13 +195,19 @@ async def test_multi_turn_done_with_env_reward(renderer, tokenizer):
     assert rollout.status is RolloutStatus.COMPLETED and rollout.turns[0].reward_components == {"solved": 1.0}
 
 
-class ShortTask(SumDigitsTask):
-    def make_envs(self, example, group_size):
-        return [self.make_env(example)]
+async def test_each_sample_gets_its_own_sampling_seed(renderer, tokenizer):
+    from env_types.renderer_env import sampling_seed
 
+    task = SumDigitsTask(num_digits=2, num_validation=4)
+    calls = []
+    generate = scripted_generator(tokenizer, "9", calls=calls)
 
-async def test_make_envs_with_the_wrong_count_fails_the_group(renderer, tokenizer):
-    task = ShortTask(num_digits=2, num_validation=4)
-    [group] = await collect_groups([spec(task, task.load_dataset("validation")[0], renderer, RendererEnvConfig())], 2, scripted_generator(tokenizer, "1"))
-    assert [r.status for r in group.rollouts] == [RolloutStatus.ERROR] * 2
-    assert "returned 1 environments for a group of 2" in group.rollouts[0].error
+    async def one(request):
+        return (await generate([request]))[0]
+
+    def context(index):
+        return RolloutContext("train/row=3", index, "sum_digits", task, renderer, RendererEnvConfig(), one, run_seed=5)
+
+    await rollout_group("train/row=3", "sum_digits", task.load_dataset("validation")[0], 3, task_rollout, context)
+    assert sorted(request.seed for [request] in calls) == sorted(sampling_seed(5, f"train/row=3/{i}", 0) for i in range(3))
+    assert len({request.seed for [request] in calls}) == 3

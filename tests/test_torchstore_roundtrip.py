@@ -104,3 +104,54 @@ async def test_push_pull_between_actor_processes(monkeypatch: pytest.MonkeyPatch
             break
         await asyncio.sleep(0.1)
     assert not left, f"child processes survived stop(): {left}"
+
+
+class SharedWriter(_Proc):
+    """Trainer stand-in on the shared-memory transport: bytes in a shared file, the handle in the store."""
+
+    def __init__(self):
+        self.publisher = weight_sync.WeightPublisher("shared_memory")
+
+    @endpoint
+    async def publish(self, policy_version: int) -> list[str]:
+        state_dict = make_state_dict(policy_version)
+        state_dict["tied.weight"] = state_dict["embed.weight"]  # a tied weight: stored once
+        await self.publisher.publish(state_dict, policy_version, torch.bfloat16)
+        return sorted({handle.path for handle, _ in self.publisher._slots.values()})
+
+    @endpoint
+    async def close(self) -> None:
+        self.publisher.close()
+
+
+class SharedReader(_Proc):
+    def __init__(self):
+        self.receiver = weight_sync.WeightReceiver("shared_memory")
+
+    @endpoint
+    async def pull(self, policy_version: int) -> dict[str, torch.Tensor]:
+        return {name: tensor.clone() for name, tensor in (await self.receiver.pull(policy_version)).items()}
+
+
+async def test_shared_memory_transport_between_actor_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    here = os.path.dirname(os.path.abspath(__file__))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    await weight_sync.initialize_store()
+    writer_procs = this_host().spawn_procs(per_host={"procs": 1})
+    reader_procs = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        writer = writer_procs.spawn("shared_writer", SharedWriter)
+        reader = reader_procs.spawn("shared_reader", SharedReader)
+        for policy_version in (1, 2, 3):  # two slots, alternating: version 3 overwrites version 1's file
+            paths = await writer.publish.call_one(policy_version)
+            want = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in make_state_dict(policy_version).items()}
+            want["tied.weight"] = want["embed.weight"]
+            assert_exactly_equal(await reader.pull.call_one(policy_version), want)
+        assert len(paths) == 2 and all(os.path.exists(path) for path in paths)
+        stored = {k for k in await weight_sync.ts.keys() if k.endswith("/HANDLE")}
+        assert stored == {"policy/v2/HANDLE", "policy/v3/HANDLE"}  # the handle is the commit marker; old ones go
+        await writer.close.call_one()
+        assert not any(os.path.exists(path) for path in paths)
+    finally:
+        await asyncio.gather(writer_procs.stop(), reader_procs.stop())
+        await weight_sync.shutdown_store()

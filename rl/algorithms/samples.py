@@ -109,6 +109,24 @@ class SampleBuilder:
         self.renderers = renderers
         self.prompt_logprobs = prompt_logprobs
 
+    def drop_reason(self, group: RolloutGroup, seq_len: int) -> str | None:
+        """Why a scored group yields no sample of at most `seq_len` tokens (a metric key), or None if it does.
+
+        The same filters as `build`, without teacher calls: the producer gives a dropped group's slot to
+        another row. (reinforce_pp whitens across a step's groups, so its zero-advantage drop waits for `build`.)
+        """
+        algorithm = self.algorithms[group.task_name]
+        trainable = [r for r in group.rollouts if r.status.is_trainable() and r.reward is not None]
+        if len(trainable) < (2 if algorithm.type in GROUP_RELATIVE else 1):
+            return "rollouts/dropped_groups"
+        rewards = torch.tensor([r.reward for r in trainable], dtype=torch.float64)
+        p = _Pending(group.task_name, algorithm, group, trainable, group_advantages(algorithm, rewards, trainable))
+        kind = algorithm.type
+        if algorithm.drop_constant_reward_groups and kind not in ("sft", "opd", "opsd", "reinforce_pp") and bool((p.advantages == 0).all()):
+            return "rollouts/dropped_zero_adv_groups"
+        samples = self._sft_samples(p) if kind == "sft" else [s for r in trainable for s in rollout_to_samples(r, 0.0)]
+        return None if any(len(s.input_ids) <= seq_len for s in samples) else "rollouts/dropped_groups"
+
     async def build(self, groups: list[RolloutGroup]) -> tuple[list[TrainSample], dict[str, float]]:
         """Samples of every group with something to learn; `rollouts/dropped_groups` counts the others."""
         metrics: dict[str, float] = {"rollouts/dropped_zero_adv_groups": 0, "rollouts/dropped_groups": 0}

@@ -1,0 +1,172 @@
+"""`rlmesh bench --config FILE`: how close the loop runs to what this machine allows.
+
+One invocation, one config (same model, prompts and sampling throughout):
+  1. the synchronous loop (`run.max_policy_staleness = 0`): its phases do not overlap, so its
+     per-step generation and training times are "generation alone" and "training alone";
+  2. the async loop with staleness budgets 1 and 2;
+  3. the in-process floor of a weight sync of the same state dict (cast, copy into shared
+     memory, vLLM reload) and the trainer dtype's matmul peak.
+Writes `bench.json` and `bench.md` (a markdown table) into `<run.output_dir>/<run.name>-bench/`.
+The first step of every loop is left out of the averages (start-up, nothing to overlap yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl.assets import resolve_model_path
+from rl.config import Config
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def matmul_peak_gflops(dtype: torch.dtype, cpus: list[int] | None, size: int = 2048, repeats: int = 5) -> float:
+    """Best GFLOP/s of a square matmul on the trainer's cores (all cores when unpinned)."""
+    saved_affinity, saved_threads = os.sched_getaffinity(0), torch.get_num_threads()
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+        torch.set_num_threads(len(cpus))
+    try:
+        a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+        a @ b
+        best = min(_timed(lambda: a @ b) for _ in range(repeats))
+    finally:
+        os.sched_setaffinity(0, saved_affinity)
+        torch.set_num_threads(saved_threads)
+    return 2 * size**3 / best / 1e9
+
+
+def _timed(fn: Any) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def weight_sync_floor(config: Config) -> dict[str, float]:
+    """Seconds of the sync's unavoidable work in one process: cast to the generator dtype, copy into shared memory,
+    vLLM reload (each the best of 3, warm)."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.generator.cpu_kv_cache_gib))
+    from transformers import AutoModelForCausalLM
+    from vllm import LLM
+
+    path = resolve_model_path(config.model.path)
+    state_dict = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.trainer.param_dtype]).state_dict()
+    dtype = _DTYPES[config.generator.dtype]
+    cast_s = min(_timed(lambda: {name: tensor.to(dtype) for name, tensor in state_dict.items()}) for _ in range(3))
+    cast = {name: tensor.to(dtype) for name, tensor in state_dict.items()}
+    shared = {name: torch.empty_like(tensor).share_memory_() for name, tensor in cast.items()}
+
+    def copy() -> None:
+        for name, tensor in cast.items():
+            shared[name].copy_(tensor)
+
+    copy_s = min(_timed(copy) for _ in range(3))  # the first copy also faults the pages in
+    llm = LLM(model=path, skip_tokenizer_init=True, dtype=config.generator.dtype, enforce_eager=True,
+              max_model_len=config.generator.max_model_len, seed=0)
+
+    def reload() -> None:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(shared.items())})
+        llm.reset_prefix_cache()
+
+    try:
+        reload_s = min(_timed(reload) for _ in range(3))  # the first reload also sets vLLM's reload path up
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    megabytes = sum(t.numel() * t.element_size() for t in cast.values()) / 2**20
+    return {"cast_s": cast_s, "copy_s": copy_s, "reload_s": reload_s, "total_s": cast_s + copy_s + reload_s, "megabytes": megabytes}
+
+
+def parameter_count(config: Config) -> int:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(resolve_model_path(config.model.path)))
+    return sum(p.numel() for p in model.parameters())
+
+
+async def run_loop(config: Config, staleness: int, name: str) -> dict[str, float]:
+    """One training run at budget `staleness`; per-step averages from its metrics.jsonl."""
+    from rl.controller import Controller
+
+    run = config.run.model_copy(update={"max_policy_staleness": staleness, "name": name, "eval_every": 0})
+    loop_config = config.model_copy(update={"run": run})
+    summary = await Controller(loop_config).run()
+    steps = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()][1:]
+
+    def mean(key: str) -> float:
+        return statistics.fmean(step[key] for step in steps)
+
+    seconds = sum(step["time/step_s"] for step in steps)
+    return {
+        "s_per_step": seconds / len(steps),
+        "trained_tokens_per_s": sum(step["train/num_loss_tokens"] for step in steps) / seconds,
+        "generation_s": mean("time/generation_s"),
+        "train_s": mean("time/train_s"),
+        "weight_sync_s": mean("time/weight_sync_s"),
+        "generation_tokens_per_s": mean("perf/generation_tokens_per_s"),
+        "train_tokens_per_s": mean("train/train_tokens_per_s"),
+        "overlap_ratio": mean("perf/overlap_ratio"),
+        "version_offset_mean": mean("async/version_offset_mean"),
+        "packing_efficiency": mean("train/packing_efficiency"),
+        "evicted_stale_groups": sum(step["rollouts/evicted_stale_groups"] for step in steps),
+    }
+
+
+def table(results: dict[str, Any]) -> str:
+    sync, loops = results["loops"]["sync"], results["loops"]
+    rows = [
+        ("generation alone (tokens/s)", f"{sync['generation_tokens_per_s']:.0f}"),
+        ("training alone (tokens/s)", f"{sync['train_tokens_per_s']:.0f}"),
+        (f"training, share of {results['trainer_dtype']} matmul peak ({results['matmul_peak_gflops']:.0f} GFLOP/s)",
+         f"{results['trainer_peak_fraction']:.2f}"),
+    ]
+    for name, loop in loops.items():
+        rows.append((f"{name} loop: s/step, trained tokens/s", f"{loop['s_per_step']:.2f}, {loop['trained_tokens_per_s']:.1f}"))
+    for name in ("async_1", "async_2"):
+        rows.append((f"{name} / sync throughput", f"{results['ratios'][name + '_vs_sync']:.2f}"))
+        rows.append((f"{name} overlap ratio, mean version offset", f"{loops[name]['overlap_ratio']:.2f}, {loops[name]['version_offset_mean']:.2f}"))
+    rows += [
+        ("sync s/step vs generation + training + sync alone", f"{results['ratios']['sync_vs_phases']:.2f}"),
+        ("weight sync s (loop) vs in-process floor", f"{sync['weight_sync_s']:.2f} vs {results['weight_sync_floor']['total_s']:.2f}"),
+        ("packing efficiency (real / all tokens in batches)", f"{sync['packing_efficiency']:.2f}"),
+    ]
+    lines = [f"`rlmesh bench` on {results['model']} ({results['machine']})", "", "| measure | value |", "|---|---|"]
+    return "\n".join(lines + [f"| {name} | {value} |" for name, value in rows]) + "\n"
+
+
+async def bench(config: Config) -> dict[str, Any]:
+    out = Path(config.run.output_dir) / f"{config.run.name}-bench"
+    out.mkdir(parents=True, exist_ok=True)
+    trainer_dtype = _DTYPES[config.trainer.dtype]
+    results: dict[str, Any] = {
+        "model": config.model.path,
+        "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start",
+        "trainer_dtype": config.trainer.dtype,
+        "matmul_peak_gflops": matmul_peak_gflops(trainer_dtype, config.trainer.cpus),
+        "loops": {},
+    }
+    for staleness, name in ((0, "sync"), (1, "async_1"), (2, "async_2")):
+        results["loops"][name] = await run_loop(config, staleness, f"{config.run.name}-bench-{name}")
+    results["weight_sync_floor"] = weight_sync_floor(config)  # last: its in-process engine holds memory until exit
+    sync = results["loops"]["sync"]
+    results["trainer_peak_fraction"] = 6 * parameter_count(config) * sync["train_tokens_per_s"] / (results["matmul_peak_gflops"] * 1e9)
+    results["ratios"] = {
+        "async_1_vs_sync": results["loops"]["async_1"]["trained_tokens_per_s"] / sync["trained_tokens_per_s"],
+        "async_2_vs_sync": results["loops"]["async_2"]["trained_tokens_per_s"] / sync["trained_tokens_per_s"],
+        "sync_vs_phases": sync["s_per_step"] / (sync["generation_s"] + sync["train_s"] + sync["weight_sync_s"]),
+        "weight_sync_vs_floor": sync["weight_sync_s"] / results["weight_sync_floor"]["total_s"],
+    }
+    results["machine"] += f", {os.getloadavg()[0]:.1f} at end"
+    (out / "bench.json").write_text(json.dumps(results, indent=2))
+    (out / "bench.md").write_text(table(results))
+    results["out_dir"] = str(out)
+    return results
