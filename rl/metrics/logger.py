@@ -25,7 +25,8 @@ class MetricsLogger:
         self.run_dir = run_dir
         self.console = ConsoleBackend()
         if backends is None:
-            backends = [self.console, JsonlBackend(run_dir / "metrics.jsonl", run_dir / "samples.jsonl")]
+            # metrics.jsonl first: a step is on disk before the console shows it (a kill right after sees it saved)
+            backends = [JsonlBackend(run_dir / "metrics.jsonl", run_dir / "samples.jsonl"), self.console]
             if config.wandb.enabled and config.wandb.mode != "disabled":
                 backends.append(WandbBackend(config, run_dir))
         self.backends = backends
