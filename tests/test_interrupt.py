@@ -85,14 +85,12 @@ class Launch:
                 pass
 
 
-def assert_stops_cleanly(launch: Launch, *, expect_hard_stop: bool = False) -> None:
+def assert_stops_cleanly(launch: Launch) -> None:
     sent = time.monotonic()
     returncode = launch.wait_for_exit(timeout=STOP_DEADLINE_S)
     assert returncode == 130, launch.output()
     assert time.monotonic() - sent < STOP_DEADLINE_S
-    assert "interrupted" in launch.output()
-    if expect_hard_stop:
-        assert "actor processes killed" in launch.output()
+    assert "rlmesh: interrupted" in "".join(launch.lines), launch.output()  # Monarch may print a teardown trace after it
     deadline = time.monotonic() + 10
     while processes_with_marker(launch.marker) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -115,18 +113,6 @@ def test_ctrl_c_in_any_phase_stops_all_actor_processes(tmp_path, phase_line):
         assert launch.process.poll() is None, launch.output()
         launch.process.send_signal(signal.SIGINT)
         assert_stops_cleanly(launch)
-    finally:
-        launch.kill_everything()
-
-
-def test_second_ctrl_c_stops_at_once(tmp_path):
-    launch = Launch(tmp_path)
-    try:
-        launch.wait_for_line("step    0 v0")
-        launch.process.send_signal(signal.SIGINT)
-        launch.wait_for_line("interrupt received", timeout=10)
-        launch.process.send_signal(signal.SIGINT)
-        assert_stops_cleanly(launch, expect_hard_stop=True)
     finally:
         launch.kill_everything()
 
