@@ -12,7 +12,6 @@ The first step of every loop is left out of the averages (start-up, nothing to o
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import statistics

@@ -50,7 +50,7 @@ from rl.precision import MismatchWatch
 from rl.renderer import stop_token_ids
 from rl.router import LeastOutstanding
 from rollouts.fanout import RolloutContext, rollout_group
-from rollouts.types import Rollout, RolloutGroup, RolloutStatus
+from rollouts.types import RolloutGroup, RolloutStatus
 from tasks.build import BuiltTask, build_task
 
 

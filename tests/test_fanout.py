@@ -5,7 +5,7 @@ import asyncio
 from env_types.renderer_env import RendererEnvConfig
 from rl.config import TaskConfig
 from rollouts.fanout import RolloutContext, rollout_group
-from rollouts.types import Rollout, RolloutStatus, RolloutTurn
+from rollouts.types import RolloutStatus, RolloutTurn
 from tasks.build import build_task
 from tasks.sum_digits import SumDigitsTask
 

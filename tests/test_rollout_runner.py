@@ -6,25 +6,12 @@ import pytest
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
 from env_types.renderer_env import Completion, RendererEnvConfig
-from transformers import AutoTokenizer
 
-from rl.assets import resolve_model_path
-from rl.renderer import RendererConfig
 from rollouts.fanout import RolloutContext, rollout_group, task_rollout
 from rollouts.types import RolloutStatus
 from tasks.sum_digits import SumDigitsTask
 
 IM_END = 151645
-
-
-@pytest.fixture(scope="module")
-def renderer():
-    return RendererConfig(name="qwen3").build("tiny-qwen3")
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen3"))
 
 
 def scripted_generator(tokenizer, reply: str, *, finish_reason="stop", fail_when=None, calls=None):
