@@ -40,7 +40,7 @@ async def test_staleness_one_with_two_replicas(tmp_path):
     assert max(m["async/version_offset_max"] for m in metrics) == 1
     for m in metrics:
         assert 0.0 <= m["perf/wait_time_ratio"] <= 1.0 and m["perf/overlap_ratio"] == pytest.approx(1 - m["perf/wait_time_ratio"])
-        for key in ("perf/sample_wait_time", "async/version_offset_mean", "train/ppo_clip_frac", "rollouts/evicted_stale_groups"):
+        for key in ("perf/sample_wait_time", "async/version_offset_mean", "train/ppo_clip_frac", "train/ppo_kl", "rollouts/evicted_stale_groups"):
             assert key in m, key
 
     train = [r for r in rollouts if r["kind"] == "train"]

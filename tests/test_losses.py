@@ -155,6 +155,8 @@ def test_ppo_metrics_hand_computed() -> None:
     assert metrics["ratio_max"] == pytest.approx(1.5) and metrics["ratio_std"] == pytest.approx(math.sqrt(1 / 6))
     # mismatch k3 = r - 1 - ln r: (0.5 - 0.40546511) + 0 + (-0.5 + 0.69314718), over 3
     assert metrics["mismatch_k3"] == pytest.approx(0.28768207 / 3, abs=1e-7)
+    # ppo_kl = mean(old - new) = -(ln 1.5 + 0 + ln 0.5) / 3
+    assert metrics["ppo_kl"] == pytest.approx(0.28768207 / 3, abs=1e-7)
 
 
 # ppo per-token losses [-1.28, -1, 0.8]; sequence 0 holds the first two, sequence 1 the third; only the

@@ -193,6 +193,7 @@ def compute_loss(
         if algorithm.dual_clip_c is not None:
             stats.add("dual_clip_frac", ((advantages < 0) & (ratio > algorithm.dual_clip_c))[mask].float())
         stats.add("ratio", ratio[mask])
+        stats.add("ppo_kl", (batch["old_logprobs"] - logprobs.detach())[mask])  # k1 KL(π_old‖π_θ), verl's ppo_kl
         sampling = torch.where(mask, batch["sampling_logprobs"], logprobs.detach())
         stats.add("mismatch_k3", k3_kl(sampling, logprobs.detach())[mask])
         if algorithm.kl_coef > 0:
