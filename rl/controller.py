@@ -458,13 +458,14 @@ class Controller:
                 self.logger.log_rollouts(self.state.step + 1, "train", groups)
                 await sample_logger.record(groups, self.state.step + 1)
                 metrics = self._rollout_metrics(groups, len(evicted), wait_seconds)
+                train_start = time.perf_counter()
                 step_metrics = await self.train_step(groups)
+                busy = time.perf_counter() - train_start  # advantages, train step (all minibatches) and weight sync
                 for key in ("rollouts/dropped_groups", "rollouts/dropped_zero_adv_groups"):  # the producer's drops and the step's
                     step_metrics[key] += metrics[key]
                 metrics.update(step_metrics)
                 actor_states = await gather_states([self.trainer, self.reward])  # generators record nothing; never wait behind generation
                 self.state.mark_rows_done([row_index_of(group.group_id) for group in groups + evicted])
-                busy = metrics.get("time/train_s", 0.0) + metrics.get("time/weight_sync_s", 0.0)
                 metrics["perf/wait_time_ratio"] = wait_seconds / (wait_seconds + busy)
                 metrics["perf/overlap_ratio"] = 1.0 - metrics["perf/wait_time_ratio"]
                 self.state.step += 1

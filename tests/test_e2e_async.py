@@ -40,6 +40,9 @@ async def test_staleness_one_with_two_replicas(tmp_path):
     assert max(m["async/version_offset_max"] for m in metrics) == 1
     for m in metrics:
         assert 0.0 <= m["perf/wait_time_ratio"] <= 1.0 and m["perf/overlap_ratio"] == pytest.approx(1 - m["perf/wait_time_ratio"])
+        busy_at_least = m["time/train_s"] + m["time/weight_sync_s"]  # the consumer's busy time also covers building the batch
+        wait = m["perf/sample_wait_time"]
+        assert m["perf/wait_time_ratio"] <= wait / (wait + busy_at_least) + 1e-6
         for key in ("perf/sample_wait_time", "async/version_offset_mean", "train/ppo_clip_frac", "train/ppo_kl", "rollouts/evicted_stale_groups"):
             assert key in m, key
 
