@@ -68,21 +68,24 @@ def make_job(cluster: ClusterConfig) -> Any:
 
 
 class Placement:
-    """The hosts of each role for one run; `spawn_procs` starts a role's processes on them."""
+    """The hosts of each role for one run; `spawn_procs` starts a role's processes on them.
+
+    The job is built here, before anything starts monarch's client: building a Slurm or Kubernetes job
+    switches this process's transport to TCP, which the root client must be created with.
+    """
 
     def __init__(self, config: Config):
         self.config = config
-        self.job: Any = None
+        cluster = config.cluster
+        self.job: Any = make_job(cluster) if cluster.scheduler != "local" and cluster.hosts.allocated() else None
         self.hosts: dict[str, HostMesh] = {}
 
     def allocate(self) -> Placement:
         """Allocate the hosts (blocks until the scheduler grants them); a no-op for `local`."""
-        cluster = self.config.cluster
-        if cluster.scheduler != "local" and cluster.hosts.allocated():
-            self.job = make_job(cluster)
+        if self.job is not None and not self.hosts:
             try:
                 state = self.job.state(cached_path=None)
-                self.hosts = {role: getattr(state, role) for role in cluster.hosts.allocated()}
+                self.hosts = {role: getattr(state, role) for role in self.config.cluster.hosts.allocated()}
             except BaseException:
                 self.release()
                 raise
@@ -107,6 +110,6 @@ class Placement:
 
     def release(self) -> None:
         """Free every allocated host (their processes with them); safe to call twice."""
-        job, self.job, self.hosts = self.job, None, {}
-        if job is not None:
-            job.kill()
+        self.hosts = {}
+        if self.job is not None and self.job.active:
+            self.job.kill()

@@ -8,6 +8,8 @@ Both get the same packed batch (7 rows, so the 2-rank mesh also pads one all-pad
   instead of summed, would be off by ~1e-3 on most weights. The 2-rank gradient differs from the 1-process
   one only by reduction order (measured ~1e-8 absolute), which moves a weight noticeably only where its
   gradient is itself near Adam's eps (1e-8); measured worst case 2e-6.
+The 2-rank mesh also publishes its weights through the shared-memory file (the one-host transport): what
+a generator reads equals, bit for bit, the weights in the mesh's checkpoint.
 """
 
 import asyncio
@@ -22,6 +24,7 @@ import torch.distributed.checkpoint as dcp
 from transformers import AutoModelForCausalLM
 
 from actors.trainer import PolicyTrainer
+from rl import weight_sync
 from rl.assets import resolve_model_path
 from rl.batching import TrainSample, pack_samples, split_micro_batches
 from rl.cluster import Placement
@@ -74,6 +77,7 @@ async def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("sharded")
     monarch.config.configure(cleanup_timeout="10s")  # as the controller: a trainer process takes a few seconds to stop
     previous_hook, monarch.actor.unhandled_fault_hook = monarch.actor.unhandled_fault_hook, lambda failure: None
+    await weight_sync.initialize_store()
     (one, one_procs), (two, two_procs) = await start(1), await start(2)
     resumed, resumed_procs = await start(1)
     probe = list(range(5, 60))
@@ -82,6 +86,8 @@ async def runs(tmp_path_factory):
         for name, trainer in (("one", one), ("two", two)):
             (root / name).mkdir()
             await trainer.save_checkpoint.call_one(str(root / name))
+        await two.push_weights.call_one(1)  # shared memory: ranks gather one parameter at a time, rank 0 writes
+        published = {name: tensor.clone() for name, tensor in (await weight_sync.WeightReceiver("shared_memory").pull(1)).items()}
         await resumed.load_checkpoint.call_one(str(root / "two"))
         logprobs = await asyncio.gather(two.logprobs.call_one(probe), resumed.logprobs.call_one(probe))
         second = await asyncio.wait_for(
@@ -91,9 +97,11 @@ async def runs(tmp_path_factory):
             (root / name).mkdir()
             await trainer.save_checkpoint.call_one(str(root / name))
     finally:
+        await two.release_weights.call()
         await asyncio.gather(one_procs.stop(), two_procs.stop(), resumed_procs.stop(), return_exceptions=True)
+        await weight_sync.shutdown_store()
         monarch.actor.unhandled_fault_hook = previous_hook
-    yield {"root": root, "first": first, "second": second, "logprobs": logprobs}
+    yield {"root": root, "first": first, "second": second, "logprobs": logprobs, "published": published}
 
 
 async def test_two_ranks_give_the_loss_and_the_updated_weights_of_one(runs):
@@ -119,3 +127,10 @@ async def test_a_two_rank_checkpoint_resumes_on_one_rank(runs):
     weights_two, weights_resumed = checkpoint_weights(runs["root"] / "two_again"), checkpoint_weights(runs["root"] / "resumed")
     for name in weights_two:
         torch.testing.assert_close(weights_resumed[name], weights_two[name], atol=1e-5, rtol=0, msg=name)
+
+
+async def test_a_sharded_trainer_publishes_its_whole_weights_through_shared_memory(runs):
+    published, saved = runs["published"], checkpoint_weights(runs["root"] / "two")
+    assert sorted(published) == sorted(saved)
+    for name, tensor in saved.items():
+        assert torch.equal(published[name], tensor), name
