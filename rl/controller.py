@@ -30,13 +30,13 @@ from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
 from env_types.renderer_env import Completion, GenerationRequest
 from rl import checkpoint, weight_sync
-from rl.cluster import Placement
 from rl.admission import Admission
 from rl.algorithms.config import POLICY
 from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
 from rl.batching import pack_samples, split_micro_batches, trim_padding
 from rl.buffer import RolloutBuffer, is_frozen_sampled
+from rl.cluster import Placement
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream, row_limit
 from rl.frozen_models import FrozenModels, mark_frozen, task_algorithms
@@ -48,8 +48,8 @@ from rl.metrics.samples import SampleLogger
 from rl.metrics.standard import reward_metrics, rollout_metrics
 from rl.precision import MismatchWatch
 from rl.renderer import stop_token_ids
-from rl.trainer_mesh import spawn_trainer
 from rl.router import LeastOutstanding
+from rl.trainer_mesh import spawn_trainer
 from rollouts.fanout import RolloutContext, rollout_group
 from rollouts.types import RolloutGroup, RolloutStatus
 from tasks.build import BuiltTask, build_task

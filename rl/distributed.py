@@ -62,7 +62,7 @@ def init_process_group(device: str) -> Ranks:
     return Ranks(rank, world)
 
 
-def shard(model: torch.nn.Module, *, device: str, param_dtype: torch.dtype | None, reshard_after_forward: bool = True) -> LogprobsModel:
+def shard(model: torch.nn.Module, *, device: str, param_dtype: torch.dtype | None) -> LogprobsModel:
     """FSDP2 over the group: one unit per decoder layer, the root (`LogprobsModel`) holds embeddings, norm and output layer.
 
     The root keeps a tied output layer with its embedding and gathers it once per forward, however many
@@ -77,7 +77,7 @@ def shard(model: torch.nn.Module, *, device: str, param_dtype: torch.dtype | Non
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype is not None else MixedPrecisionPolicy()
     root = LogprobsModel(model)
     for layer in model.get_decoder().layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(root, mesh=mesh, mp_policy=policy)
     for unit in [*model.get_decoder().layers, root]:  # each unit reduces its own gradients
         unit.set_gradient_divide_factor(1.0)
