@@ -3,20 +3,25 @@
 The controller hands it a batch of packed `[B, L]` rows as micro-batches; `rl.train_step` runs
 the update (K optimizer steps, each normalized by its global per-component token counts), then
 the trainer publishes the new weights to torchstore under the next policy version.
+
+With `trainer.num_procs * trainer.num_hosts > 1` it is a proc mesh of ranks acting as one (`rl.trainer_mesh`):
+each rank holds an FSDP2 shard of the model (`rl.distributed`), trains on its share of the rows, and every
+endpoint runs on every rank.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from pathlib import Path
 
 import torch
-from monarch.actor import endpoint
+from monarch.actor import current_rank, endpoint
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
-from rl import checkpoint, weight_sync
+from rl import checkpoint, distributed, weight_sync
 from rl.affinity import pin_process
 from rl.assets import resolve_model_path
 from rl.config import Config, TrainerConfig
@@ -53,18 +58,22 @@ class PolicyTrainer(MetricsActor):
     """Owns the trainable policy (and the frozen reference when a KL term is configured)."""
 
     def __init__(self, config: Config, total_steps: int | None = None):
-        pin_process(config.trainer.cpus)
-        torch.manual_seed(config.trainer.seed)
-        self.config = config
         trainer_config = config.trainer
+        world = trainer_config.num_procs * trainer_config.num_hosts
+        pin_process(trainer_config.cpus, rank=current_rank().rank % trainer_config.num_procs, of=trainer_config.num_procs)
+        torch.manual_seed(trainer_config.seed)
+        self.config = config
         self.device = torch.device(trainer_config.device)
-        self.model = load_causal_lm(config.model.path, trainer_config)
+        self.ranks = distributed.init_process_group(trainer_config.device) if world > 1 else distributed.Ranks.single()
+        self.lm = load_causal_lm(config.model.path, trainer_config)
+        """The transformers model (sharded in place when there are several ranks): its state dict is the policy's."""
         if trainer_config.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
-        self.model.train()
+            self.lm.gradient_checkpointing_enable(**({"gradient_checkpointing_kwargs": {"use_reentrant": False}} if world > 1 else {}))
+        self.lm.train()
+        self.model = self.shard(self.lm)
         self.reference = None
         if config.algorithm.kl_coef > 0:
-            self.reference = load_causal_lm(config.model.path, trainer_config).eval().requires_grad_(False)
+            self.reference = self.shard(load_causal_lm(config.model.path, trainer_config).eval().requires_grad_(False))
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=trainer_config.lr, betas=trainer_config.betas, weight_decay=trainer_config.weight_decay
         )
@@ -73,19 +82,38 @@ class PolicyTrainer(MetricsActor):
         self.policy_version = 0
         self.publisher = weight_sync.WeightPublisher(config.weight_sync.transport)
 
-    def compute(self):
-        """Forward passes run in `trainer.dtype` (autocast) over the `trainer.param_dtype` weights."""
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """FSDP2 over the ranks (mixed precision on GPU), or the model itself with one rank."""
+        if self.ranks.world == 1:
+            return model
         trainer_config = self.config.trainer
+        param_dtype = TORCH_DTYPES[trainer_config.dtype] if self.mixed_precision else None
+        return distributed.shard(model, device=trainer_config.device, param_dtype=param_dtype)
+
+    @property
+    def mixed_precision(self) -> bool:
+        """Sharded on GPU with a lower compute dtype: FSDP2 gathers the weights in it (no autocast)."""
+        trainer_config = self.config.trainer
+        return self.ranks.world > 1 and trainer_config.device == "cuda" and trainer_config.dtype != trainer_config.param_dtype
+
+    def compute(self):
+        """Forward passes run in `trainer.dtype` (autocast, or FSDP2's mixed precision) over the `trainer.param_dtype` weights."""
+        trainer_config = self.config.trainer
+        if self.mixed_precision:
+            return contextlib.nullcontext()
         return compute_context(trainer_config.device, trainer_config.param_dtype, trainer_config.dtype)
 
     @endpoint
     async def train_step(self, micro_batches: list[TensorDict]) -> dict[str, float]:
         """K optimizer steps over the batch's micro-batches (see `rl.train_step`); returns loss and diagnostics."""
         trainer_config = self.config.trainer
+        if self.ranks.world > 1:
+            micro_batches = distributed.rank_rows(micro_batches, self.ranks, trainer_config.micro_batch_size)
         return train_step(
             self.model, self.optimizer, self.scheduler, micro_batches, self.config.algorithm,
             max_grad_norm=trainer_config.max_grad_norm, horizon=trainer_config.seq_len,
             n_minibatches=trainer_config.ppo_n_minibatches, reference=self.reference, device=self.device, compute=self.compute,
+            ranks=self.ranks,
         )
 
     @endpoint
@@ -93,7 +121,8 @@ class PolicyTrainer(MetricsActor):
         """Publish the current weights as `policy_version`; returns seconds spent."""
         start = time.perf_counter()
         # sent in the generators' dtype: half the bytes when they run bf16
-        await self.publisher.publish(self.model.state_dict(), policy_version, TORCH_DTYPES[self.config.generator.dtype])
+        state_dict = self.lm.state_dict(keep_vars=self.ranks.world > 1)  # sharded: the DTensor parameters themselves (ties by identity)
+        await self.publisher.publish(state_dict, policy_version, TORCH_DTYPES[self.config.generator.dtype], self.ranks)
         self.policy_version = policy_version
         return time.perf_counter() - start
 
@@ -105,12 +134,13 @@ class PolicyTrainer(MetricsActor):
     @endpoint
     async def save_checkpoint(self, path: str) -> None:
         """Model, optimizer, LR schedule and this process's RNG into the checkpoint directory `path`."""
-        checkpoint.save_trainer(Path(path), self.model, self.optimizer, self.scheduler)
-        checkpoint.save_rng(Path(path), "trainer")
+        checkpoint.save_trainer(Path(path), self.lm, self.optimizer, self.scheduler)
+        if self.ranks.rank == 0:
+            checkpoint.save_rng(Path(path), "trainer")
 
     @endpoint
     async def load_checkpoint(self, path: str) -> None:
-        checkpoint.load_trainer(Path(path), self.model, self.optimizer, self.scheduler)
+        checkpoint.load_trainer(Path(path), self.lm, self.optimizer, self.scheduler)
         checkpoint.load_rng(Path(path), "trainer")
 
     @endpoint

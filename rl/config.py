@@ -98,8 +98,13 @@ class TrainerConfig(Section):
     """K optimizer steps per batch on disjoint minibatches, against π_old computed once without gradients."""
     seed: int = 0
     gradient_checkpointing: bool = False
+    """Activation checkpointing: recompute each decoder layer's activations in backward."""
     cpus: list[int] | None = None
-    """CPU cores the trainer process runs on (and its torch thread count); None = no pinning."""
+    """CPU cores the trainer processes run on (split evenly between a host's processes); None = no pinning."""
+    num_procs: int = Field(1, ge=1)
+    """Trainer processes (ranks) per host; above one in all, the model is sharded over them with FSDP2."""
+    num_hosts: int = Field(1, ge=1)
+    """Hosts of the trainer; more than one needs a `[cluster]` scheduler that allocates hosts."""
 
 
 class RubricConfig(Section):
@@ -250,6 +255,64 @@ class WeightSyncConfig(Section):
     "torchstore": every tensor through the store (needed when trainer and generators are on different hosts)."""
 
 
+class SlurmOptions(Section):
+    """`monarch.job.SlurmJob` settings; one sbatch allocation holds every role's hosts."""
+
+    partition: str | None = None
+    time: str | None = None
+    """Time limit "HH:MM:SS"; None = the partition's default."""
+    account: str | None = None
+    qos: str | None = None
+    gpus_per_node: int | None = Field(None, ge=1)
+    cpus_per_task: int | None = Field(None, ge=1)
+    mem: str | None = None
+    python_exe: str = "python"
+    """The Python on the nodes that has rlmesh's environment (e.g. /shared/rlmesh/.venv/bin/python)."""
+    job_name: str = "rlmesh"
+    log_dir: str | None = None
+    slurm_args: list[str] = Field(default_factory=list)
+    """Extra sbatch arguments, e.g. ["--constraint=h100"]."""
+    job_start_timeout: int | None = Field(None, ge=1)
+    """Seconds to wait in the queue before giving up; None = wait."""
+
+
+class KubernetesOptions(Section):
+    """`monarch.job.KubernetesJob` settings: one MonarchMesh (pods) per role, provisioned by the MonarchMesh operator."""
+
+    namespace: str = "default"
+    image: str
+    """Container image with rlmesh's environment installed."""
+    gpus_per_pod: int = Field(0, ge=0)
+    shared_memory_size: str | None = None
+    """/dev/shm size for NCCL, e.g. "64Gi"."""
+    timeout: int | None = Field(None, ge=1)
+    """Seconds to wait for the pods to be ready; None = wait."""
+
+
+class ClusterHosts(Section):
+    """Hosts allocated per role; 0 = the role runs on the launcher's host."""
+
+    trainer: int = Field(0, ge=0)
+    generator: int = Field(0, ge=0)
+    reward: int = Field(0, ge=0)
+
+    def allocated(self) -> dict[str, int]:
+        """Roles that get hosts of their own, with how many."""
+        return {role: count for role, count in self.model_dump().items() if count > 0}
+
+
+class ClusterConfig(Section):
+    """Where the roles run. `local`: all on this host. Otherwise `hosts` are allocated per role from the scheduler."""
+
+    scheduler: Literal["local", "process", "slurm", "kubernetes"] = "local"
+    hosts: ClusterHosts = ClusterHosts()
+    """Hosts per role, e.g. { trainer = 1, generator = 1 }; a role left out runs on the launcher's host."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment of every process on an allocated host (they do not inherit the launcher's), e.g. HF_HOME."""
+    slurm: SlurmOptions = SlurmOptions()
+    kubernetes: KubernetesOptions | None = None
+
+
 class Config(Section):
     model: ModelConfig = ModelConfig()
     generator: GeneratorConfig = GeneratorConfig()
@@ -263,6 +326,7 @@ class Config(Section):
     wandb: WandbConfig = WandbConfig()
     sample_logging: SampleLoggingConfig = SampleLoggingConfig()
     weight_sync: WeightSyncConfig = WeightSyncConfig()
+    cluster: ClusterConfig = ClusterConfig()
 
     @model_validator(mode="after")
     def _check(self) -> Config:
@@ -281,7 +345,23 @@ class Config(Section):
             if task.env.max_total_tokens > self.generator.max_model_len:
                 raise ValueError(f"tasks.{index}.env.max_total_tokens exceeds generator.max_model_len")
         check_algorithms(self)
+        self._check_cluster()
         return self
+
+    def _check_cluster(self) -> None:
+        cluster, trainer = self.cluster, self.trainer
+        trainer_hosts = cluster.hosts.trainer  # 0: on the launcher's host
+        if trainer.num_hosts != max(1, trainer_hosts):
+            raise ValueError(f"trainer.num_hosts = {trainer.num_hosts} but the cluster gives the trainer {max(1, trainer_hosts)} host(s) (cluster.hosts.trainer)")
+        if cluster.scheduler == "local" and any(count > 1 for count in cluster.hosts.allocated().values()):
+            raise ValueError("cluster.scheduler = 'local' has one host; use 'process', 'slurm' or 'kubernetes' for more")
+        if self.generator.num_replicas % max(1, cluster.hosts.generator):
+            raise ValueError(f"generator.num_replicas ({self.generator.num_replicas}) must be a multiple of cluster.hosts.generator")
+        if cluster.scheduler == "kubernetes" and cluster.kubernetes is None:
+            raise ValueError("cluster.scheduler = 'kubernetes' needs a [cluster.kubernetes] section (image, namespace)")
+        apart = cluster.scheduler != "local" and (trainer_hosts > 0 or cluster.hosts.generator > 0)
+        if apart and self.weight_sync.transport != "torchstore":
+            raise ValueError("trainer and generators on different hosts: set weight_sync.transport = 'torchstore' (shared memory is one host's)")
 
     def _check_precision(self) -> None:
         trainer = self.trainer

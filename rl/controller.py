@@ -23,7 +23,6 @@ from typing import Any, Awaitable, Callable
 
 import monarch.actor
 import monarch.config
-from monarch.actor import default_bootstrap_cmd, this_host
 from tqdm import tqdm
 
 from actors.generator import Generator
@@ -37,6 +36,7 @@ from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
 from rl.batching import pack_samples, split_micro_batches, trim_padding
 from rl.buffer import RolloutBuffer, is_frozen_sampled
+from rl.cluster import Placement
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.data import RowStream, row_limit
 from rl.frozen_models import FrozenModels, mark_frozen, task_algorithms
@@ -49,25 +49,10 @@ from rl.metrics.standard import reward_metrics, rollout_metrics
 from rl.precision import MismatchWatch
 from rl.renderer import stop_token_ids
 from rl.router import LeastOutstanding
+from rl.trainer_mesh import spawn_trainer
 from rollouts.fanout import RolloutContext, rollout_group
 from rollouts.types import RolloutGroup, RolloutStatus
 from tasks.build import BuiltTask, build_task
-
-
-def gpu_placement(device: str, *, first_gpu: int, gpus_per_proc: int) -> Callable[[Any], Any] | None:
-    """Per-process `CUDA_VISIBLE_DEVICES` so each actor process owns its GPUs (None on CPU).
-
-    One host: the trainer takes GPU 0, generator replica i the `tensor_parallel_size` GPUs after it.
-    """
-    if device != "cuda":
-        return None
-
-    def command(point: Any) -> Any:
-        start = first_gpu + point.rank * gpus_per_proc
-        gpus = ",".join(str(gpu) for gpu in range(start, start + gpus_per_proc))
-        return default_bootstrap_cmd().with_env({"CUDA_VISIBLE_DEVICES": gpus})
-
-    return command
 
 
 def fresh_run_dir(run_dir: Path) -> Path:
@@ -181,6 +166,7 @@ class Controller:
             self.algorithms, self.renderers, lambda name, seqs: self.frozen.prompt_logprobs(name, seqs, policy=self.generators)
         )
         self._proc_meshes: list[Any] = []
+        self.placement = Placement(config)
         self.actor_failures: list[str] = []
         self._store_started = False
         self._shutting_down = False
@@ -213,16 +199,14 @@ class Controller:
         await weight_sync.initialize_store()
         self._store_started = True
         generator_config = self.config.generator
-        trainer_procs = this_host().spawn_procs(
-            per_host={"procs": 1}, bootstrap_command=gpu_placement(self.config.trainer.device, first_gpu=0, gpus_per_proc=1)
+        spawn_procs = (await asyncio.to_thread(self.placement.allocate)).spawn_procs  # the [cluster] hosts of each role
+        self.trainer, trainer_procs = await spawn_trainer(spawn_procs, self.config, PolicyTrainer, self.config, self.planned_steps)
+        generator_procs = spawn_procs(
+            "generator", per_host={"procs": generator_config.num_replicas // max(1, self.config.cluster.hosts.generator)},
+            gpus_per_proc=generator_config.tensor_parallel_size,
         )
-        generator_procs = this_host().spawn_procs(
-            per_host={"procs": generator_config.num_replicas},
-            bootstrap_command=gpu_placement(generator_config.device, first_gpu=1, gpus_per_proc=generator_config.tensor_parallel_size),
-        )
-        reward_procs = this_host().spawn_procs(per_host={"procs": 1})
+        reward_procs = spawn_procs("reward", per_host={"procs": 1})
         self._proc_meshes = [trainer_procs, generator_procs, reward_procs]
-        self.trainer = trainer_procs.spawn("trainer", PolicyTrainer, self.config, self.planned_steps)
         self.generators = generator_procs.spawn("generator", Generator, self.config, self.stop_token_ids)
         self.reward = reward_procs.spawn("reward", RewardActor, self.config)
         await asyncio.gather(
@@ -272,6 +256,7 @@ class Controller:
         await asyncio.to_thread(reap, actor_processes, 5)  # a stopped mesh's processes may still be exiting
         self._proc_meshes = []
         self._actors_ready = False
+        await asyncio.to_thread(self.placement.release)
         if self._store_started:
             self._store_started = False
             await weight_sync.shutdown_store()

@@ -50,6 +50,8 @@ def token_logprobs(
     bounded for a large vocab. With `return_entropy`, also the (gradient-free) entropy of the predictive
     distribution of each token [B,L], 0.0 where position_ids == 0 or outside `mask`.
     """
+    if isinstance(model, LogprobsModel):  # sharded: the forward must run through the root unit
+        return model(input_ids, position_ids, mask=mask, return_entropy=return_entropy)
     # input_ids, position_ids: [B,L]
     hidden = model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state  # [B,L,H]
     used = torch.ones_like(input_ids[:, 1:], dtype=torch.bool) if mask is None else mask[:, 1:]  # [B,L-1]: positions t whose next token is used
@@ -79,3 +81,16 @@ def token_logprobs(
     if not return_entropy:
         return logprobs
     return logprobs, scatter(entropies)
+
+
+class LogprobsModel(torch.nn.Module):
+    """A causal LM whose forward is `token_logprobs`: the root unit of a sharded model (see `rl.distributed.shard`)."""
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None = None, return_entropy: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs(self.lm, input_ids, position_ids, mask=mask, return_entropy=return_entropy)

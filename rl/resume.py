@@ -1,8 +1,8 @@
 """`rlmesh train --resume RUN_DIR`: the config a resumed run may use, and the logs it continues.
 
 A resume continues the saved trajectory, so only settings that do not change what is trained may
-differ from the saved config: the length of the run, evaluation, logging, checkpointing and
-timeouts. Anything else (model, tasks, group size, algorithm, optimizer, sampling...) is refused
+differ from the saved config: the length of the run, evaluation, logging, checkpointing,
+timeouts, and where it runs (trainer ranks and hosts, `[cluster]`: a checkpoint of N ranks loads on M). Anything else (model, tasks, group size, algorithm, optimizer, sampling...) is refused
 with the keys named.
 """
 
@@ -27,6 +27,9 @@ RESUMABLE_KEYS = (
     "checkpoint.",
     "wandb.",
     "sample_logging.",
+    "trainer.num_procs",
+    "trainer.num_hosts",
+    "cluster.",
 )
 """Keys (or section prefixes ending in ".") a resume may override."""
 

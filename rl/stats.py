@@ -42,6 +42,19 @@ def merge(a: list[float], b: list[float]) -> list[float]:
     return [a[0] + b[0], a[1] + b[1], a[2] + b[2], min(a[3], b[3]), max(a[4], b[4])]
 
 
+def merge_stats(parts: list[MetricStats]) -> MetricStats:
+    """Several processes' statistics of one step as one (ranks of a sharded trainer)."""
+    if len(parts) == 1:
+        return parts[0]
+    out = MetricStats()
+    for part in parts:
+        for name, stat in part.samples.items():
+            out.samples[name] = stat if name not in out.samples else merge(out.samples[name], stat)
+        for name, value in part.totals.items():
+            out.add_total(name, value)
+    return out
+
+
 def reduce_metric_stats(stats: MetricStats, spread: tuple[str, ...] = ()) -> dict[str, float]:
     """Flat metrics of a step: `name` = mean of its samples; for names in `spread`, `name_mean/_std/_min/_max`.
 

@@ -20,8 +20,9 @@ from rl.algorithms import correction
 from rl.algorithms.config import AlgorithmConfig
 from rl.algorithms.losses import component_counts, compute_loss, kl_estimate, local_sequences, segment_sum
 from rl.batching import COMPONENTS
+from rl.distributed import Ranks
 from rl.logprobs import token_logprobs
-from rl.stats import MetricStats, reduce_metric_stats
+from rl.stats import MetricStats, merge_stats, reduce_metric_stats
 
 SPREAD = ("ratio",)
 """Trainer metrics logged with _mean/_std/_min/_max."""
@@ -52,7 +53,7 @@ def needs_old_pass(algorithm: AlgorithmConfig, n_minibatches: int) -> bool:
 
 def prepare(
     micro_batches: list[TensorDict], model: torch.nn.Module, reference: torch.nn.Module | None,
-    algorithm: AlgorithmConfig, n_minibatches: int, stats: MetricStats, compute: Callable[[], ContextManager],
+    algorithm: AlgorithmConfig, n_minibatches: int, stats: MetricStats, compute: Callable[[], ContextManager], ranks: Ranks = Ranks(),
 ) -> bool:
     """The no-grad pass: π_old, reference logprobs, KL-in-reward, IS weights and rejection, in place.
 
@@ -91,7 +92,7 @@ def prepare(
             micro_batch["advantages"] = micro_batch["advantages"] - algorithm.kl_coef * seq_kl[index]
     if any("is_weights" in mb.keys() for mb in micro_batches):
         if rc.rollout_is_batch_normalize:
-            correction.normalize_is_weights(micro_batches, rc.rollout_is)
+            correction.normalize_is_weights(micro_batches, rc.rollout_is, ranks.sum)
         for micro_batch in micro_batches:
             mask = micro_batch["rl_weights"] != 0
             if rc.rollout_is == "token":
@@ -122,6 +123,12 @@ def split_minibatches(micro_batches: list[TensorDict], n: int) -> list[list[Tens
     return out
 
 
+def grad_norm(model: torch.nn.Module, max_grad_norm: float) -> float:
+    """Clip the gradients to `max_grad_norm`; the norm before clipping (over every rank's shards when sharded)."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
 def train_step(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -135,6 +142,7 @@ def train_step(
     reference: torch.nn.Module | None = None,
     device: torch.device | str = "cpu",
     compute: Callable[[], ContextManager] = contextlib.nullcontext,
+    ranks: Ranks = Ranks(),
 ) -> dict[str, float]:
     """K = `n_minibatches` optimizer steps over the batch; returns the step's metrics (reduced correctly).
 
@@ -143,16 +151,18 @@ def train_step(
     pg_loss / ce_loss / ref_kl_loss, entropy (rl tokens) / ce_entropy / ref_kl/entropy, clip fractions, ratio_mean/_std/_min/_max, mismatch_k3, kl, grad_norm
     (before clipping; the mean over the K steps), lr, token counts per component, nonfinite_logprob_tokens,
     train_tokens_per_s, and the `rollout_corr/*` diagnostics.
+    With several `ranks`, `micro_batches` are this rank's share: token counts and metrics are summed or merged
+    over all ranks, so every rank returns the metrics of the whole batch.
     """
     start = time.perf_counter()
     micro_batches = [micro_batch.to(device).clone() for micro_batch in micro_batches]
     stats = MetricStats()
     stats.add_total("nonfinite_logprob_tokens", sum(sanitize(micro_batch) for micro_batch in micro_batches))
-    diagnosed = prepare(micro_batches, model, reference, algorithm, n_minibatches, stats, compute)
-    counts_all = component_counts(micro_batches)
+    diagnosed = prepare(micro_batches, model, reference, algorithm, n_minibatches, stats, compute, ranks)
+    counts_all = ranks.sum(component_counts(micro_batches))
     grad_norms = []
     for minibatch in split_minibatches(micro_batches, n_minibatches):
-        counts = component_counts(minibatch)  # [3, 2]; all-reduce here with several ranks
+        counts = ranks.sum(component_counts(minibatch))  # [3, 2] over every rank's share of the minibatch
         optimizer.zero_grad(set_to_none=True)
         for micro_batch in minibatch:
             with compute():
@@ -168,9 +178,11 @@ def train_step(
             loss = compute_loss(logprobs, micro_batch, counts, algorithm, stats, horizon=horizon)
             loss.backward()
             stats.add_total("loss", loss.item() / n_minibatches)
-        grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)))
+        grad_norms.append(grad_norm(model, max_grad_norm))
         optimizer.step()
         scheduler.step()
+    tokens = ranks.sum(torch.tensor(float(sum(int((mb["sequence_ids"] >= 0).sum()) for mb in micro_batches)), dtype=torch.float64))
+    stats = merge_stats(ranks.gather(stats))
     metrics = reduce_metric_stats(stats, spread=SPREAD)
     metrics = {key: value for key, value in metrics.items() if not key.startswith(correction.P)}
     metrics.update(correction.correction_metrics(stats))
@@ -183,6 +195,6 @@ def train_step(
         num_loss_tokens=float(counts_all[0, 0]),
         num_ce_tokens=float(counts_all[1, 0]),
         num_ref_kl_tokens=float(counts_all[2, 0]),
-        train_tokens_per_s=sum(int((mb["sequence_ids"] >= 0).sum()) for mb in micro_batches) / (time.perf_counter() - start),
+        train_tokens_per_s=float(tokens) / (time.perf_counter() - start),
     )
     return metrics

@@ -15,6 +15,11 @@ Each version is stored as ``policy/v{N}/<param>`` plus ``policy/v{N}/MAPPING``; 
 partial state dict. On one host the bytes can skip the store instead (``WeightPublisher`` with
 ``weight_sync.transport = "shared_memory"``): they go through a shared-memory file and the store
 carries only a versioned handle, written last as the commit marker.
+
+A sharded trainer (FSDP2 ranks) publishes from every rank and no rank ever holds a full copy: through
+the store each rank puts its own DTensor shards (torchstore assembles whole tensors for the readers, so
+a generator of any tensor-parallel size loads them), and rank 0 writes ``MAPPING`` after a barrier; through
+shared memory the ranks gather one parameter at a time and rank 0 copies it into the file.
 """
 
 import asyncio
@@ -25,7 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
+from rl.distributed import Ranks
 from rl.torchstore_compat import import_torchstore
 
 ts = import_torchstore()
@@ -77,6 +84,28 @@ async def push_state_dict(
     await ts.put_state_dict(state_dict, policy_key(policy_version))
     for stale in (await stored_versions())[:-keep_versions]:
         await _delete_version(stale)
+
+
+async def push_sharded_state_dict(
+    state_dict: dict[str, torch.Tensor], policy_version: int, ranks: Ranks, *, keep_versions: int = 1
+) -> None:
+    """``push_state_dict`` from every rank of a sharded trainer: each puts its shards, rank 0 commits and prunes.
+
+    torchstore makes a DTensor key whole only once every rank has put its shard, so ``MAPPING`` (the marker
+    readers wait for) is written after a barrier; replicated (non-DTensor) entries are put by rank 0 alone.
+    """
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    flat, mapping = flatten_state_dict(state_dict)
+    prefix = policy_key(policy_version) + "/"
+    for name, value in flat.items():
+        if isinstance(value, DTensor) or ranks.rank == 0:
+            await ts.put(prefix + name, value)
+    ranks.barrier()
+    if ranks.rank == 0:
+        await ts.put(prefix + "MAPPING", mapping)
+        for stale in (await stored_versions())[:-keep_versions]:
+            await _delete_version(stale)
 
 
 async def pull_state_dict(
@@ -149,7 +178,7 @@ class WeightPublisher:
             nbytes = 0
             for name, tensor in state_dict.items():
                 out_dtype = dtype if tensor.is_floating_point() else tensor.dtype
-                key = tensor.data_ptr()
+                key = id(tensor) if isinstance(tensor, DTensor) else tensor.data_ptr()  # DTensor parameters: tied ones are one object
                 if key not in offsets:
                     offsets[key] = nbytes
                     nbytes += -(-tensor.numel() * torch.empty((), dtype=out_dtype).element_size() // 64) * 64
@@ -158,19 +187,29 @@ class WeightPublisher:
             self._slots[slot] = (SharedWeights(path, nbytes, layout), _map(path, nbytes))
         return self._slots[slot]
 
-    async def publish(self, state_dict: dict[str, torch.Tensor], policy_version: int, dtype: torch.dtype) -> None:
+    async def publish(self, state_dict: dict[str, torch.Tensor], policy_version: int, dtype: torch.dtype, ranks: Ranks = Ranks()) -> None:
+        """Every rank calls this with its (sharded) state dict; the version is readable once all have returned."""
         if self.transport == "torchstore":
             cast = {k: v.detach().to(dtype) if v.is_floating_point() else v.detach() for k, v in state_dict.items()}
-            await push_state_dict(cast, policy_version, keep_versions=2)
+            if ranks.world == 1:
+                await push_state_dict(cast, policy_version, keep_versions=2)
+            else:
+                await push_sharded_state_dict(cast, policy_version, ranks, keep_versions=2)
             return
-        handle, buffer = self._slot(policy_version, state_dict, dtype)
+        handle, buffer = self._slot(policy_version, state_dict, dtype) if ranks.rank == 0 else (None, None)
         written: set[int] = set()
         with torch.no_grad():
             for name, tensor in state_dict.items():
+                if isinstance(tensor, DTensor):
+                    tensor = tensor.full_tensor()  # collective: one parameter whole at a time, on every rank
+                if ranks.rank != 0:
+                    continue
                 offset = handle.layout[name][0]
                 if offset not in written:  # a tied weight is copied once
                     written.add(offset)
                     _view(buffer, *handle.layout[name]).copy_(tensor)
+        if ranks.rank != 0:
+            return
         await ts.put(policy_key(policy_version) + "/HANDLE", handle)
         stale = policy_key(policy_version - 2) + "/HANDLE"
         if policy_version >= 2 and await ts.exists(stale):

@@ -45,7 +45,7 @@ def section_paths(data: Any, prefix: tuple = ()) -> list[tuple]:
 
 LEAVES = leaf_paths(DEFAULT)
 # task args are free-form; [models.<name>] are named by the user
-SECTIONS = [path for path in section_paths(DEFAULT) if not path or path[-1] not in ("args", "models")]
+SECTIONS = [path for path in section_paths(DEFAULT) if not path or path[-1] not in ("args", "models", "env")]
 BAD_VALUES = st.one_of(
     st.text(max_size=5).map(lambda text: f"x{text}"), st.just(-7), st.just(-0.5), st.just(10**12), st.just([1, "a"]), st.just({"k": 1}),
 )

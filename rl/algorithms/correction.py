@@ -11,6 +11,7 @@ and its normalizer. Every diagnostic is logged under `rollout_corr/` with verl's
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from tensordict import TensorDict
@@ -87,8 +88,12 @@ def correct(
     return weights, keep
 
 
-def normalize_is_weights(micro_batches: list[TensorDict], level: str) -> None:
-    """Rescale `is_weights` in place to mean 1 over the step: over tokens, or over sequences for "sequence"."""
+def normalize_is_weights(
+    micro_batches: list[TensorDict], level: str, sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] = lambda t: t
+) -> None:
+    """Rescale `is_weights` in place to mean 1 over the step: over tokens, or over sequences for "sequence".
+
+    `sum_over_ranks` sums the (total, count) pair over a sharded trainer's ranks."""
     total, n = 0.0, 0.0
     for micro_batch in micro_batches:
         weights, mask = micro_batch["is_weights"].double(), micro_batch["rl_weights"] != 0
@@ -101,6 +106,7 @@ def normalize_is_weights(micro_batches: list[TensorDict], level: str) -> None:
             live = tokens > 0
             total += float((segment_sum(torch.where(mask, weights, 0.0), index, count)[live] / tokens[live]).sum())
             n += float(live.sum())
+    total, n = sum_over_ranks(torch.tensor([total, n], dtype=torch.float64)).tolist()
     if n > 0 and total > 0:
         for micro_batch in micro_batches:
             micro_batch["is_weights"] = micro_batch["is_weights"] * (n / total)

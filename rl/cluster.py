@@ -1,0 +1,115 @@
+"""Where each role's processes run: the hosts a run allocates (`[cluster]`) and how a role's procs start on them.
+
+    local       every role on the launcher's host (`this_host()`), nothing allocated
+    process     each role's hosts are local worker processes (monarch `ProcessJob`): multi-host on one machine
+    slurm       `SlurmJob`: one sbatch allocation, a host mesh per role
+    kubernetes  `KubernetesJob`: a MonarchMesh of pods per role (the MonarchMesh operator provisions them)
+
+A role not listed in `cluster.hosts` runs on the launcher's host. Processes on allocated hosts do not
+inherit the launcher's environment: `cluster.env` (and, on GPU, each process's `CUDA_VISIBLE_DEVICES`)
+goes through the bootstrap command. `Placement.release()` frees the allocation; the controller calls it
+on every exit path.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from monarch.actor import HostMesh, default_bootstrap_cmd, this_host
+
+from rl.config import ClusterConfig, Config
+
+def bootstrap_command(env: dict[str, str], device: str, first_gpu: int, gpus_per_proc: int) -> Callable[[Any], Any] | None:
+    """Per-process bootstrap: `env`, plus on GPU the `gpus_per_proc` GPUs of the process's slot on its host.
+
+    None (monarch's default) when there is nothing to set. The slot is the process's index on its host
+    (the `procs` coordinate), so every host numbers its GPUs from `first_gpu`.
+    """
+    if not env and (device != "cuda" or gpus_per_proc == 0):
+        return None
+
+    def command(point: Any) -> Any:
+        variables = dict(env)
+        if device == "cuda" and gpus_per_proc > 0:
+            start = first_gpu + point["procs"] * gpus_per_proc
+            variables["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in range(start, start + gpus_per_proc))
+        return default_bootstrap_cmd().with_env(variables)
+
+    return command
+
+
+def make_job(cluster: ClusterConfig) -> Any:
+    """The monarch job for `cluster` (not yet applied), one host mesh per role in `cluster.hosts`."""
+    meshes = cluster.hosts.allocated()
+    if cluster.scheduler == "process":
+        from monarch.job import ProcessJob
+
+        return ProcessJob(meshes, env=cluster.env or None)
+    if cluster.scheduler == "slurm":
+        from monarch.job import SlurmJob
+
+        slurm = cluster.slurm
+        return SlurmJob(
+            meshes, python_exe=slurm.python_exe, slurm_args=slurm.slurm_args, job_name=slurm.job_name,
+            time_limit=slurm.time, partition=slurm.partition, log_dir=slurm.log_dir, gpus_per_node=slurm.gpus_per_node,
+            cpus_per_task=slurm.cpus_per_task, mem=slurm.mem, account=slurm.account, qos=slurm.qos,
+            job_start_timeout=slurm.job_start_timeout,
+        )
+    if cluster.scheduler == "kubernetes":
+        from monarch.job.kubernetes import ImageSpec, KubernetesJob  # needs the `kubernetes` package
+
+        k8s = cluster.kubernetes
+        job = KubernetesJob(namespace=k8s.namespace, timeout=k8s.timeout)
+        resources = {"nvidia.com/gpu": k8s.gpus_per_pod} if k8s.gpus_per_pod else None
+        for role, count in meshes.items():
+            job.add_mesh(role, count, image_spec=ImageSpec(k8s.image, resources=resources, shared_memory_size=k8s.shared_memory_size))
+        return job
+    raise ValueError(f"scheduler {cluster.scheduler!r} allocates nothing")
+
+
+class Placement:
+    """The hosts of each role for one run; `spawn_procs` starts a role's processes on them.
+
+    The job is built here, before anything starts monarch's client: building a Slurm or Kubernetes job
+    switches this process's transport to TCP, which the root client must be created with.
+    """
+
+    def __init__(self, config: Config):
+        self.config = config
+        cluster = config.cluster
+        self.job: Any = make_job(cluster) if cluster.scheduler != "local" and cluster.hosts.allocated() else None
+        self.hosts: dict[str, HostMesh] = {}
+
+    def allocate(self) -> Placement:
+        """Allocate the hosts (blocks until the scheduler grants them); a no-op for `local`."""
+        if self.job is not None and not self.hosts:
+            try:
+                state = self.job.state(cached_path=None)
+                self.hosts = {role: getattr(state, role) for role in self.config.cluster.hosts.allocated()}
+            except BaseException:
+                self.release()
+                raise
+        return self
+
+    def host_mesh(self, role: str) -> HostMesh:
+        return self.hosts.get(role) or this_host()
+
+    def spawn_procs(self, role: str, per_host: dict[str, int], gpus_per_proc: int = 0, first_gpu: int | None = None) -> Any:
+        """`per_host` processes on each of `role`'s hosts, each with its environment and its GPUs.
+
+        `first_gpu` defaults to 0 on a role's own hosts; on the launcher's host the trainer takes the first
+        `trainer.num_procs` GPUs and other roles follow it.
+        """
+        if first_gpu is None:
+            first_gpu = 0 if role in self.hosts or role == "trainer" else self.config.trainer.num_procs
+        env = self.config.cluster.env if role in self.hosts else {}
+        device = self.config.trainer.device
+        return self.host_mesh(role).spawn_procs(
+            per_host=per_host, bootstrap_command=bootstrap_command(env, device, first_gpu, gpus_per_proc)
+        )
+
+    def release(self) -> None:
+        """Free every allocated host (their processes with them); safe to call twice."""
+        self.hosts = {}
+        if self.job is not None and self.job.active:
+            self.job.kill()
