@@ -1,0 +1,36 @@
+"""The services of a run: the policy generators and the reward actors (frozen models: `rl.frozen_models`)."""
+
+from __future__ import annotations
+
+from typing import Any, Awaitable, Callable
+
+from rl.config import Config
+from rl.services.replica import SpawnProcs, local_procs
+from rl.services.service import Service
+
+
+def generator_service(
+    config: Config, stop_token_ids: list[int], *, on_fatal: Callable[[str], None], load_policy: Callable[[Any], Awaitable[None]],
+    placement: Callable[[int], Any] | None = None, spawn_procs: SpawnProcs | None = None,
+) -> Service:
+    """`generator.num_replicas` Generators; `load_policy(actor)` gives a replacement the current weights.
+
+    `placement(index)`: replica `index`'s bootstrap command on this host (its GPUs); `spawn_procs` replaces the host.
+    """
+    from actors.generator import Generator
+
+    return Service(
+        "generator", Generator, lambda replica: (config, stop_token_ids, replica), replicas=config.generator.num_replicas,
+        config=config.services.generator, spawn_procs=spawn_procs or local_procs(placement), on_fatal=on_fatal, prepare=load_policy,
+        release="shutdown",
+    )
+
+
+def reward_service(config: Config, *, on_fatal: Callable[[str], None], prepare: Callable[[Any], Awaitable[None]]) -> Service:
+    """`services.reward.replicas` RewardActors; `prepare(actor)` connects a replacement to the frozen models."""
+    from actors.reward import RewardActor
+
+    return Service(
+        "reward", RewardActor, lambda replica: (config,), replicas=config.services.reward.replicas, config=config.services.reward,
+        spawn_procs=local_procs(), on_fatal=on_fatal, prepare=prepare,
+    )
