@@ -235,8 +235,8 @@ class Controller:
             placement=lambda index: gpu_placement(generator_config.device, first_gpu=1 + index * tp, gpus_per_proc=tp),
         )
         self.reward = reward_service(self.config, on_fatal=self._stop_run, prepare=self._connect_models)
-        await asyncio.wait_for(self.trainer.initialized, self.config.services.generator.start_timeout_s)
-        await asyncio.gather(self.generators.start(), self.reward.start(), self.frozen.setup(self.stop_token_ids))
+        trainer_started = asyncio.wait_for(self.trainer.initialized, self.config.services.generator.start_timeout_s)
+        await asyncio.gather(trainer_started, self.generators.start(), self.reward.start(), self.frozen.setup(self.stop_token_ids))
         for actor in self.reward.actors():
             await self._connect_models(actor)
         self._actors_ready = True

@@ -74,20 +74,24 @@ async def test_a_killed_generator_replica_is_replaced_and_no_row_is_lost(tmp_pat
         pid = generators.replicas[0].pid
         os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
-        while generators.restarts == 0 and not training.done():
-            await asyncio.sleep(0.05)
-        print(f"\nkilled replica 0 (pid {pid}); replacement serving {time.monotonic() - killed_at:.1f} s later "
-              f"({generators.recovery_seconds} s after Monarch reported the loss)", file=sys.stderr)
         summary = await asyncio.wait_for(training, DEADLINE_S)
+        while not generators.recoveries:  # the replacement may still be starting when the last step ends
+            assert time.monotonic() - killed_at < DEADLINE_S
+            await asyncio.sleep(0.05)
+        assert generators.healthy == [0, 1] and str(generators.replicas[0].id) == "generator/0#1"
+        assert await generators.call("ping", key=None) in {generators.replicas[0].pid, generators.replicas[1].pid}
     finally:
         await controller.shutdown()
+    [(lost_at, serving_at)] = generators.recoveries
+    print(f"\nSIGKILL of generator replica 0 (pid {pid}) -> loss noticed {lost_at - killed_at:.1f} s -> "
+          f"replacement taking traffic {serving_at - killed_at:.1f} s", file=sys.stderr)
     run_dir = Path(summary["run_dir"])
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
-    assert metrics[-1]["services/generator/restarts"] == 1 and metrics[-1]["services/generator/healthy_replicas"] == 2
+    assert metrics[-1]["services/generator/restarts"] == 1
     assert metrics[-1]["services/generator/resubmitted_requests"] >= 1
     assert [loss.split(":")[0] for loss in generators.losses] == ["generator/0#0"]
-    assert "Killed(sig=9)" in generators.losses[0]
+    assert "exited" in generators.losses[0] or "Killed(sig=9)" in generators.losses[0]  # our pid check, or Monarch's supervision
     assert all(m["rollouts/status/error"] == 0 for m in metrics if "rollouts/status/error" in m)
     assert_every_row_trained_once(run_dir)
 

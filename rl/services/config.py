@@ -14,8 +14,8 @@ class ServiceConfig(_Section):
 
     call_timeout_s: float = Field(600.0, gt=0)
     """Deadline of one call to a replica (one generation turn, one group's scoring); a replica that misses it is replaced."""
-    probe_interval_s: float = Field(10.0, gt=0)
-    """An idle replica is pinged this often."""
+    probe_interval_s: float = Field(2.0, gt=0)
+    """An idle replica is pinged this often (and a replica on this host whose process exited is noticed as often)."""
     probe_timeout_s: float = Field(60.0, gt=0)
     """A ping unanswered this long marks the replica lost."""
     start_timeout_s: float = Field(600.0, gt=0)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,8 @@ class Replica:
     procs: Any
     actor: Any
     pid: int | None = None
+    process: psutil.Process | None = None
+    """The replica's process when it is a child of this one (one host): its exit is seen without waiting for Monarch."""
     healthy: bool = False
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     lost_at: float = 0.0
@@ -79,11 +82,12 @@ class Service:
         self.router = Router(replicas)
         self.ledger = Ledger()
         self.restarts = 0
+        """Replacements started (what `max_restarts` counts)."""
         self.failed_requests = 0
         self.losses: list[str] = []
         """Every lost replica with the reason, e.g. "generator/0#0: generate missed its deadline (...)"."""
-        self.recovery_seconds: list[float] = []
-        """Per replacement: seconds from the replica's loss to its replacement taking traffic."""
+        self.recoveries: list[tuple[float, float]] = []
+        """Per replacement: (`time.monotonic()` of the replica's loss, of its replacement taking traffic)."""
         self._restart_times: list[float] = []
         self.replacing: set[int] = set()
         """Slots whose lost replica is being stopped and replaced."""
@@ -91,22 +95,28 @@ class Service:
         self._update_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._context: contextvars.Context | None = None
+        self._by_mesh: dict[str, Replica] = {}  # every replica ever spawned (old ones too), by actor mesh name
 
     async def start(self) -> None:
         """Spawn every replica (each within `start_timeout_s`), then keep probing the idle ones."""
         self._loop = asyncio.get_running_loop()
+        self._context = contextvars.copy_context()  # Monarch's actor context: spawning a replacement needs it
         await asyncio.gather(*(self._start_replica(ReplicaId(self.name, index)) for index in range(len(self.replicas))))
         self._spawn_task(self._probe_forever())
 
     async def _start_replica(self, replica_id: ReplicaId, prepare: bool = False) -> None:
         procs = self.spawn_procs(replica_id.index)
-        actor = procs.spawn(f"{self.name}_{replica_id.index}_{replica_id.incarnation}", self.actor_class, *self.args(replica_id))
-        replica = Replica(replica_id, procs, actor)
+        mesh = f"{self.name}_{replica_id.index}_{replica_id.incarnation}"
+        replica = Replica(replica_id, procs, procs.spawn(mesh, self.actor_class, *self.args(replica_id)))
+        actor = replica.actor
+        self._by_mesh[mesh] = replica
         self.replicas[replica_id.index] = replica
         try:
             async with asyncio.timeout(self.config.start_timeout_s):
                 await actor.initialized
                 replica.pid = await actor.ping.call_one()
+                replica.process = _descendant(replica.pid)
                 if prepare and self.prepare is not None:
                     async with self._update_lock:  # not while an update is half-way through the healthy replicas
                         await self.prepare(actor)
@@ -195,45 +205,43 @@ class Service:
             yield
 
     def handle_failure(self, failure: Any) -> bool:
-        """Monarch's report of a failed mesh (any thread): True if it was one of this service's replicas."""
-        mesh = failure.mesh_name.rpartition("-")[0]
-        for replica in self.replicas:
-            if replica is not None and mesh == f"{self.name}_{replica.id.index}_{replica.id.incarnation}":
-                if self._loop is not None:
-                    self._loop.call_soon_threadsafe(self.lose, replica, failure.report())
-                return True
-        return False
+        """Monarch's report of a failed mesh (any thread): True if it was one of this service's replicas (lost already or not)."""
+        replica = self._by_mesh.get(failure.mesh_name.rpartition("-")[0])  # Monarch appends "-<id>" to the name given
+        if replica is not None and self._loop is not None:  # not in Monarch's thread's context: `this_host()` fails there
+            self._loop.call_soon_threadsafe(self.lose, replica, failure.report(), context=self._context)
+        return replica is not None
 
     def lose(self, replica: Replica, reason: str) -> None:
-        """Take `replica` out of routing, fail over its requests, and replace it (once per replica)."""
+        """Take `replica` out of routing, fail over its requests, and replace it if the restart budget allows (once per replica)."""
         if replica.lost.is_set() or self.replicas[replica.id.index] is not replica:
             return
+        index = replica.id.index
         replica.healthy, replica.lost_at = False, time.monotonic()
         replica.lost.set()
-        self.replacing.add(replica.id.index)
         self.losses.append(f"{replica.id}: {reason.strip()[:500]}")
         print(f"rlmesh: {self.name} replica {replica.id} lost: {reason.strip()[:500]}", file=sys.stderr, flush=True)
+        self._restart_times = [t for t in self._restart_times if replica.lost_at - t < self.config.restart_window_s]
+        if len(self._restart_times) >= self.config.max_restarts:
+            self._spawn_task(self._stop_procs(replica))
+            self._check_capacity(index, f"{self.name}: restart budget spent ({self.config_key}.max_restarts = {self.config.max_restarts} "
+                                        f"within restart_window_s = {self.config.restart_window_s})")
+            return
+        self._restart_times.append(replica.lost_at)
+        self.restarts += 1
+        self.replacing.add(index)
         self._spawn_task(self._replace(replica))
 
     async def _replace(self, old: Replica) -> None:
         index = old.id.index
         try:
             await self._stop_procs(old)
-            now = time.monotonic()
-            self._restart_times = [t for t in self._restart_times if now - t < self.config.restart_window_s]
-            if len(self._restart_times) >= self.config.max_restarts:
-                self._check_capacity(index, f"{self.name}: restart budget spent ({self.config_key}.max_restarts = {self.config.max_restarts} "
-                                     f"within restart_window_s = {self.config.restart_window_s})")
-                return
-            self._restart_times.append(now)
             try:
                 await self._start_replica(ReplicaId(self.name, index, old.id.incarnation + 1), prepare=True)
             except Exception as exc:
                 self._check_capacity(index, f"{self.name}: replacement of replica {old.id} failed to start: {exc!r}")
                 return
-            self.restarts += 1
-            self.recovery_seconds.append(time.monotonic() - old.lost_at)
-            print(f"rlmesh: {self.name} replica {index} replaced; serving again after {self.recovery_seconds[-1]:.1f} s",
+            self.recoveries.append((old.lost_at, time.monotonic()))
+            print(f"rlmesh: {self.name} replica {index} replaced; serving again {time.monotonic() - old.lost_at:.1f} s after the loss",
                   file=sys.stderr, flush=True)
         finally:
             self.replacing.discard(index)
@@ -249,6 +257,10 @@ class Service:
     async def _probe_forever(self) -> None:
         while True:
             await asyncio.sleep(self.config.probe_interval_s)
+            for index in self.healthy:
+                replica = self.replicas[index]
+                if replica.process is not None and not _alive(replica.process):
+                    self.lose(replica, f"its process {replica.pid} exited")
             idle = [self.replicas[index] for index in self.healthy if self.router.outstanding[index] == 0]
             await asyncio.gather(*(self._probe(replica) for replica in idle))
 
@@ -264,9 +276,9 @@ class Service:
             await asyncio.wait_for(replica.procs.stop(), 8)
         except Exception:
             pass
-        if replica.pid is not None and replica.pid in {child.pid for child in psutil.Process().children(recursive=True)}:
+        if replica.process is not None and _alive(replica.process):
             with contextlib.suppress(psutil.Error):
-                psutil.Process(replica.pid).kill()
+                replica.process.kill()
 
     def _spawn_task(self, coroutine: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coroutine)
@@ -298,3 +310,15 @@ class Service:
         }
         metrics.update({f"{prefix}/replica_{index}/requests": served for index, served in enumerate(self.router.served)})
         return metrics
+
+
+def _descendant(pid: int) -> psutil.Process | None:
+    """This process's descendant `pid`, or None (a replica on another host)."""
+    return next((child for child in psutil.Process().children(recursive=True) if child.pid == pid), None)
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
