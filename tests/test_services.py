@@ -66,6 +66,7 @@ class FakeHost:
             name = None
 
             def spawn(self, name, actor_class, *args):
+                name = name.rpartition("_s")[0]  # drop the service's serial number
                 self.name = name
                 host.actors[name] = FakeActor(name, host.scripts.get(name, {}))
                 return host.actors[name]
@@ -171,8 +172,9 @@ async def test_a_dead_replicas_requests_go_to_the_other_and_a_prepared_replaceme
     pending = asyncio.ensure_future(service.call("generate", "seed=7", key="row=0"))
     await asyncio.sleep(0.05)
     assert host.actors["generator_0_0"].calls == [("generate", "seed=7")]
-    assert service.handle_failure(Failure("generator_0_0-Ab3xYz"))
+    assert service.handle_failure(Failure(f"generator_0_0_s{service._serial}-Ab3xYz"))
     assert not service.handle_failure(Failure("trainer-Ab3xYz"))
+    assert service.handle_failure(Failure(f"generator_1_0_s{service._serial + 1}-Ab3xYz"))  # another run's replica, reported late: ignored
     assert await pending == ("generator_1_0", "seed=7")  # same arguments, so the same sampling seed
     await settle(service)
     assert prepared == ["generator_0_1"] and "generator_0_0" in host.stopped

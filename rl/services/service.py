@@ -18,6 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import itertools
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,6 +32,9 @@ from rl.services.config import ServiceConfig
 from rl.services.ledger import Ledger
 from rl.services.replica import ReplicaId, SpawnProcs
 from rl.services.router import Router
+
+
+_SERVICES = itertools.count()
 
 
 class RequestFailed(RuntimeError):
@@ -97,6 +102,7 @@ class Service:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._context: contextvars.Context | None = None
         self._by_mesh: dict[str, Replica] = {}  # every replica ever spawned (old ones too), by actor mesh name
+        self._serial = next(_SERVICES)  # in mesh names: a late report about an earlier run's replica never matches a live one
 
     async def start(self) -> None:
         """Spawn every replica (each within `start_timeout_s`), then keep probing the idle ones."""
@@ -107,7 +113,7 @@ class Service:
 
     async def _start_replica(self, replica_id: ReplicaId, prepare: bool = False) -> None:
         procs = self.spawn_procs(replica_id.index)
-        mesh = f"{self.name}_{replica_id.index}_{replica_id.incarnation}"
+        mesh = f"{self.name}_{replica_id.index}_{replica_id.incarnation}_s{self._serial}"
         replica = Replica(replica_id, procs, procs.spawn(mesh, self.actor_class, *self.args(replica_id)))
         actor = replica.actor
         self._by_mesh[mesh] = replica
@@ -205,11 +211,15 @@ class Service:
             yield
 
     def handle_failure(self, failure: Any) -> bool:
-        """Monarch's report of a failed mesh (any thread): True if it was one of this service's replicas (lost already or not)."""
-        replica = self._by_mesh.get(failure.mesh_name.rpartition("-")[0])  # Monarch appends "-<id>" to the name given
+        """Monarch's report of a failed mesh (any thread): True if it was one of this service's replicas (lost already or not).
+
+        A replica of an earlier service of the same name in this process (stopped, reported late) counts as handled too.
+        """
+        mesh = failure.mesh_name.rpartition("-")[0]  # Monarch appends "-<id>" to the name given
+        replica = self._by_mesh.get(mesh)
         if replica is not None and self._loop is not None:  # not in Monarch's thread's context: `this_host()` fails there
             self._loop.call_soon_threadsafe(self.lose, replica, failure.report(), context=self._context)
-        return replica is not None
+        return replica is not None or re.fullmatch(rf"{re.escape(self.name)}_\d+_\d+_s\d+", mesh) is not None
 
     def lose(self, replica: Replica, reason: str) -> None:
         """Take `replica` out of routing, fail over its requests, and replace it if the restart budget allows (once per replica)."""
