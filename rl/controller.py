@@ -277,14 +277,7 @@ class Controller:
         """Stop every actor process and the store; safe after a partial setup."""
         self._shutting_down = True
         actor_processes = monarch_processes()
-        if self._actors_ready:
-            await asyncio.gather(asyncio.wait_for(self.trainer.release_weights.call(), 10), return_exceptions=True)
-        await asyncio.gather(*(service.stop() for service in self.services), return_exceptions=True)
-        stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes), return_exceptions=True)
-        try:
-            await asyncio.wait_for(stopping, 8)
-        except asyncio.TimeoutError:
-            pass  # a mesh stops only once its actors have started (vLLM may still be loading): reaped below
+        await asyncio.gather(self._stop_trainer(), *(service.stop() for service in self.services), return_exceptions=True)
         await asyncio.to_thread(reap, actor_processes, 5)  # a stopped mesh's processes may still be exiting
         self._proc_meshes = []
         self._actors_ready = False
@@ -295,6 +288,15 @@ class Controller:
             self.run_log.close()
         if self._previous_fault_hook is not None:
             monarch.actor.unhandled_fault_hook, self._previous_fault_hook = self._previous_fault_hook, None
+
+    async def _stop_trainer(self) -> None:
+        if self._actors_ready:
+            await asyncio.gather(asyncio.wait_for(self.trainer.release_weights.call(), 10), return_exceptions=True)
+        stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes), return_exceptions=True)
+        try:
+            await asyncio.wait_for(stopping, 8)
+        except asyncio.TimeoutError:
+            pass  # a mesh stops only once its actors have started (vLLM may still be loading): reaped below
 
     async def generate(self, request: GenerationRequest, sampling: SamplingConfig, group_id: str) -> Completion:
         """One completion from the generator service (sticky by group); raises if the generator failed the request."""

@@ -246,3 +246,14 @@ async def test_an_idle_replica_that_stops_answering_its_probe_is_replaced():
         await asyncio.sleep(0.02)
     assert "generator_0_0" in host.stopped and service.healthy == [0, 1]
     await service.stop()
+
+
+def test_services_config_is_validated_with_the_key_named():
+    from rl.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"services.generator.call_timout_s: Extra inputs are not permitted"):
+        load_config(None, {"services.generator.call_timout_s": "5"})
+    with pytest.raises(ConfigError, match=r"min_healthy_replicas \(2\) exceeds the 1 replicas of generator"):
+        load_config(None, {"services.generator.min_healthy_replicas": "2"})
+    config = load_config(None, {"generator.num_replicas": "2", "services.generator.min_healthy_replicas": "2"})
+    assert config.services.generator.min_healthy_replicas == 2 and config.services.breaker.max_consecutive_failed_groups == 16

@@ -6,7 +6,8 @@
 
 Monarch cannot respawn one process of a mesh, so every replica owns a one-process mesh. A lost
 replica is known from Monarch's supervision (`handle_failure`, a `SupervisionError` on a call),
-from a call that misses `call_timeout_s`, or from an idle replica's unanswered ping. Its requests
+from its process's exit (on this host, checked every `probe_interval_s`), from a call that misses
+`call_timeout_s`, or from an idle replica's unanswered ping. Its requests
 go to healthy replicas (at most `max_attempts` replicas per request); a replacement is spawned,
 runs `prepare` (e.g. loads the current policy weights) and only then takes traffic. Replacements
 beyond `max_restarts` per `restart_window_s`, or fewer than `min_healthy_replicas` replicas healthy
