@@ -246,14 +246,15 @@ class Service:
         index = old.id.index
         try:
             await self._stop_procs(old)
+            stopped_at = time.monotonic()
             try:
                 await self._start_replica(ReplicaId(self.name, index, old.id.incarnation + 1), prepare=True)
             except Exception as exc:
                 self._check_capacity(index, f"{self.name}: replacement of replica {old.id} failed to start: {exc!r}")
                 return
             self.recoveries.append((old.lost_at, time.monotonic()))
-            print(f"rlmesh: {self.name} replica {index} replaced; serving again {time.monotonic() - old.lost_at:.1f} s after the loss",
-                  file=sys.stderr, flush=True)
+            print(f"rlmesh: {self.name} replica {index} replaced; serving again {time.monotonic() - old.lost_at:.1f} s after the loss "
+                  f"(stopping the old one: {stopped_at - old.lost_at:.1f} s)", file=sys.stderr, flush=True)
         finally:
             self.replacing.discard(index)
 
