@@ -47,7 +47,7 @@ from rl.precision import MismatchWatch
 from rl.renderer import stop_token_ids
 from rl.services.breaker import CircuitBreaker, group_failure
 from rl.services.roles import generator_service, reward_service
-from rl.services.service import Service
+from rl.services.service import Service, after_run_fault_hook
 from rollouts.fanout import RolloutContext, rollout_group
 from rollouts.types import RolloutGroup, RolloutStatus
 from tasks.build import BuiltTask, build_task
@@ -287,7 +287,8 @@ class Controller:
         if self.run_log is not None:
             self.run_log.close()
         if self._previous_fault_hook is not None:
-            monarch.actor.unhandled_fault_hook, self._previous_fault_hook = self._previous_fault_hook, None
+            monarch.actor.unhandled_fault_hook = after_run_fault_hook(self.services, self._previous_fault_hook)
+            self._previous_fault_hook = None
 
     async def _stop_trainer(self) -> None:
         if self._actors_ready:

@@ -14,7 +14,7 @@ from rl.services.breaker import CircuitBreaker, group_failure
 from rl.services.config import BreakerConfig, ServiceConfig
 from rl.services.ledger import Ledger
 from rl.services.router import Router
-from rl.services.service import RequestFailed, Service
+from rl.services.service import RequestFailed, Service, after_run_fault_hook
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus
 
 
@@ -175,6 +175,11 @@ async def test_a_dead_replicas_requests_go_to_the_other_and_a_prepared_replaceme
     assert service.handle_failure(Failure(f"generator_0_0_s{service._serial}-Ab3xYz"))
     assert not service.handle_failure(Failure("trainer-Ab3xYz"))
     assert service.handle_failure(Failure(f"generator_1_0_s{service._serial + 1}-Ab3xYz"))  # another run's replica, reported late: ignored
+    late: list[str] = []
+    hook = after_run_fault_hook([service], late.append)
+    for name in (f"generator_0_0_s{service._serial}-Ab3xYz", "logger-Ab3xYz", "trainer-Ab3xYz"):
+        hook(Failure(name))
+    assert late == [Failure("trainer-Ab3xYz")]
     assert await pending == ("generator_1_0", "seed=7")  # same arguments, so the same sampling seed
     await settle(service)
     assert prepared == ["generator_0_1"] and "generator_0_0" in host.stopped

@@ -216,11 +216,14 @@ class Service:
 
         A replica of an earlier service of the same name in this process (stopped, reported late) counts as handled too.
         """
-        mesh = failure.mesh_name.rpartition("-")[0]  # Monarch appends "-<id>" to the name given
-        replica = self._by_mesh.get(mesh)
+        replica = self._by_mesh.get(failure.mesh_name.rpartition("-")[0])  # Monarch appends "-<id>" to the name given
         if replica is not None and self._loop is not None:  # not in Monarch's thread's context: `this_host()` fails there
             self._loop.call_soon_threadsafe(self.lose, replica, failure.report(), context=self._context)
-        return replica is not None or re.fullmatch(rf"{re.escape(self.name)}_\d+_\d+_s\d+", mesh) is not None
+        return self.owns(failure)
+
+    def owns(self, failure: Any) -> bool:
+        """Whether Monarch's failure report is about a replica of this service (or of an earlier one of its name)."""
+        return re.fullmatch(rf"{re.escape(self.name)}_\d+_\d+_s\d+", failure.mesh_name.rpartition("-")[0]) is not None
 
     def lose(self, replica: Replica, reason: str) -> None:
         """Take `replica` out of routing, fail over its requests, and replace it if the restart budget allows (once per replica)."""
@@ -334,3 +337,14 @@ def _alive(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def after_run_fault_hook(services: list[Service], previous: Callable[[Any], None]) -> Callable[[Any], None]:
+    """Monarch's fault hook once a run has stopped: reports of its stopped replicas (Monarch may deliver them
+    late, e.g. "Killed(sig=15)" from the stop itself) are dropped; any other goes to `previous`."""
+
+    def hook(failure: Any) -> None:
+        if not (failure.mesh_name.startswith("logger-") or any(service.owns(failure) for service in services)):
+            previous(failure)
+
+    return hook
