@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 import torch
-from monarch.actor import concurrent_endpoint, current_rank
+from monarch.actor import concurrent_endpoint
 
 from env_types.renderer_env import Completion, GenerationRequest
 from rl import weight_sync
@@ -25,19 +25,21 @@ from rl.assets import resolve_model_path
 from rl.config import Config, SamplingConfig
 from rl.engine_loop import EngineLoop
 from rl.metrics.actor import MetricsActor
+from rl.services.replica import ReplicaId, ServiceReplica, test_only_hang
 
 
-class Generator(MetricsActor):
-    """One vLLM engine serving one copy of the policy."""
+class Generator(MetricsActor, ServiceReplica):
+    """One vLLM engine serving one copy of the policy (one replica of the generator service)."""
 
-    def __init__(self, config: Config, stop_token_ids: list[int]):
+    def __init__(self, config: Config, stop_token_ids: list[int], replica: ReplicaId | None = None):
         if config.generator.tensor_parallel_size == 1:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         if config.generator.device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.generator.cpu_kv_cache_gib))
         generator_config = config.generator
-        cpus = pin_process(generator_config.cpus, rank=current_rank().rank, of=generator_config.num_replicas)
+        self.replica = replica
+        cpus = pin_process(generator_config.cpus, rank=replica.index if replica else 0, of=generator_config.num_replicas)
         if cpus:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cpus))
         from vllm import LLM
@@ -95,6 +97,7 @@ class Generator(MetricsActor):
 
         Requests enter the engine one by one and batch there with every other caller's.
         """
+        await test_only_hang(self.replica)
 
         async def one(request: GenerationRequest) -> Completion | str:
             try:

@@ -19,25 +19,24 @@ from rl.config import Config
 from rl.metrics import timer
 from rl.metrics.actor import MetricsActor
 from rl.renderer import RendererConfig
+from rl.services.replica import ServiceReplica
 from rollouts.types import RolloutGroup
 from rubrics.judge import connect_frozen_models
 from rubrics.rubric import apply_reward
 from tasks.build import build_task
 
 
-class RewardActor(MetricsActor):
+class RewardActor(MetricsActor, ServiceReplica):
     def __init__(self, config: Config):
         self.config = config
         self.tasks = {task.name: task.task for task in map(build_task, config.tasks)}
         self.limit = asyncio.Semaphore(config.run.reward_concurrency)
 
     @endpoint
-    async def connect_models(self, models: dict[str, Any]) -> None:
-        """Frozen-model Generator actors (`[models.<name>]`) that `judge` reward functions may call."""
-        frozen = {name: self.config.models[name] for name in models}
-        renderers = {name: RendererConfig().build(resolve_model_path(model.path)) for name, model in frozen.items()}
-        replicas = {name: model.replicas for name, model in frozen.items()}
-        connect_frozen_models(models, replicas, renderers, self.config.generator.eval_sampling)
+    async def connect_models(self, models: dict[str, list[Any]]) -> None:
+        """Frozen-model Generator replicas (`[models.<name>]`) that `judge` reward functions may call."""
+        renderers = {name: RendererConfig().build(resolve_model_path(self.config.models[name].path)) for name in models}
+        connect_frozen_models(models, renderers, self.config.generator.eval_sampling)
 
     @concurrent_endpoint
     async def score_group(self, group: RolloutGroup) -> RolloutGroup:

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     except asyncio.CancelledError:
         if not controller.actor_failures:
             raise
-        print("rlmesh: an actor failed; run stopped:\n" + "\n".join(controller.actor_failures), file=sys.stderr)
+        print("rlmesh: run stopped:\n" + "\n".join(controller.actor_failures), file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=2))
     return 0

@@ -108,6 +108,22 @@ class Placement:
             per_host=per_host, bootstrap_command=bootstrap_command(env, device, first_gpu, gpus_per_proc)
         )
 
+    def replica_procs(self, role: str, gpus_per_proc: int = 0) -> Callable[[int], Any]:
+        """Replica index -> a one-process proc mesh for it: replicas go round-robin over `role`'s hosts,
+        and on each host take consecutive GPU slots (what `rl.services` spawns and respawns replicas with)."""
+
+        def spawn(index: int) -> Any:
+            host = self.host_mesh(role)
+            num_hosts = host.sizes.get("hosts", 1)
+            if num_hosts > 1:
+                host = host.slice(hosts=index % num_hosts)
+            first_gpu = 0 if role in self.hosts else self.config.trainer.num_procs
+            env = self.config.cluster.env if role in self.hosts else {}
+            command = bootstrap_command(env, self.config.trainer.device, first_gpu + (index // num_hosts) * gpus_per_proc, gpus_per_proc)
+            return host.spawn_procs(per_host={"procs": 1}, bootstrap_command=command)
+
+        return spawn
+
     def release(self) -> None:
         """Free every allocated host (their processes with them); safe to call twice."""
         self.hosts = {}

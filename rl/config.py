@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from env_types.renderer_env import RendererEnvConfig
 from rl.algorithms.config import AlgorithmConfig, FrozenModelConfig, TaskAlgorithmConfig, check_algorithms
 from rl.renderer import RendererConfig
+from rl.services.config import ServicesConfig
 
 Device = Literal["cpu", "cuda"]
 DType = Literal["float32", "bfloat16", "float16"]
@@ -327,6 +328,8 @@ class Config(Section):
     sample_logging: SampleLoggingConfig = SampleLoggingConfig()
     weight_sync: WeightSyncConfig = WeightSyncConfig()
     cluster: ClusterConfig = ClusterConfig()
+    services: ServicesConfig = ServicesConfig()
+    """Deadlines, health probes, failover and respawn of generator, frozen-model and reward replicas (README: Fault tolerance)."""
 
     @model_validator(mode="after")
     def _check(self) -> Config:
@@ -346,7 +349,15 @@ class Config(Section):
                 raise ValueError(f"tasks.{index}.env.max_total_tokens exceeds generator.max_model_len")
         check_algorithms(self)
         self._check_cluster()
+        self._check_services()
         return self
+
+    def _check_services(self) -> None:
+        replicas = {"generator": self.generator.num_replicas, **{f"models.{name}": model.replicas for name, model in self.models.items()}}
+        for role, count in replicas.items():
+            needed = (self.services.models if role.startswith("models.") else self.services.generator).min_healthy_replicas
+            if needed > count:
+                raise ValueError(f"services: min_healthy_replicas ({needed}) exceeds the {count} replicas of {role}")
 
     def _check_cluster(self) -> None:
         cluster, trainer = self.cluster, self.trainer

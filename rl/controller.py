@@ -14,7 +14,6 @@ or when the data runs out (`run.epochs`, `run.max_rows`). All run state that a r
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import sys
 import time
 from dataclasses import dataclass, field
@@ -25,8 +24,6 @@ import monarch.actor
 import monarch.config
 from tqdm import tqdm
 
-from actors.generator import Generator
-from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
 from env_types.renderer_env import Completion, GenerationRequest
 from rl import checkpoint, weight_sync
@@ -48,7 +45,9 @@ from rl.metrics.samples import SampleLogger
 from rl.metrics.standard import reward_metrics, rollout_metrics
 from rl.precision import MismatchWatch
 from rl.renderer import stop_token_ids
-from rl.router import LeastOutstanding
+from rl.services.breaker import CircuitBreaker, group_failure
+from rl.services.roles import generator_service, reward_service
+from rl.services.service import Service, after_run_fault_hook
 from rl.trainer_mesh import spawn_trainer
 from rollouts.fanout import RolloutContext, rollout_group
 from rollouts.types import RolloutGroup, RolloutStatus
@@ -157,16 +156,18 @@ class Controller:
             rows_per_step=config.run.groups_per_step,
             policy_version=self.state.policy_version,
         )
-        self.router = LeastOutstanding(config.generator.num_replicas)
+        self.breaker = CircuitBreaker(config.services.breaker, on_open=self._stop_run)
         self.generation_stats = GenerationStats()
         self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
         self.algorithms = task_algorithms(config)
-        self.frozen = FrozenModels(config)
+        self.frozen = FrozenModels(config, on_fatal=self._stop_run)
         self.samples = SampleBuilder(
             self.algorithms, self.renderers, lambda name, seqs: self.frozen.prompt_logprobs(name, seqs, policy=self.generators)
         )
         self._proc_meshes: list[Any] = []
         self.placement = Placement(config)
+        self.generators: Service | None = None
+        self.reward: Service | None = None
         self.actor_failures: list[str] = []
         self._store_started = False
         self._shutting_down = False
@@ -185,9 +186,19 @@ class Controller:
         """
         if self._shutting_down:
             return  # a slow teardown (e.g. vLLM freeing its engine) is not a failure of the run
-        self.actor_failures.append(failure.report())
+        if any(service.handle_failure(failure) for service in self.services) or failure.mesh_name.startswith("logger-"):
+            return  # a replica: its service replaces it (Monarch's per-process logger mesh fails along with any process)
+        self._stop_run(failure.report() + "\nresume from the last checkpoint with `rlmesh train --resume RUN_DIR`")
+
+    def _stop_run(self, message: str) -> None:
+        """Keep `message` for the CLI and cancel the run's task (from any thread)."""
+        self.actor_failures.append(message)
         if self._run_task is not None:
             self._run_task.get_loop().call_soon_threadsafe(self._run_task.cancel)
+
+    @property
+    def services(self) -> list[Service]:
+        return [service for service in (self.generators, self.reward) if service is not None] + list(self.frozen.services.values())
 
     async def setup(self) -> None:
         """Start the store and spawn the actors, each kind on its own processes."""
@@ -201,26 +212,34 @@ class Controller:
         generator_config = self.config.generator
         spawn_procs = (await asyncio.to_thread(self.placement.allocate)).spawn_procs  # the [cluster] hosts of each role
         self.trainer, trainer_procs = await spawn_trainer(spawn_procs, self.config, PolicyTrainer, self.config, self.planned_steps)
-        generator_procs = spawn_procs(
-            "generator", per_host={"procs": generator_config.num_replicas // max(1, self.config.cluster.hosts.generator)},
-            gpus_per_proc=generator_config.tensor_parallel_size,
+        self._proc_meshes = [trainer_procs]
+        self.generators = generator_service(
+            self.config, self.stop_token_ids, on_fatal=self._stop_run, load_policy=self._load_policy,
+            spawn_procs=self.placement.replica_procs("generator", gpus_per_proc=generator_config.tensor_parallel_size),
         )
-        reward_procs = spawn_procs("reward", per_host={"procs": 1})
-        self._proc_meshes = [trainer_procs, generator_procs, reward_procs]
-        self.generators = generator_procs.spawn("generator", Generator, self.config, self.stop_token_ids)
-        self.reward = reward_procs.spawn("reward", RewardActor, self.config)
-        await asyncio.gather(
-            self.trainer.initialized, self.generators.initialized, self.reward.initialized, self.frozen.setup(self.stop_token_ids)
+        self.reward = reward_service(
+            self.config, on_fatal=self._stop_run, prepare=self._connect_models, spawn_procs=self.placement.replica_procs("reward")
         )
-        if self.frozen.actors:
-            await self.reward.connect_models.call_one(self.frozen.actors)  # for judge reward functions
+        trainer_started = asyncio.wait_for(self.trainer.initialized, self.config.services.generator.start_timeout_s)
+        await asyncio.gather(trainer_started, self.generators.start(), self.reward.start(), self.frozen.setup(self.stop_token_ids))
+        for actor in self.reward.actors():
+            await self._connect_models(actor)
         self._actors_ready = True
         if self.resume_from is not None:
             await self.restore(self.resume_from)
 
+    async def _load_policy(self, generator: Any) -> None:
+        """A replacement generator loads the current policy version through the normal weight path."""
+        if self.state.policy_version > 0:
+            await generator.update_weights.call_one(self.state.policy_version)
+
+    async def _connect_models(self, reward: Any) -> None:
+        if self.frozen.services:
+            await reward.connect_models.call_one(self.frozen.actors)  # for judge reward functions
+
     async def restore(self, path: Path) -> None:
         """Load a checkpoint into every actor; the generators get its weights through the normal sync."""
-        await asyncio.gather(self.trainer.load_checkpoint.call_one(str(path)), self.reward.load_rng.call_one(str(path)))
+        await asyncio.gather(self.trainer.load_checkpoint.call_one(str(path)), self.reward.call("load_rng", str(path)))
         checkpoint.load_rng(path, "controller")
         await self.sync_weights(self.state.policy_version)
 
@@ -228,7 +247,7 @@ class Controller:
         """Write a committed checkpoint of the current step; returns seconds spent."""
         start = time.perf_counter()
         tmp = checkpoint.begin(run_dir, self.state.step)
-        await asyncio.gather(self.trainer.save_checkpoint.call_one(str(tmp)), self.reward.save_rng.call_one(str(tmp)))
+        await asyncio.gather(self.trainer.save_checkpoint.call_one(str(tmp)), self.reward.call("save_rng", str(tmp)))
         checkpoint.save_rng(tmp, "controller")
         checkpoint.write_run_state(tmp, self.state)
         (tmp / "config.toml").write_text(dump_toml(self.config))
@@ -243,16 +262,7 @@ class Controller:
         """Stop every actor process and the store; safe after a partial setup."""
         self._shutting_down = True
         actor_processes = monarch_processes()
-        if self._actors_ready:
-            await asyncio.gather(
-                asyncio.wait_for(self.generators.shutdown.call(), 10), self.trainer.release_weights.call(), self.frozen.stop_engines(),
-                return_exceptions=True,
-            )
-        stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes + self.frozen.take_procs()), return_exceptions=True)
-        try:
-            await asyncio.wait_for(stopping, 8)
-        except asyncio.TimeoutError:
-            pass  # a mesh stops only once its actors have started (vLLM may still be loading): reaped below
+        await asyncio.gather(self._stop_trainer(), *(service.stop() for service in self.services), return_exceptions=True)
         await asyncio.to_thread(reap, actor_processes, 5)  # a stopped mesh's processes may still be exiting
         self._proc_meshes = []
         self._actors_ready = False
@@ -263,18 +273,28 @@ class Controller:
         if self.run_log is not None:
             self.run_log.close()
         if self._previous_fault_hook is not None:
-            monarch.actor.unhandled_fault_hook, self._previous_fault_hook = self._previous_fault_hook, None
+            monarch.actor.unhandled_fault_hook = after_run_fault_hook(self.services, self._previous_fault_hook)
+            self._previous_fault_hook = None
 
-    async def generate(self, request: GenerationRequest, sampling: SamplingConfig, replica: int) -> Completion:
-        """One completion from generator `replica`; raises if the generator failed the request."""
-        [result] = await self.generators.slice(procs=replica).generate.call_one([request], sampling)
+    async def _stop_trainer(self) -> None:
+        if self._actors_ready:
+            await asyncio.gather(asyncio.wait_for(self.trainer.release_weights.call(), 10), return_exceptions=True)
+        stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes), return_exceptions=True)
+        try:
+            await asyncio.wait_for(stopping, 8)
+        except asyncio.TimeoutError:
+            pass  # a mesh stops only once its actors have started (vLLM may still be loading): reaped below
+
+    async def generate(self, request: GenerationRequest, sampling: SamplingConfig, group_id: str) -> Completion:
+        """One completion from the generator service (sticky by group); raises if the generator failed the request."""
+        [result] = await self.generators.call("generate", [request], sampling, key=group_id)
         if isinstance(result, str):
             raise RuntimeError(result)
         return result
 
-    async def generate_frozen(self, name: str, request: GenerationRequest, sampling: SamplingConfig) -> Completion:
+    async def generate_frozen(self, name: str, request: GenerationRequest, sampling: SamplingConfig, group_id: str) -> Completion:
         """One completion from frozen model `name`; raises if its generator failed the request."""
-        [result] = await self.frozen.generate(name, [request], sampling)
+        [result] = await self.frozen.generate(name, [request], sampling, key=group_id)
         if isinstance(result, str):
             raise RuntimeError(result)
         return result
@@ -282,31 +302,30 @@ class Controller:
     async def rollout_and_score(
         self, row_id: str, task_name: str, row: dict, group_size: int, sampling: SamplingConfig, sampler: str = POLICY
     ) -> RolloutGroup:
-        """A row's group: `group_size` rollouts on the least-busy generator replica (or frozen model `sampler`), then its rewards."""
+        """A row's group: `group_size` rollouts on the generator service (or frozen model `sampler`), then its rewards."""
         task = self.tasks[task_name]
-        with self.router.route() if sampler == POLICY else contextlib.nullcontext() as replica:
 
-            def generate(request: GenerationRequest) -> Awaitable[Completion]:
-                if sampler == POLICY:
-                    return self.generate(request, sampling, replica)
-                return self.generate_frozen(sampler, request, sampling)
+        def generate(request: GenerationRequest) -> Awaitable[Completion]:
+            if sampler == POLICY:
+                return self.generate(request, sampling, row_id)
+            return self.generate_frozen(sampler, request, sampling, row_id)
 
-            def context(sample_index: int) -> RolloutContext:
-                return RolloutContext(
-                    row_id=row_id,
-                    sample_index=sample_index,
-                    task_name=task_name,
-                    task=task.task,
-                    renderer=self.renderers[task_name],
-                    env_config=task.config.env,
-                    generate=generate,
-                    run_seed=self.config.run.seed,
-                )
+        def context(sample_index: int) -> RolloutContext:
+            return RolloutContext(
+                row_id=row_id,
+                sample_index=sample_index,
+                task_name=task_name,
+                task=task.task,
+                renderer=self.renderers[task_name],
+                env_config=task.config.env,
+                generate=generate,
+                run_seed=self.config.run.seed,
+            )
 
-            group = await rollout_group(row_id, task_name, row, group_size, task.rollout_fn, context)
+        group = await rollout_group(row_id, task_name, row, group_size, task.rollout_fn, context)
         if sampler == POLICY:
             for rollout in group.rollouts:
-                rollout.metadata["generator_replica"] = replica
+                rollout.metadata["generator_replica"] = self.generators.router.replica_of(row_id)
         else:
             mark_frozen([group], sampler)
         if group.rollouts and all(rollout.reward is not None for rollout in group.rollouts):
@@ -315,7 +334,7 @@ class Controller:
 
     async def score(self, group: RolloutGroup) -> RolloutGroup:
         try:
-            return await self.reward.score_group.call_one(group)
+            return await self.reward.call("score_group", group)
         except Exception as exc:
             for rollout in group.rollouts:
                 rollout.status = RolloutStatus.ERROR
@@ -328,6 +347,7 @@ class Controller:
             train_group_id(row_index), task_name, row, self.config.algorithm.group_size, self.config.generator.sampling,
             sampler=self.algorithms[task_name].sampler,
         )
+        self.breaker.record(*group_failure(group))
         drop = self.samples.drop_reason(group, self.config.trainer.seq_len)  # a dropped group gives its slot to another row
         self.generation_stats.row_finished(group, drop)
         if drop is None:
@@ -392,9 +412,10 @@ class Controller:
 
     async def sync_weights(self, policy_version: int) -> None:
         """The trainer publishes its weights as `policy_version`; every generator reloads them; admission moves on."""
-        await self._within(self.trainer.push_weights.call_one(policy_version), "trainer weight push", policy_version)
-        await self._within(self.generators.update_weights.call(policy_version), "generator weight reload", policy_version)
-        self.state.policy_version = policy_version
+        async with self.generators.updating():  # a replacement generator loads the version before or after, never half-way
+            await self._within(self.trainer.push_weights.call_one(policy_version), "trainer weight push", policy_version)
+            await self.generators.broadcast("update_weights", policy_version, timeout_s=self.config.run.weight_sync_timeout_s)
+            self.state.policy_version = policy_version
         await self.admission.set_policy_version(policy_version)
 
     async def run(self) -> dict[str, Any]:
@@ -449,7 +470,7 @@ class Controller:
                 for key in ("rollouts/dropped_groups", "rollouts/dropped_zero_adv_groups"):  # the producer's drops and the step's
                     step_metrics[key] += metrics[key]
                 metrics.update(step_metrics)
-                actor_states = await gather_states([self.trainer, self.reward])  # generators record nothing; never wait behind generation
+                actor_states = await gather_states([self.trainer, *self.reward.actors()])  # generators record nothing; never wait behind generation
                 self.state.mark_rows_done([row_index_of(group.group_id) for group in groups + evicted])
                 metrics["perf/wait_time_ratio"] = wait_seconds / (wait_seconds + busy)
                 metrics["perf/overlap_ratio"] = 1.0 - metrics["perf/wait_time_ratio"]
@@ -462,6 +483,7 @@ class Controller:
                         summary["eval_end"] = eval_metrics
                 if self.checkpoint_due():
                     metrics["time/checkpoint_s"] = await self.save_checkpoint(run_dir)
+                metrics.update({key: value for service in self.services for key, value in service.metrics().items()})
                 metrics["time/step_s"] = time.perf_counter() - step_start
                 self.logger.log_step(self.state.step, {"policy_version": self.state.policy_version, **metrics}, actor_states)
         finally:

@@ -1,21 +1,22 @@
 """Frozen models (`[models.<name>]`): teachers and samplers served by their own, never-updated Generators.
 
-The controller calls this module for three things: spawning the actors, the logprobs a teacher gives
-to token sequences (vLLM's prompt-logprob path; "policy" goes to the live generators, for opsd), and a
-generate function for tasks whose `sampler` is a frozen model. Frozen models must share the policy's
+The controller calls this module for three things: spawning each model's service (`rl.services`,
+`services.models` sets its deadlines and restarts), the logprobs a teacher gives to token sequences
+(vLLM's prompt-logprob path; "policy" goes to the live generators, for opsd), and a generate
+function for tasks whose `sampler` is a frozen model. Frozen models must share the policy's
 tokenizer: sequences are passed as token ids.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
-from monarch.actor import this_host
+from typing import Any, Callable
 
 from actors.generator import Generator
 from rl.algorithms.config import POLICY, AlgorithmConfig, FrozenModelConfig
 from rl.config import Config, ModelConfig, SamplingConfig
+from rl.services.replica import local_procs
+from rl.services.service import Service
 from rollouts.types import RolloutGroup
 
 
@@ -31,48 +32,34 @@ def task_algorithms(config: Config) -> dict[str, AlgorithmConfig]:
 
 
 class FrozenModels:
-    def __init__(self, config: Config):
+    def __init__(self, config: Config, on_fatal: Callable[[str], None]):
         self.config = config
-        self.actors: dict[str, Any] = {}
-        self.procs: list[Any] = []
-        self._next: dict[str, int] = {}
+        self.on_fatal = on_fatal
+        self.services: dict[str, Service] = {}
 
     async def setup(self, stop_token_ids: list[int]) -> None:
         for name, model in self.config.models.items():
-            procs = this_host().spawn_procs(per_host={"procs": model.replicas})
-            self.procs.append(procs)
-            self.actors[name] = procs.spawn(f"frozen_{name}", Generator, frozen_config(self.config, model), stop_token_ids)
-            self._next[name] = 0
-        await asyncio.gather(*(actor.initialized for actor in self.actors.values()))
+            model_config = frozen_config(self.config, model)
+            self.services[name] = Service(
+                f"frozen_{name}", Generator, lambda replica, model_config=model_config: (model_config, stop_token_ids, replica),
+                replicas=model.replicas, config=self.config.services.models, spawn_procs=local_procs(), on_fatal=self.on_fatal,
+                config_key="services.models", release="shutdown",
+            )
+        await asyncio.gather(*(service.start() for service in self.services.values()))
 
-    async def stop_engines(self) -> None:
-        """Free every frozen engine (as the policy generators are freed) before their processes stop."""
-        calls = [asyncio.wait_for(actor.shutdown.call(), 10) for actor in self.actors.values()]
-        await asyncio.gather(*calls, return_exceptions=True)
+    @property
+    def actors(self) -> dict[str, list[Any]]:
+        """Each model's healthy replica actors (for `judge` reward functions in the reward actors)."""
+        return {name: service.actors() for name, service in self.services.items()}
 
-    def take_procs(self) -> list[Any]:
-        """The frozen models' process meshes, handed over to be stopped (and forgotten here)."""
-        procs, self.procs, self.actors = self.procs, [], {}
-        return procs
-
-    def _replica(self, name: str, actors: Any, replicas: int) -> Any:
-        index = self._next.get(name, 0)
-        self._next[name] = index + 1
-        return actors.slice(procs=index % replicas)
-
-    async def prompt_logprobs(self, name: str, sequences: list[list[int]], policy: Any) -> list[list[float]]:
+    async def prompt_logprobs(self, name: str, sequences: list[list[int]], policy: Service) -> list[list[float]]:
         """Each sequence's per-token logprobs under model `name` ("policy" = the live generators)."""
-        if name == POLICY:
-            actors, replicas = policy, self.config.generator.num_replicas
-        else:
-            actors, replicas = self.actors[name], self.config.models[name].replicas
-        calls = [self._replica(name, actors, replicas).prompt_logprobs.call_one(ids) for ids in sequences]
-        return list(await asyncio.gather(*calls))
+        service = policy if name == POLICY else self.services[name]
+        return list(await asyncio.gather(*(service.call("prompt_logprobs", ids) for ids in sequences)))
 
-    async def generate(self, name: str, requests: list[Any], sampling: SamplingConfig) -> list[Any]:
+    async def generate(self, name: str, requests: list[Any], sampling: SamplingConfig, key: str | None = None) -> list[Any]:
         """Completions from frozen model `name`; the rollouts they make never age for staleness."""
-        replica = self._replica(name, self.actors[name], self.config.models[name].replicas)
-        return await replica.generate.call_one(requests, sampling)
+        return await self.services[name].call("generate", requests, sampling, key=key)
 
 
 def mark_frozen(groups: list[RolloutGroup], sampler: str) -> None:

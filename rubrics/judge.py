@@ -145,13 +145,13 @@ _MODELS: dict[str, tuple[GenerateFn, Any]] = {}
 _JUDGES: dict[tuple, Judge] = {}
 
 
-def connect_frozen_models(models: dict[str, Any], replicas: dict[str, int], renderers: dict[str, Any], sampling: Any) -> None:
-    """Connect frozen-model Generator actors (`[models.<name>]`) for judging; requests go round-robin over replicas."""
+def connect_frozen_models(models: dict[str, list[Any]], renderers: dict[str, Any], sampling: Any) -> None:
+    """Connect frozen-model Generator replicas (`[models.<name>]`) for judging; requests go round-robin over them."""
     for name, actors in models.items():
         turn = itertools.count()
 
-        async def generate(requests: list[GenerationRequest], actors: Any = actors, count: int = replicas[name], turn: Any = turn) -> list:
-            return await actors.slice(procs=next(turn) % count).generate.call_one(requests, sampling)
+        async def generate(requests: list[GenerationRequest], actors: list[Any] = actors, turn: Any = turn) -> list:
+            return await actors[next(turn) % len(actors)].generate.call_one(requests, sampling)
 
         connect_model(name, generate, renderers[name])
 

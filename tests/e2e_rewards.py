@@ -19,3 +19,8 @@ def kill_reward_process(rollout: Rollout, example: dict) -> float:
 def judge_reply_length(reply: str) -> float:
     """A judge "verdict" any reply gives (a random-weight judge writes no yes/no): its length, capped at 1."""
     return min(1.0, len(reply) / 32)
+
+
+def always_fails(rollout: Rollout, example: dict) -> float:
+    """A rubric that always raises: every group fails, for the circuit breaker."""
+    raise RuntimeError("this rubric always fails")

@@ -58,8 +58,8 @@ async def trained(tmp_path_factory):
         with contextlib.redirect_stdout(console):
             summary = await asyncio.wait_for(controller.train(), DEADLINE_S)
         after_trainer = await controller.trainer.logprobs.call_one(probe)
-        after_generator = await controller.generators.slice(procs=0).prompt_logprobs.call_one(probe)
-        generator_version = await controller.generators.slice(procs=0).version.call_one()
+        after_generator = await controller.generators.call("prompt_logprobs", probe)
+        generator_version = await controller.generators.call("version")
         children = [p for p in psutil.Process().children(recursive=True) if "monarch" in " ".join(p.cmdline())]
     finally:
         await controller.shutdown()

@@ -27,7 +27,7 @@ async def run(tmp_path_factory):
     probe = controller.renderers["sum_digits"].render_ids(
         [{"role": "user", "content": "Sum the digits of 47."}, {"role": "assistant", "content": "11"}]
     )
-    teacher = controller.frozen.actors["teacher"].slice(procs=0)
+    [teacher] = controller.frozen.actors["teacher"]
     teacher_before = await teacher.prompt_logprobs.call_one(probe)
     try:
         summary = await controller.train()

@@ -1,24 +1,8 @@
-"""Replica routing by outstanding rows, and CPU pinning from config."""
+"""CPU pinning from config (routing between replicas: tests/test_services.py)."""
 
 import os
 import subprocess
 import sys
-
-from rl.router import LeastOutstanding
-
-
-def test_rows_go_to_the_replica_with_the_fewest_outstanding():
-    router = LeastOutstanding(3)
-    with router.route() as first, router.route() as second, router.route() as third:
-        assert [first, second, third] == [0, 1, 2]
-        with router.route() as fourth:
-            assert fourth == 0 and router.outstanding == [2, 1, 1]
-    assert router.outstanding == [0, 0, 0]
-    with router.route() as a:
-        with router.route() as b:
-            pass
-        with router.route() as c:  # b finished: replica 1 is free again
-            assert (a, b, c) == (0, 1, 1)
 
 
 def test_pin_process_takes_its_share_of_the_cores():
