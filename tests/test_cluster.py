@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rl.batching import TrainSample, pack_samples, split_micro_batches
-from rl.cluster import bootstrap_command
+from rl.cluster import Placement, bootstrap_command
 from rl.config import ConfigError, load_config
 from rl.distributed import Ranks, rank_rows
 from rl.stats import MetricStats, merge_stats, reduce_metric_stats
@@ -109,3 +109,35 @@ def test_statistics_of_two_ranks_merge_like_one_process():
     spread = ("ratio",)
     assert reduce_metric_stats(merge_stats([first, second]), spread) == pytest.approx(reduce_metric_stats(one, spread))
     assert reduce_metric_stats(merge_stats([first, second]), spread)["ratio_mean"] == pytest.approx(7 / 3)
+
+
+class FakeHosts:
+    """A host mesh of `count` hosts that records where one-process meshes were spawned."""
+
+    def __init__(self, count: int, spawned: list, host: int | None = None):
+        self.count, self.spawned, self.host = count, spawned, host
+
+    @property
+    def sizes(self) -> dict[str, int]:
+        return {"hosts": self.count} if self.host is None else {}
+
+    def slice(self, hosts: int) -> "FakeHosts":
+        return FakeHosts(self.count, self.spawned, host=hosts)
+
+    def spawn_procs(self, per_host: dict, bootstrap_command):
+        gpus = bootstrap_command({"hosts": 0, "procs": 0}).env["CUDA_VISIBLE_DEVICES"]
+        self.spawned.append((self.host, per_host["procs"], gpus))
+
+
+def test_service_replicas_go_round_robin_over_their_hosts_each_on_its_own_gpus():
+    config = load_config(
+        CONFIGS / "tiny_qwen3_e2e.toml",
+        {"trainer.device": "cuda", "generator.device": "cuda", "generator.num_replicas": "4", "generator.tensor_parallel_size": "2"},
+    )
+    placement = Placement(config)
+    spawned: list = []
+    placement.hosts = {"generator": FakeHosts(2, spawned)}
+    spawn = placement.replica_procs("generator", gpus_per_proc=2)
+    for index in range(4):
+        spawn(index)
+    assert spawned == [(0, 1, "0,1"), (1, 1, "0,1"), (0, 1, "2,3"), (1, 1, "2,3")]

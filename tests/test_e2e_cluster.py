@@ -33,7 +33,7 @@ async def test_two_hosts_train_two_steps_and_the_generator_runs_the_trainers_wei
     async def sync_and_compare(policy_version: int) -> None:
         await sync_weights(policy_version)
         trainer, generator = await asyncio.gather(
-            controller.trainer.logprobs.call_one(probe), controller.generators.slice(procs=0).prompt_logprobs.call_one(probe)
+            controller.trainer.logprobs.call_one(probe), controller.generators.call("prompt_logprobs", probe)
         )
         parity.append((policy_version, max(abs(a - b) for a, b in zip(trainer, generator))))
 
