@@ -3,6 +3,13 @@
 import pytest
 
 
+def pytest_collection_modifyitems(items):
+    """Tests marked `allocates_job` run last: `monarch.job` imports flask, whose module-level proxies make
+    vLLM's kernel scan over `sys.modules` raise "Working outside of application context", so an
+    in-process vLLM engine (tests/test_engine_loop.py) cannot start in the same process afterwards."""
+    items.sort(key=lambda item: item.get_closest_marker("allocates_job") is not None)
+
+
 @pytest.fixture(scope="session")
 def renderer():
     from rl.renderer import RendererConfig

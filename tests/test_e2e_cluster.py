@@ -14,7 +14,7 @@ import pytest
 from rl.config import load_config
 from rl.controller import Controller
 
-pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = [pytest.mark.e2e, pytest.mark.allocates_job, pytest.mark.asyncio(loop_scope="module")]
 
 REPO = Path(__file__).resolve().parent.parent
 DEADLINE_S = 900
