@@ -22,10 +22,30 @@ from env_types.renderer_env import Completion, GenerationRequest
 from rl import weight_sync
 from rl.affinity import pin_process
 from rl.assets import resolve_model_path
-from rl.config import Config, SamplingConfig
+from rl.config import Config, GeneratorConfig, SamplingConfig
 from rl.engine_loop import EngineLoop
 from rl.metrics.actor import MetricsActor
 from rl.services.replica import ReplicaId, ServiceReplica, test_only_hang
+
+
+def engine_args(generator_config: GeneratorConfig) -> dict[str, Any]:
+    """vLLM engine arguments of a generator.
+
+    On CPU, chunked prefill is off: vLLM discards the token sampled after a partial prefill and rewinds
+    the request's seeded torch.Generator with `set_offset`, which CPU generators do not support; with
+    per-request seeds, a step whose prompts exceed the token budget would fail every request in it.
+    """
+    return dict(
+        skip_tokenizer_init=True,
+        dtype=generator_config.dtype,
+        enforce_eager=generator_config.enforce_eager,
+        max_model_len=generator_config.max_model_len,
+        max_num_seqs=generator_config.max_num_seqs,
+        tensor_parallel_size=generator_config.tensor_parallel_size,
+        gpu_memory_utilization=generator_config.gpu_memory_utilization,
+        seed=generator_config.seed,
+        enable_chunked_prefill=generator_config.device != "cpu",
+    )
 
 
 class Generator(MetricsActor, ServiceReplica):
@@ -46,17 +66,7 @@ class Generator(MetricsActor, ServiceReplica):
 
         self.stop_token_ids = stop_token_ids
         self.policy_version = 0
-        self.llm = LLM(
-            model=resolve_model_path(config.model.path),
-            skip_tokenizer_init=True,
-            dtype=generator_config.dtype,
-            enforce_eager=generator_config.enforce_eager,
-            max_model_len=generator_config.max_model_len,
-            max_num_seqs=generator_config.max_num_seqs,
-            tensor_parallel_size=generator_config.tensor_parallel_size,
-            gpu_memory_utilization=generator_config.gpu_memory_utilization,
-            seed=generator_config.seed,
-        )
+        self.llm = LLM(model=resolve_model_path(config.model.path), **engine_args(generator_config))
         self.engine = EngineLoop(self.llm.llm_engine)
         self.on_weight_update = generator_config.on_weight_update
         self.weights = weight_sync.WeightReceiver(config.weight_sync.transport)

@@ -4,17 +4,21 @@ weights or restarts them on the new ones, tagging each output with the version t
 
 import asyncio
 import os
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 import torch
 from transformers import AutoModelForCausalLM
 
+from actors.generator import engine_args
 from rl.assets import resolve_model_path
+from rl.config import load_config
 from rl.engine_loop import EngineLoop
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 PROMPTS = [[151644, 872, 198, 40 + i, 151645, 198, 151644, 77091, 198] for i in range(6)]
 
 
@@ -32,8 +36,8 @@ async def engine():
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
-    llm = LLM(model=resolve_model_path("tiny-qwen3"), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
-              max_model_len=128, seed=0)
+    generator_config = load_config(CONFIGS / "tiny_qwen3_e2e.toml", {"generator.max_model_len": "128"}).generator
+    llm = LLM(model=resolve_model_path("tiny-qwen3"), **engine_args(generator_config))  # the Generator actor's engine
     loop = EngineLoop(llm.llm_engine)
     yield llm, loop
     await loop.close()
@@ -100,3 +104,21 @@ async def test_weight_update_in_flight(engine, weights, mode):
     else:
         assert outputs == [(tokens, 1) for tokens, _ in new]
     assert late == [(tokens, 1) for tokens, _ in new[:2]]
+
+
+async def test_seeded_requests_whose_prompts_exceed_one_steps_token_budget(engine):
+    """60 seeded requests of 100 prompt tokens (6000 > vLLM's 4096-token step budget) all complete.
+
+    With chunked prefill (vLLM's default) a partial prefill rewinds the request's seeded generator with
+    `set_offset`, which a CPU torch.Generator refuses: every request of the step failed.
+    """
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm, loop = engine
+    prompts = [list(range(100 + i, 200 + i)) for i in range(60)]
+    results = await asyncio.gather(*(
+        loop.generate(TokensPrompt(prompt_token_ids=p), SamplingParams(temperature=1.0, max_tokens=4, seed=i, detokenize=False))
+        for i, p in enumerate(prompts)
+    ))
+    assert [len(output.outputs[0].token_ids) for output, _ in results] == [4] * 60
