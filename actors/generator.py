@@ -19,8 +19,8 @@ import torch
 from monarch.actor import concurrent_endpoint
 
 from env_types.renderer_env import Completion, GenerationRequest
-from rl import weight_sync
-from rl.affinity import pin_process
+from rl.weights import sync as weight_sync
+from rl.processes.affinity import pin_process
 from rl.assets import resolve_model_path
 from rl.config import Config, GeneratorConfig, SamplingConfig
 from rl.engine_loop import EngineLoop

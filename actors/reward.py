@@ -18,7 +18,7 @@ from rl.assets import resolve_model_path
 from rl.config import Config
 from rl.metrics import timer
 from rl.metrics.actor import MetricsActor
-from rl.renderer import RendererConfig
+from env_types.renderer import RendererConfig
 from rl.services.replica import ServiceReplica
 from rollouts.types import RolloutGroup
 from rubrics.judge import connect_frozen_models

@@ -1,11 +1,11 @@
 """PolicyTrainer: a transformers causal LM, its optimizer, and the push of its weights.
 
-The controller hands it a batch of packed `[B, L]` rows as micro-batches; `rl.train_step` runs
+The controller hands it a batch of packed `[B, L]` rows as micro-batches; `rl.training.train_step` runs
 the update (K optimizer steps, each normalized by its global per-component token counts), then
 the trainer publishes the new weights to torchstore under the next policy version.
 
-With `trainer.num_procs * trainer.num_hosts > 1` it is a proc mesh of ranks acting as one (`rl.trainer_mesh`):
-each rank holds an FSDP2 shard of the model (`rl.distributed`), trains on its share of the rows, and every
+With `trainer.num_procs * trainer.num_hosts > 1` it is a proc mesh of ranks acting as one (`rl.processes.trainer_mesh`):
+each rank holds an FSDP2 shard of the model (`rl.training.distributed`), trains on its share of the rows, and every
 endpoint runs on every rank.
 """
 
@@ -21,14 +21,16 @@ from monarch.actor import current_rank, endpoint
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
-from rl import checkpoint, distributed, weight_sync
-from rl.affinity import pin_process
+from rl import checkpoint
+from rl.training import distributed
+from rl.weights import sync as weight_sync
+from rl.processes.affinity import pin_process
 from rl.assets import resolve_model_path
 from rl.config import Config, TrainerConfig
-from rl.logprobs import token_logprobs
+from rl.training.logprobs import token_logprobs
 from rl.metrics.actor import MetricsActor
-from rl.precision import TORCH_DTYPES, compute_context
-from rl.train_step import train_step
+from rl.training.precision import TORCH_DTYPES, compute_context
+from rl.training.train_step import train_step
 
 
 def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
@@ -105,7 +107,7 @@ class PolicyTrainer(MetricsActor):
 
     @endpoint
     async def train_step(self, micro_batches: list[TensorDict]) -> dict[str, float]:
-        """K optimizer steps over the batch's micro-batches (see `rl.train_step`); returns loss and diagnostics."""
+        """K optimizer steps over the batch's micro-batches (see `rl.training.train_step`); returns loss and diagnostics."""
         trainer_config = self.config.trainer
         if self.ranks.world > 1:
             micro_batches = distributed.rank_rows(micro_batches, self.ranks, trainer_config.micro_batch_size)

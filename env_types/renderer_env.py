@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
-from rl.renderer import invalid_tool_call_errors, next_turn_prompt, parse_completion, render_prompt
+from env_types.renderer import invalid_tool_call_errors, next_turn_prompt, parse_completion, render_prompt
 from rollouts.types import Message, Rollout, RolloutStatus, RolloutTurn
 
 

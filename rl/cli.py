@@ -51,15 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("run_dir", help="the run directory, e.g. runs/sum_digits_smollm2_cpu")
     args, extra = parser.parse_known_args(argv)
     if args.command == "report":
-        from rl.report import report_command
+        from rl.metrics.report import report_command
 
         return report_command(Path(args.run_dir))
     if args.command == "new-task":
         return _new_task(args.name, args.dir, extra)
     if args.command == "train":
-        from rl.interrupts import EXIT_INTERRUPTED, InterruptibleRun
+        from rl.processes.interrupts import EXIT_INTERRUPTED, InterruptibleRun
 
-        interruptible = InterruptibleRun()  # before any other thread starts (numpy, Monarch): see rl/interrupts.py
+        interruptible = InterruptibleRun()  # before any other thread starts (numpy, Monarch): see rl/processes/interrupts.py
     from rl.checkpoint import read_run_state
     from rl.resume import resume_config, truncate_logs
 
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print(dump_toml(config), end="")
         return 0
     if args.command == "bench":
-        from rl.bench import bench, table
+        from rl.loop.bench import bench, table
 
         results = asyncio.run(bench(config))
         print(table(results) + f"\nwritten to {results['out_dir']}")
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     if resume_from is not None:
         truncate_logs(args.resume, read_run_state(resume_from)["step"])
 
-    from rl.controller import Controller
+    from rl.loop.controller import Controller
 
     try:
         controller = Controller(config, resume_from=resume_from)

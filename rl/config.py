@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from env_types.renderer_env import RendererEnvConfig
 from rl.algorithms.config import AlgorithmConfig, FrozenModelConfig, TaskAlgorithmConfig, check_algorithms
-from rl.renderer import RendererConfig
+from env_types.renderer import RendererConfig
 from rl.services.config import ServicesConfig
 
 Device = Literal["cpu", "cuda"]

@@ -24,7 +24,7 @@ from typing import Any, Awaitable, Callable
 
 from env_types.renderer_env import Completion, GenerationRequest
 from rl.registry import import_object
-from rl.renderer import parse_completion, render_prompt
+from env_types.renderer import parse_completion, render_prompt
 from rollouts.types import Rollout
 
 GenerateFn = Callable[[list[GenerationRequest]], Awaitable[list["Completion | str"]]]

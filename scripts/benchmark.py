@@ -48,7 +48,7 @@ def bench_generator(model_path: str, dtype: str, num_prompts: int, new_tokens: i
 def bench_trainer(model_path: str, dtype: str, rows: int, seq_len: int, steps: int) -> None:
     from transformers import AutoModelForCausalLM
 
-    from rl.logprobs import token_logprobs
+    from rl.training.logprobs import token_logprobs
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype], attn_implementation="sdpa")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)

@@ -15,7 +15,7 @@ import tempfile
 import time
 
 from rl.config import load_config
-from rl.controller import Controller
+from rl.loop.controller import Controller
 
 
 async def measure(config_path: str) -> None:

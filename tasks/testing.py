@@ -14,7 +14,7 @@ from typing import Any, Awaitable, Callable
 
 from env_types.renderer_env import Completion, GenerationRequest, RendererEnv, RendererEnvConfig
 from rl.assets import resolve_model_path
-from rl.renderer import RendererConfig, stop_token_ids
+from env_types.renderer import RendererConfig, stop_token_ids
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus
 from rubrics.rubric import apply_reward
 from tasks.task import Task

@@ -12,7 +12,7 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def renderer():
-    from rl.renderer import RendererConfig
+    from env_types.renderer import RendererConfig
 
     return RendererConfig(name="qwen3").build("tiny-qwen3")
 

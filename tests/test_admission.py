@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from rl.admission import Admission
+from rl.loop.admission import Admission
 
 
 async def admit_all_possible(admission: Admission) -> int:

@@ -7,7 +7,7 @@ import sys
 
 def test_pin_process_takes_its_share_of_the_cores():
     code = (
-        "import os, torch\nfrom rl.affinity import pin_process\n"
+        "import os, torch\nfrom rl.processes.affinity import pin_process\n"
         "print(pin_process([0, 1], rank=1, of=2), sorted(os.sched_getaffinity(0)), torch.get_num_threads())\n"
         "print(pin_process([0], rank=1, of=2), pin_process(None))"
     )

@@ -10,7 +10,7 @@ from rl.algorithms.advantages import max_rl_advantages, rloo_advantages, whiten_
 from rl.algorithms.config import AlgorithmConfig
 from rl.algorithms.samples import SampleBuilder
 from rl.config import ConfigError, load_config
-from rl.renderer import RendererConfig
+from env_types.renderer import RendererConfig
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 
 
@@ -184,8 +184,8 @@ def test_bad_algorithm_configs_fail_naming_the_keys(overrides, message):
 
 
 def test_sft_from_a_frozen_sampler_trains_its_tokens_and_never_goes_stale():
-    from rl.buffer import RolloutBuffer
-    from rl.frozen_models import mark_frozen
+    from rl.loop.buffer import RolloutBuffer
+    from rl.loop.frozen_models import mark_frozen
 
     group = _group("t", [0.0, 1.0])
     mark_frozen([group], "big")

@@ -2,9 +2,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-from rl.algorithms.losses import component_counts
+from rl.training.losses import component_counts
 from rl.batching import TrainSample, pack_samples, split_micro_batches, trim_padding
-from rl.logprobs import token_logprobs
+from rl.training.logprobs import token_logprobs
 
 
 def _hand_samples() -> list[TrainSample]:

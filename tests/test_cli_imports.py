@@ -1,4 +1,4 @@
-"""The launcher must start no thread before it blocks SIGINT (rl/interrupts.py): importing the CLI starts none."""
+"""The launcher must start no thread before it blocks SIGINT (rl/processes/interrupts.py): importing the CLI starts none."""
 
 import subprocess
 import sys

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from rl.batching import TrainSample, pack_samples, split_micro_batches
-from rl.cluster import Placement, bootstrap_command
+from rl.processes.cluster import Placement, bootstrap_command
 from rl.config import ConfigError, load_config
-from rl.distributed import Ranks, rank_rows
-from rl.stats import MetricStats, merge_stats, reduce_metric_stats
+from rl.training.distributed import Ranks, rank_rows
+from rl.training.stats import MetricStats, merge_stats, reduce_metric_stats
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -42,7 +42,7 @@ def test_shipped_gpu_cluster_configs_fill_two_nodes_of_eight_gpus(name):
 def built_job(config_name: str) -> dict:
     """The monarch job a shipped config builds, described from a subprocess (building one switches monarch's transport to TCP)."""
     script = (
-        "import json, sys; from rl.config import load_config; from rl.cluster import Placement; "
+        "import json, sys; from rl.config import load_config; from rl.processes.cluster import Placement; "
         f"job = Placement(load_config({str(CONFIGS / config_name)!r})).job; "
         "print(json.dumps({'type': type(job).__name__, 'active': job.active, 'meshes': getattr(job, '_meshes', None), "
         "'gpus_per_node': getattr(job, '_gpus_per_node', None), 'partition': getattr(job, '_partition', None)}))"

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from rl.config import load_config
-from rl.controller import Controller, RunState, fresh_run_dir
+from rl.loop.controller import Controller, RunState, fresh_run_dir
 from rl.services.config import ServiceConfig
 from rl.services.service import Service
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn

@@ -2,8 +2,8 @@ import asyncio
 
 import pytest
 
-from rl.buffer import RolloutBuffer, is_fresh
-from rl.data import RowStream, row_limit
+from rl.loop.buffer import RolloutBuffer, is_fresh
+from rl.loop.data import RowStream, row_limit
 from rollouts.types import Rollout, RolloutGroup, RolloutTurn
 
 

@@ -62,7 +62,7 @@ def test_missing_file_and_unknown_format(tmp_path):
 
 
 def test_controller_reads_the_file_rows(files, tmp_path):
-    from rl.controller import Controller
+    from rl.loop.controller import Controller
 
     jsonl, parquet = files
     config = load_config(None, {

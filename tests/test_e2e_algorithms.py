@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 from rl.config import load_config
-from rl.controller import Controller
+from rl.loop.controller import Controller
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 

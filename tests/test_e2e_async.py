@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rl.config import load_config
-from rl.controller import Controller
+from rl.loop.controller import Controller
 
 pytestmark = pytest.mark.e2e
 

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from rl.config import load_config
-from rl.controller import Controller
+from rl.loop.controller import Controller
 
 pytestmark = [pytest.mark.e2e, pytest.mark.allocates_job, pytest.mark.asyncio(loop_scope="module")]
 

@@ -17,7 +17,7 @@ import pytest
 
 from rl import checkpoint
 from rl.config import load_config
-from rl.controller import Controller, row_index_of
+from rl.loop.controller import Controller, row_index_of
 from rl.services.replica import TEST_ONLY_HANG_ENV
 
 pytestmark = pytest.mark.e2e

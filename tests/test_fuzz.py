@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from env_types.renderer_env import Completion, RendererEnv, RendererEnvConfig
 from rl.cli import main
 from rl.config import Config
-from rl.renderer import RendererConfig
+from env_types.renderer import RendererConfig
 from rollouts.types import Rollout, RolloutStatus, RolloutTurn
 from tasks.sum_digits import SumDigitsTask
 

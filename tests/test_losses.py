@@ -5,8 +5,8 @@ import torch
 from tensordict import TensorDict
 
 from rl.algorithms.config import AlgorithmConfig
-from rl.algorithms.losses import component_counts, compute_loss, k3_kl, kl_estimate, ppo_clip_token_loss
-from rl.stats import MetricStats, merge, reduce_metric_stats
+from rl.training.losses import component_counts, compute_loss, k3_kl, kl_estimate, ppo_clip_token_loss
+from rl.training.stats import MetricStats, merge, reduce_metric_stats
 
 LN2 = math.log(2.0)
 

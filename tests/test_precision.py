@@ -2,7 +2,7 @@
 
 import torch
 
-from rl.precision import MismatchWatch, compute_context
+from rl.training.precision import MismatchWatch, compute_context
 
 
 def test_bf16_compute_keeps_fp32_master_weights_and_small_updates():

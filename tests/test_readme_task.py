@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from env_types.renderer_env import Completion, RendererEnvConfig
 from rl.assets import resolve_model_path
-from rl.renderer import RendererConfig
+from env_types.renderer import RendererConfig
 from rollouts.fanout import RolloutContext, rollout_group, task_rollout
 from rollouts.types import RolloutStatus
 from rubrics.rubric import apply_reward

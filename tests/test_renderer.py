@@ -3,7 +3,7 @@
 import pytest
 from renderers import DefaultRenderer, Qwen3Renderer
 
-from rl.renderer import (
+from env_types.renderer import (
     RendererConfig,
     next_turn_prompt,
     parse_completion,

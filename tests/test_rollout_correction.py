@@ -7,11 +7,11 @@ import torch
 from tensordict import TensorDict
 from types import SimpleNamespace
 
-from rl.algorithms import correction
+from rl.training import correction
 from rl.algorithms.config import AlgorithmConfig, RolloutCorrectionConfig
-from rl.algorithms.losses import local_sequences
-from rl.stats import MetricStats
-from rl.train_step import train_step
+from rl.training.losses import local_sequences
+from rl.training.stats import MetricStats
+from rl.training.train_step import train_step
 
 P = "rollout_corr/"
 # One row: sequence 0 = positions 0..2 (tokens 1, 2 sampled), sequence 1 = positions 3..4 (token 4), a pad.
@@ -123,7 +123,7 @@ class UnigramLM(torch.nn.Module):
         return SimpleNamespace(logits=self.logits.expand(*input_ids.shape, -1))
 
     def get_decoder(self):
-        """Hidden state 1 at every position (the output layer reads only trained positions, `rl.logprobs`)."""
+        """Hidden state 1 at every position (the output layer reads only trained positions, `rl.training.logprobs`)."""
         return lambda input_ids, position_ids=None, use_cache=False: SimpleNamespace(last_hidden_state=torch.ones(*input_ids.shape, 1))
 
     def get_output_embeddings(self):

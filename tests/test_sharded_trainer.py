@@ -24,12 +24,12 @@ import torch.distributed.checkpoint as dcp
 from transformers import AutoModelForCausalLM
 
 from actors.trainer import PolicyTrainer
-from rl import weight_sync
+from rl.weights import sync as weight_sync
 from rl.assets import resolve_model_path
 from rl.batching import TrainSample, pack_samples, split_micro_batches
-from rl.cluster import Placement
+from rl.processes.cluster import Placement
 from rl.config import load_config
-from rl.trainer_mesh import spawn_trainer
+from rl.processes.trainer_mesh import spawn_trainer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 

@@ -1,6 +1,6 @@
 """Real torchstore round trip between two Monarch actor processes (no mocks).
 
-A writer actor pushes versioned state dicts through rl.weight_sync, a reader actor in another process
+A writer actor pushes versioned state dicts through rl.weights.sync, a reader actor in another process
 pulls them; the launcher (this test) owns the store and checks exact equality, old-version deletion
 and that no child process survives ``stop()``.
 """
@@ -14,7 +14,7 @@ import pytest
 import torch
 from monarch.actor import Actor, endpoint, this_host
 
-from rl import weight_sync
+from rl.weights import sync as weight_sync
 
 # torchstore 0.1.2 calls monarch's deprecated is_rdma_available() on every transfer.
 pytestmark = pytest.mark.filterwarnings("ignore:is_rdma_available is deprecated:DeprecationWarning")

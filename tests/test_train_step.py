@@ -9,12 +9,12 @@ from transformers import AutoModelForCausalLM
 
 from actors.trainer import lr_lambda
 from rl.algorithms.config import AlgorithmConfig
-from rl.algorithms.losses import ppo_clip_token_loss
+from rl.training.losses import ppo_clip_token_loss
 from rl.assets import resolve_model_path
 from rl.batching import TrainSample, pack_samples, split_micro_batches
 from rl.config import TrainerConfig
-from rl.logprobs import token_logprobs
-from rl.train_step import train_step
+from rl.training.logprobs import token_logprobs
+from rl.training.train_step import train_step
 
 SEQ_LEN = 24
 
@@ -170,7 +170,7 @@ def test_nonfinite_sampler_logprobs_are_masked_and_counted(base_model):
 def test_minibatches_are_disjoint_and_fall_back_to_rows():
     from tensordict import TensorDict
 
-    from rl.train_step import split_minibatches
+    from rl.training.train_step import split_minibatches
 
     rows = TensorDict({"x": torch.arange(5)[:, None]}, batch_size=[5])
     groups = split_minibatches(list(rows.split(2)), 2)  # micro-batches of 2, 2, 1 rows

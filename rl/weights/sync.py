@@ -7,7 +7,7 @@ launcher's process by monarch's ``_ControllerController``: no extra process to s
 cost of the launcher holding one copy of the weights. Every actor spawned from the launcher (directly
 or transitively) inherits that ``_ControllerController`` handle, so ``push_state_dict`` /
 ``pull_state_dict`` find the store by name from any process, without passing handles around.
-Modules defining such actors must import this module (or ``rl.torchstore_compat``) at top level so
+Modules defining such actors must import this module (or ``rl.weights.torchstore_compat``) at top level so
 the compat patch also runs in their process.
 
 Each version is stored as ``policy/v{N}/<param>`` plus ``policy/v{N}/MAPPING``; torchstore writes
@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 from torch.distributed.tensor import DTensor
 
-from rl.distributed import Ranks
-from rl.torchstore_compat import import_torchstore
+from rl.training.distributed import Ranks
+from rl.weights.torchstore_compat import import_torchstore
 
 ts = import_torchstore()
 

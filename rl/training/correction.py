@@ -17,8 +17,8 @@ import torch
 from tensordict import TensorDict
 
 from rl.algorithms.config import RolloutCorrectionConfig
-from rl.algorithms.losses import local_sequences, segment_sum
-from rl.stats import MetricStats
+from rl.training.losses import local_sequences, segment_sum
+from rl.training.stats import MetricStats
 
 SAFETY_BOUND = 20.0
 """IS log-ratios are clamped to ±20 before exp: weights stay in [2e-9, 5e8]."""

@@ -94,7 +94,7 @@ def parameter_count(config: Config) -> int:
 
 async def run_loop(config: Config, staleness: int, name: str) -> dict[str, float]:
     """One training run at budget `staleness`; per-step averages from its metrics.jsonl."""
-    from rl.controller import Controller
+    from rl.loop.controller import Controller
 
     run = config.run.model_copy(update={"max_policy_staleness": staleness, "name": name, "eval_every": 0})
     loop_config = config.model_copy(update={"run": run})

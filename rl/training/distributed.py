@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from tensordict import TensorDict
 
-from rl.logprobs import LogprobsModel
+from rl.training.logprobs import LogprobsModel
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ class Ranks:
 
 
 def init_process_group(device: str) -> Ranks:
-    """Join the trainer's group from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (set by `rl.trainer_mesh`).
+    """Join the trainer's group from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (set by `rl.processes.trainer_mesh`).
 
     gloo on CPU, NCCL on GPU (each process sees only its own GPU, so it is cuda:0).
     """

@@ -11,7 +11,7 @@ is rejected (dropped, evicted) gives its slot back. Training consumes `rows_per_
 policy version, so if rows were trained in admission order the k-th (0-based) would train at
 version `k // rows_per_step` and the staleness term admits it no earlier than version
 `k // rows_per_step − max_staleness`. Rows finish out of order, so the buffer still checks each
-group's sampled version when it is taken (`rl.buffer.is_fresh`) and evicts the few that finished
+group's sampled version when it is taken (`rl.loop.buffer.is_fresh`) and evicts the few that finished
 too late: admission and eviction read the same clock, the policy version.
 """
 

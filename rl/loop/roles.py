@@ -1,4 +1,4 @@
-"""The services of a run: the policy generators and the reward actors (frozen models: `rl.frozen_models`)."""
+"""The services of a run: the policy generators and the reward actors (frozen models: `rl.loop.frozen_models`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ def generator_service(
 ) -> Service:
     """`generator.num_replicas` Generators; `load_policy(actor)` gives a replacement the current weights.
 
-    `spawn_procs(index)` starts replica `index`'s process where it belongs (`rl.cluster.Placement.replica_procs`).
+    `spawn_procs(index)` starts replica `index`'s process where it belongs (`rl.processes.cluster.Placement.replica_procs`).
     """
     from actors.generator import Generator
 

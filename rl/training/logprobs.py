@@ -84,7 +84,7 @@ def token_logprobs(
 
 
 class LogprobsModel(torch.nn.Module):
-    """A causal LM whose forward is `token_logprobs`: the root unit of a sharded model (see `rl.distributed.shard`)."""
+    """A causal LM whose forward is `token_logprobs`: the root unit of a sharded model (see `rl.training.distributed.shard`)."""
 
     def __init__(self, lm: torch.nn.Module):
         super().__init__()

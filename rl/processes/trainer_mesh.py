@@ -47,7 +47,7 @@ class SpmdActor:
 
 
 async def spawn_trainer(spawn_procs: Any, config: Config, trainer_cls: type, *args: Any) -> tuple[SpmdActor, Any]:
-    """The trainer actor over its ranks and their proc mesh; `spawn_procs` is `rl.cluster.Placement.spawn_procs`."""
+    """The trainer actor over its ranks and their proc mesh; `spawn_procs` is `rl.processes.cluster.Placement.spawn_procs`."""
     trainer_config = config.trainer
     procs = spawn_procs("trainer", per_host={"procs": trainer_config.num_procs}, gpus_per_proc=1)
     if trainer_config.num_procs * trainer_config.num_hosts > 1:

@@ -3,7 +3,7 @@
     producer:  admitted row → group_size rollouts (generation ⇄ environment) → scoring → buffer
     consumer:  buffer → advantages → packed batch → train step → weight push → generator reload
 
-The producer admits rows one at a time (`rl.admission`): at most `run.max_concurrent_rollouts`
+The producer admits rows one at a time (`rl.loop.admission`): at most `run.max_concurrent_rollouts`
 generate at once, and no more than `run.max_policy_staleness` steps' worth of rows ahead of the
 policy version (0 = synchronous). Each row's group enters the buffer as soon as it is scored; the
 buffer evicts a group that finished too late for the budget. The run ends after `run.steps` steps
@@ -26,29 +26,30 @@ from tqdm import tqdm
 
 from actors.trainer import PolicyTrainer
 from env_types.renderer_env import Completion, GenerationRequest
-from rl import checkpoint, weight_sync
-from rl.admission import Admission
+from rl import checkpoint
+from rl.weights import sync as weight_sync
+from rl.loop.admission import Admission
 from rl.algorithms.config import POLICY
 from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
 from rl.batching import pack_samples, split_micro_batches, trim_padding
-from rl.buffer import RolloutBuffer, is_frozen_sampled
-from rl.cluster import Placement
+from rl.loop.buffer import RolloutBuffer, is_frozen_sampled
+from rl.processes.cluster import Placement
 from rl.config import Config, SamplingConfig, dump_toml
-from rl.data import RowStream, row_limit
-from rl.frozen_models import FrozenModels, mark_frozen, task_algorithms
-from rl.interrupts import monarch_processes, reap
+from rl.loop.data import RowStream, row_limit
+from rl.loop.frozen_models import FrozenModels, mark_frozen, task_algorithms
+from rl.processes.interrupts import monarch_processes, reap
 from rl.metrics import MetricsLogger, timer
 from rl.metrics.actor import gather_states
 from rl.metrics.run_log import RunLog
 from rl.metrics.samples import SampleLogger
 from rl.metrics.standard import reward_metrics, rollout_metrics
-from rl.precision import MismatchWatch
-from rl.renderer import stop_token_ids
+from rl.training.precision import MismatchWatch
+from env_types.renderer import stop_token_ids
 from rl.services.breaker import CircuitBreaker, group_failure
-from rl.services.roles import generator_service, reward_service
+from rl.loop.roles import generator_service, reward_service
 from rl.services.service import Service, after_run_fault_hook
-from rl.trainer_mesh import spawn_trainer
+from rl.processes.trainer_mesh import spawn_trainer
 from rollouts.fanout import RolloutContext, rollout_group
 from rollouts.types import RolloutGroup, RolloutStatus
 from tasks.build import BuiltTask, build_task
@@ -182,7 +183,7 @@ class Controller:
         Returning normally tells Monarch the fault is handled; the run then stops through
         ordinary cancellation (teardown included), and the CLI tells it apart from a user's
         Ctrl-C by `actor_failures`. (Monarch's own answer, a KeyboardInterrupt delivered to the
-        main thread, can be delayed indefinitely: see rl/interrupts.py.)
+        main thread, can be delayed indefinitely: see rl/processes/interrupts.py.)
         """
         if self._shutting_down:
             return  # a slow teardown (e.g. vLLM freeing its engine) is not a failure of the run

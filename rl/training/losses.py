@@ -16,7 +16,7 @@ from tensordict import TensorDict
 
 from rl.algorithms.config import AlgorithmConfig
 from rl.batching import COMPONENTS
-from rl.stats import MetricStats
+from rl.training.stats import MetricStats
 
 
 def ppo_clip_token_loss(

@@ -3,7 +3,7 @@
 A group is fresh enough for the optimizer step that would produce policy version `v + 1`
 when its oldest sampled token came from version `>= v - max_staleness`. With a budget of 0
 training is synchronous: every group was sampled by the weights being trained. The buffer is
-not bounded itself: admission (`rl.admission`) bounds how many rows can be in it.
+not bounded itself: admission (`rl.loop.admission`) bounds how many rows can be in it.
 """
 
 from __future__ import annotations

@@ -16,13 +16,13 @@ from typing import Callable, ContextManager
 import torch
 from tensordict import TensorDict
 
-from rl.algorithms import correction
+from rl.training import correction
 from rl.algorithms.config import AlgorithmConfig
-from rl.algorithms.losses import component_counts, compute_loss, kl_estimate, local_sequences, segment_sum
+from rl.training.losses import component_counts, compute_loss, kl_estimate, local_sequences, segment_sum
 from rl.batching import COMPONENTS
-from rl.distributed import Ranks
-from rl.logprobs import token_logprobs
-from rl.stats import MetricStats, merge_stats, reduce_metric_stats
+from rl.training.distributed import Ranks
+from rl.training.logprobs import token_logprobs
+from rl.training.stats import MetricStats, merge_stats, reduce_metric_stats
 
 SPREAD = ("ratio",)
 """Trainer metrics logged with _mean/_std/_min/_max."""
