@@ -126,6 +126,8 @@ class RubricConfig(Section):
     error_reward: float | None = 0.0
     """`"none"` (TOML has no null) grades the partial turns of ERROR / TIMEOUT / ABORTED rollouts instead."""
     timeout_s: float = Field(60.0, gt=0)
+    max_abs_reward: float = Field(1e6, gt=0, le=1e30)
+    """Largest |value| a reward function may return; beyond it (or NaN) the rollout is an ERROR naming the function."""
 
     @field_validator("error_reward", mode="before")
     @classmethod

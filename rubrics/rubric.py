@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import math
 import threading
 import traceback
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from typing import Any, Awaitable, Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollouts.types import Rollout, RolloutStatus
+from rubrics.reward_value import MAX_ABS_REWARD, InvalidReward, checked_reward
 
 RewardFnType = Callable[[Rollout, dict[str, Any]], "float | Awaitable[float]"]
 GroupRewardFnType = Callable[[list[Rollout], dict[str, Any]], "list[float] | Awaitable[list[float]]"]
@@ -80,6 +80,8 @@ class Rubric:
     the reward of a rollout whose reward function failed, and of a PROMPT_OVERFLOW rollout when
     `truncation_reward` is None (0.0 for both when `error_reward` is None too). `timeout_s`:
     longest one reward function may take on one rollout (a group function: on the group).
+    `max_abs_reward`: bound on what a function may return (`rubrics.reward_value`); anything
+    else (NaN, 1e39, a string) fails that rollout with an error naming the function.
     """
 
     def __init__(
@@ -89,6 +91,7 @@ class Rubric:
         truncation_reward: float | None = None,
         error_reward: float | None = 0.0,
         timeout_s: float = 60.0,
+        max_abs_reward: float = MAX_ABS_REWARD,
     ):
         if not reward_fns:
             raise ValueError("a Rubric needs at least one reward function")
@@ -103,6 +106,7 @@ class Rubric:
         self.truncation_reward = truncation_reward
         self.error_reward = error_reward
         self.timeout_s = timeout_s
+        self.max_abs_reward = max_abs_reward
 
     @property
     def _fallback_reward(self) -> float:
@@ -161,7 +165,7 @@ class Rubric:
 
     async def _call(self, reward_fn: RewardFn, rollout: Rollout, example: dict[str, Any]) -> float:
         value = await self._guarded(reward_fn, rollout, example)
-        return _finite(reward_fn, value)
+        return self._checked(reward_fn, value)
 
     async def _call_group(
         self, reward_fn: RewardFn, rollouts: list[Rollout], example: dict[str, Any]
@@ -173,9 +177,15 @@ class Rubric:
                 raise RewardFunctionError(
                     f"group reward function {reward_fn.key!r} returned {values!r}, not a list of {len(rollouts)} numbers"
                 )
-            return [_finite(reward_fn, value) for value in values]
+            return [self._checked(reward_fn, value) for value in values]
         except RewardFunctionError as exc:
             return exc
+
+    def _checked(self, reward_fn: RewardFn, value: Any) -> float:
+        try:
+            return checked_reward(value, f"reward function {reward_fn.key!r}", self.max_abs_reward)
+        except InvalidReward as exc:
+            raise RewardFunctionError(str(exc)) from None
 
     async def _guarded(self, reward_fn: RewardFn, *args: Any) -> Any:
         try:
@@ -189,10 +199,6 @@ class Rubric:
             raise RewardFunctionError(f"reward function {reward_fn.key!r} raised: {detail}") from exc
 
 
-def _finite(reward_fn: RewardFn, value: Any) -> float:
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RewardFunctionError(f"reward function {reward_fn.key!r} returned {value!r}, not a finite number")
-    return float(value)
 
 
 def _settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> None:
