@@ -110,8 +110,9 @@ def math_verify(rollout: Rollout, example: dict[str, Any], *, answer_key: str = 
     r"""1 when `math-verify` finds the reply's final answer (`\boxed{}` first, else the last expression)
     mathematically equal to the reference (`1/2` = `0.5` = `\frac{1}{2}`), else 0.
 
-    math-verify's own signal-based timeouts only work on the main thread, so they are off here;
-    the rubric's `timeout_s` bounds the call instead.
+    math-verify's own signal-based timeouts are off (they only work on a main thread, and a big-int
+    operation does not see the signal until it ends): the rubric runs this in a worker process and
+    kills it at `timeout_s`.
     """
     from math_verify import parse, verify
 
