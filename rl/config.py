@@ -89,6 +89,8 @@ class TrainerConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = Field(1.0, gt=0)
+    max_nonfinite_steps: int = Field(3, ge=1)
+    """Steps in a row whose gradient norm is not finite (each skipped, weights unchanged) before the run stops."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     seq_len: int = Field(1024, ge=8)

@@ -140,3 +140,17 @@ def test_last_tag_of_a_reply_full_of_unclosed_tags():
     assert last_tag("<answer><answer>x</answer>") == "<answer>x"  # the regex's leftmost, non-greedy matches
     assert answer_tag_format(rollout("<answer>a</answer>"), {}) == 1.0
     assert answer_tag_format(rollout("<answer>a</answer><answer>b</answer>"), {}) == 0.0
+
+
+async def test_a_poison_group_is_not_handed_to_a_third_replica():
+    from tests.test_services import FakeHost, make_service
+    from rl.services.service import RequestFailed
+
+    host = FakeHost({name: {"generate": "hang"} for name in ("generator_0_0", "generator_1_0", "generator_2_0")})
+    service = make_service(host, replicas=3, call_timeout_s=0.1, max_attempts=3)
+    await service.start()
+    with pytest.raises(RequestFailed, match="lost on 2 replicas the same way twice .*deadline.*poison") as failed:
+        await service.call("generate", 1)
+    assert failed.value.timed_out
+    assert sum(1 for actor in host.actors.values() if actor.calls) == 2  # the third replica never saw it
+    await service.stop()
