@@ -69,7 +69,7 @@ async def test_the_run_ends_when_the_data_runs_out():
     assert controller.planned_steps == 3 and controller.stream.limit == 7  # the LR schedule is sized for 3 steps
     dropped = []
 
-    async def rollout_and_score(row_id, task_name, row, group_size, sampling, sampler="policy"):
+    async def rollout_and_score(row_id, task_name, row, group_size, sampling, sampler="policy", rollout_fn=None):
         await asyncio.sleep(0)
         group = scored_group(row_id, task_name, row, group_size, controller.state.policy_version)
         if row_id.endswith("=1"):  # the second row's rewards are constant: nothing to learn, its slot is reused
