@@ -4,8 +4,9 @@
 
 `rl` is the policy loss chosen by `algorithm.loss` (plus the KL to a reference model when `kl_coef > 0`),
 `ce` is cross-entropy, `ref_kl` pulls the policy towards a teacher by reverse KL. Each component's
-normalizer N_c is counted over the whole step (all micro-batches; all ranks once there are several), so
-the sum of the micro-batch losses is the same however the batch is split. A component with no weight
+normalizer N_c counts its tokens (weight != 0) or sequences over the whole step (all micro-batches; all
+ranks once there are several), so the sum of the micro-batch losses is the same however the batch is
+split, and a weight w scales its token's gradient by w (a Σw normalizer would cancel a uniform weight). A component with no weight
 in the step is skipped; when all are, the loss is a graph-attached zero so backward still runs.
 """
 
@@ -15,8 +16,8 @@ import torch
 from tensordict import TensorDict
 
 from rl.algorithms.config import AlgorithmConfig
-from rl.batching import COMPONENTS
-from rl.training.stats import MetricStats
+from rl.batching import segment_sum, segments
+from rl.metrics.reduce import StepStats
 
 
 def ppo_clip_token_loss(
@@ -53,47 +54,29 @@ def weighted_pg_token_loss(logprobs: torch.Tensor, weights: torch.Tensor, advant
     return -weights.detach() * torch.exp(logprobs - logprobs.detach()) * advantages  # [B,L]
 
 
+K3_BOUND = 10.0
+"""k3 per token is clamped to [-K3_BOUND, K3_BOUND] (verl's `kl_penalty_forward`, SkyRL's `compute_approx_kl`)."""
+
+
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, estimator: str, log_ratio_clamp: float = 20.0) -> torch.Tensor:
     """Per-token estimate of KL(p || ref) on tokens sampled from p; k1 = logp - ref_logp clamped to ±clamp.
 
-    k1: k1 (unbiased, may be negative); k2: k1²/2; k3: exp(-k1) + k1 - 1 (unbiased, >= 0). The clamp keeps
-    exp finite and stops the gradient on clamped tokens.
+    k1: k1 (unbiased, may be negative); k2: k1²/2; k3: exp(-k1) + k1 - 1 (unbiased, >= 0), clamped to
+    ±K3_BOUND so that a few far-off tokens cannot dominate the term (a token 5 nats off would cost 142).
+    Both clamps stop the gradient on the tokens they bind.
     """
     k1 = torch.clamp(logprobs - ref_logprobs, -log_ratio_clamp, log_ratio_clamp)  # [B,L]
     if estimator == "k1":
         return k1
     if estimator == "k2":
         return 0.5 * k1 * k1
-    return torch.exp(-k1) + k1 - 1
+    return torch.clamp(torch.exp(-k1) + k1 - 1, -K3_BOUND, K3_BOUND)
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, log_ratio_clamp: float = 20.0) -> torch.Tensor:
-    """The k3 estimator (see `kl_estimate`)."""
-    return kl_estimate(logprobs, ref_logprobs, estimator="k3", log_ratio_clamp=log_ratio_clamp)
-
-
-def local_sequences(sequence_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Dense per-token sequence index [B,L] within a micro-batch (padding gets its own index) and the count."""
-    unique, index = torch.unique(sequence_ids, return_inverse=True)
-    return index, unique.numel()
-
-
-def segment_sum(values: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
-    """Sum of `values` [B,L] per sequence -> [count]."""
-    return torch.zeros(count, dtype=values.dtype, device=values.device).index_add(0, index.flatten(), values.flatten())
-
-
-def component_counts(micro_batches: list[TensorDict]) -> torch.Tensor:
-    """[3, 2] float64: per component (rl, ce, ref_kl), the weighted token count and the number of sequences
-    with any weight, over the whole step. Ranks all-reduce (sum) this one tensor."""
-    counts = torch.zeros(len(COMPONENTS), 2, dtype=torch.float64)
-    for micro_batch in micro_batches:
-        index, count = local_sequences(micro_batch["sequence_ids"])
-        for c, name in enumerate(COMPONENTS):
-            weights = micro_batch[f"{name}_weights"].double()
-            counts[c, 0] += weights.sum().cpu()
-            counts[c, 1] += (segment_sum(weights, index, count) > 0).sum().cpu()
-    return counts
+    """Unclamped k3 = exp(-k1) + k1 - 1 (k1 clamped to ±log_ratio_clamp): the mismatch diagnostic, not a loss."""
+    k1 = torch.clamp(logprobs - ref_logprobs, -log_ratio_clamp, log_ratio_clamp)  # [B,L]
+    return torch.exp(-k1) + k1 - 1
 
 
 def aggregate(
@@ -101,7 +84,8 @@ def aggregate(
 ) -> torch.Tensor:
     """This micro-batch's share of a component's loss; `totals` = (global weighted tokens, global sequences).
 
-    token-mean: Σ w·ℓ / N_tokens. seq-mean-token-mean: Σ_seq (Σ_t w·ℓ / Σ_t w) / N_seqs. seq-mean-token-sum:
+    N counts tokens with w != 0 (never Σw). token-mean: Σ w·ℓ / N_tokens. seq-mean-token-mean:
+    Σ_seq (Σ_t w·ℓ / n_seq) / N_seqs, n_seq = the sequence's tokens with w != 0. seq-mean-token-sum:
     Σ_seq Σ_t w·ℓ / N_seqs. seq-mean-token-sum-norm: Σ_seq Σ_t w·ℓ / (N_seqs · horizon) (Dr.GRPO's constant
     normalizer; horizon = trainer.seq_len). A sequence never spans micro-batches, so all four are exact.
     """
@@ -110,8 +94,8 @@ def aggregate(
         return weighted.sum() / totals[0].item()
     seq_sums = segment_sum(weighted, index, count)  # [S]
     if mode == "seq-mean-token-mean":
-        seq_weights = segment_sum(weights.to(weighted.dtype), index, count)  # [S]
-        return torch.where(seq_weights > 0, seq_sums / seq_weights.clamp_min(1e-30), 0.0).sum() / totals[1].item()
+        seq_tokens = segment_sum((weights != 0).to(weighted.dtype), index, count)  # [S]
+        return torch.where(seq_tokens > 0, seq_sums / seq_tokens.clamp_min(1), 0.0).sum() / totals[1].item()
     if mode == "seq-mean-token-sum":
         return seq_sums.sum() / totals[1].item()
     return seq_sums.sum() / (totals[1].item() * horizon)
@@ -166,17 +150,18 @@ def compute_loss(
     batch: TensorDict,
     counts: torch.Tensor,
     algorithm: AlgorithmConfig,
-    stats: MetricStats,
+    stats: StepStats,
     *,
     horizon: int,
 ) -> torch.Tensor:
     """The loss of one micro-batch (its share of the step's loss); metrics go to `stats`.
 
     logprobs: [B,L] float32 under the current weights. `batch` holds the packed streams plus `old_logprobs`
-    (PPO anchor), optionally `is_weights` and `kl_ref_logprobs` (reference model, when kl_coef > 0).
+    (PPO anchor), optionally `is_weights`, `kl_ref_logprobs` (reference model, when kl_coef > 0) and
+    `snapshot_logprobs` (the step-start policy, when the no-grad pass ran; else the current one is).
     `counts` is `component_counts` of the whole step.
     """
-    index, count = local_sequences(batch["sequence_ids"])
+    index, count = segments(batch)
     loss = (logprobs * 0.0).sum()  # graph-attached zero: backward runs even when every component is empty
     agg = dict(mode=algorithm.aggregation, horizon=horizon)
 
@@ -186,14 +171,16 @@ def compute_loss(
         per_token, clipped, ratio = rl_token_loss(logprobs, batch, mask, index, count, algorithm)
         pg = aggregate(per_token, rl_weights, index, count, counts[0], **agg)
         loss = loss + pg
-        stats.add_total("pg_loss", pg.item())
+        stats.add_total("pg_loss", pg)
         advantages = batch["advantages"]
         stats.add("clip_frac_low", (clipped & (advantages < 0))[mask].float())
         stats.add("clip_frac_high", (clipped & (advantages > 0))[mask].float())
         if algorithm.dual_clip_c is not None:
             stats.add("dual_clip_frac", ((advantages < 0) & (ratio > algorithm.dual_clip_c))[mask].float())
         stats.add("ratio", ratio[mask])
-        stats.add("ppo_kl", (batch["old_logprobs"] - logprobs.detach())[mask])  # k1 KL(π_old‖π_θ), verl's ppo_kl
+        # KL(π_snapshot‖π_θ) by k3, d = logπ_θ - logπ_snapshot: 0 in the first minibatch, > 0 once the inner loop drifts
+        drift = logprobs.detach() - batch.get("snapshot_logprobs", logprobs.detach())  # [B,L]
+        stats.add("ppo_kl", (torch.exp(drift) - drift - 1)[mask])
         sampling = torch.where(mask, batch["sampling_logprobs"], logprobs.detach())
         stats.add("mismatch_k3", k3_kl(sampling, logprobs.detach())[mask])
         if algorithm.kl_coef > 0:
@@ -209,7 +196,7 @@ def compute_loss(
     if counts[1, 0] > 0 and bool((ce_weights != 0).any()):
         ce = aggregate(-logprobs, ce_weights, index, count, counts[1], **agg)
         loss = loss + ce
-        stats.add_total("ce_loss", ce.item())
+        stats.add_total("ce_loss", ce)
 
     ref_weights = batch["ref_kl_weights"]
     if counts[2, 0] > 0 and bool((ref_weights != 0).any()):
@@ -220,6 +207,6 @@ def compute_loss(
         per_token = torch.exp(logprobs - logprobs.detach()) * log_ratio  # value k1, gradient k1·∇logp
         ref_kl = aggregate(per_token, ref_weights, index, count, counts[2], **agg)
         loss = loss + ref_kl
-        stats.add_total("ref_kl_loss", ref_kl.item())
+        stats.add_total("ref_kl_loss", ref_kl)
         stats.add("ref_kl/kl", log_ratio[mask])
     return loss
