@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from rl.config import load_config
-from rl.loop.controller import Controller, RunState, fresh_run_dir
+from rl.loop.controller import Controller, RunState
 from rl.services.config import ServiceConfig
 from rl.services.service import Service
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
@@ -29,16 +29,6 @@ async def test_weight_push_that_hangs_fails_loudly():
     with pytest.raises(RuntimeError, match=r"trainer weight push took longer than run.weight_sync_timeout_s=0.05 s \(policy version 1\)"):
         await controller.sync_weights(1)
     assert controller.state.policy_version == 0
-
-
-def test_a_new_run_never_appends_to_an_old_run_directory(tmp_path):
-    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run"  # missing: created
-    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run"  # empty: reused
-    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
-    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run-1"
-    (tmp_path / "run-1" / "metrics.jsonl").write_text("{}\n")
-    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run-2"
-    assert (tmp_path / "run" / "metrics.jsonl").read_text() == "{}\n"
 
 
 def test_run_state_data_cursor_advances_over_consumed_rows_in_any_order():

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from actors.trainer import PolicyTrainer
 from env_types.renderer_env import Completion, GenerationRequest
-from rl import checkpoint
+from rl import checkpoint, run_dir as run_dirs
 from rl.weights import sync as weight_sync
 from rl.loop.admission import Admission
 from rl.algorithms.config import POLICY
@@ -53,16 +53,6 @@ from rl.processes.trainer_mesh import spawn_trainer
 from rollouts.fanout import RolloutContext, rollout_group
 from rollouts.types import RolloutGroup, RolloutStatus
 from tasks.build import BuiltTask, build_task
-
-
-def fresh_run_dir(run_dir: Path) -> Path:
-    """`run_dir`, or `run_dir-1`, `run_dir-2`, ... if taken: a new run never appends to an old one."""
-    candidate, suffix = run_dir, 0
-    while candidate.exists() and any(candidate.iterdir()):
-        suffix += 1
-        candidate = run_dir.with_name(f"{run_dir.name}-{suffix}")
-    candidate.mkdir(parents=True, exist_ok=True)
-    return candidate
 
 
 def train_group_id(row_index: int) -> str:
@@ -431,10 +421,11 @@ class Controller:
     async def train(self) -> dict[str, Any]:
         """Validate, then optimizer steps until `run.steps` or the data's end; returns the first and last validation metrics."""
         config = self.config
+        run_lock = None
         if self.resume_from is not None:
-            run_dir = self.resume_from.parent.parent
+            run_dir = self.resume_from.parent.parent  # locked by the launcher (rl.cli) before it repaired the logs
         else:
-            run_dir = fresh_run_dir(config.run_dir)
+            run_dir, run_lock = run_dirs.claim_fresh(config.run_dir)
             (run_dir / "config.toml").write_text(dump_toml(config))
         if self.run_log is not None:
             self.run_log.move_into(run_dir)
@@ -491,6 +482,8 @@ class Controller:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
             self.logger.close()
+            if run_lock is not None:
+                run_lock.release()
         return summary
 
     async def _within(self, call: Any, what: str, policy_version: int) -> Any:
