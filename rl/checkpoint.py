@@ -5,6 +5,7 @@
         rng/<process>.pt  python, numpy and torch RNG states of each process that draws numbers
         run_state.json    the controller's RunState (step, policy version, data cursor)
         step_record.json  the step's metrics record and logged samples (a resume logs them if the run did not)
+        services.json     each service's counters (restarts, resubmitted, failed and served requests)
         config.toml       the resolved config the run was started with
         MANIFEST.json     size and sha256 of every file above: a resume checks them before loading
         COMMITTED         written last: a checkpoint without it is ignored
@@ -205,6 +206,15 @@ def read_step_record(path: Path) -> tuple[dict[str, Any], dict[str, list[dict[st
     return record["metrics"], record["samples"]
 
 
+def write_service_counters(path: Path, counters: dict[str, dict[str, Any]]) -> None:
+    (path / "services.json").write_text(json.dumps(counters, indent=1, sort_keys=True) + "\n")
+
+
+def read_service_counters(path: Path) -> dict[str, dict[str, Any]]:
+    """Each service's counters by name ({} for a checkpoint written without them)."""
+    return json.loads((path / "services.json").read_text()) if (path / "services.json").is_file() else {}
+
+
 def rng_state() -> dict[str, Any]:
     """This process's python, numpy and torch RNG states, as plain containers and tensors (loadable with `weights_only=True`)."""
     numpy_state = np.random.get_state(legacy=False)  # {"bit_generator", "state": {"key": uint32 [624], "pos"}, "has_gauss", "gauss"}
@@ -225,7 +235,12 @@ def save_rng(path: Path, process: str) -> None:
 
 
 def load_rng(path: Path, process: str) -> None:
-    set_rng_state(torch.load(path / "rng" / f"{process}.pt", weights_only=True))
+    """Restore `process`'s RNG; one missing (a replica lost while the checkpoint was written) keeps its own, with a warning."""
+    file = path / "rng" / f"{process}.pt"
+    if not file.is_file():
+        print(f"rlmesh: warning: {path.name} has no RNG state of {process}; it continues from its own seed", file=sys.stderr)
+        return
+    set_rng_state(torch.load(file, weights_only=True))
 
 
 def save_trainer(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:

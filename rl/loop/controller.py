@@ -48,6 +48,7 @@ from rl.training.precision import MismatchWatch
 from env_types.renderer import stop_token_ids
 from rl.services.breaker import CircuitBreaker, group_failure
 from rl.loop.roles import generator_service, reward_service
+from rl.services.gateway import Gateway, open_gateway
 from rl.services.service import Service, after_run_fault_hook
 from rl.processes.trainer_mesh import spawn_trainer
 from rollouts.fanout import RolloutContext, rollout_group
@@ -159,6 +160,7 @@ class Controller:
         self.placement = Placement(config)
         self.generators: Service | None = None
         self.reward: Service | None = None
+        self.gateway: Gateway | None = None
         self.actor_failures: list[str] = []
         self._store_started = False
         self._shutting_down = False
@@ -225,21 +227,31 @@ class Controller:
             await generator.update_weights.call_one(self.state.policy_version)
 
     async def _connect_models(self, reward: Any) -> None:
+        """Judge reward functions in `reward` reach the frozen models through the gateway to their services."""
         if self.frozen.services:
-            await reward.connect_models.call_one(self.frozen.actors)  # for judge reward functions
+            if self.gateway is None:
+                self.gateway = open_gateway(self.frozen.services)
+            await reward.connect_models.call_one(self.gateway.actor, list(self.frozen.services))
 
     async def restore(self, path: Path) -> None:
         """Load a checkpoint into every actor; the generators get its weights through the normal sync."""
-        await asyncio.gather(self.trainer.load_checkpoint.call_one(str(path)), self.reward.call("load_rng", str(path)))
+        timeout_s = self.config.services.reward.call_timeout_s
+        await asyncio.gather(self.trainer.load_checkpoint.call_one(str(path)), self.reward.broadcast("load_rng", str(path), timeout_s=timeout_s))
         checkpoint.load_rng(path, "controller")
+        saved = checkpoint.read_service_counters(path)
+        for service in self.services:
+            if service.name in saved:
+                service.restore_counters(saved[service.name])
         await self.sync_weights(self.state.policy_version)
 
     async def save_checkpoint(self, run_dir: Path) -> float:
         """Write a committed checkpoint of the current step; returns seconds spent."""
         start = time.perf_counter()
         tmp = checkpoint.begin(run_dir, self.state.step)
-        await asyncio.gather(self.trainer.save_checkpoint.call_one(str(tmp)), self.reward.call("save_rng", str(tmp)))
+        timeout_s = self.config.services.reward.call_timeout_s
+        await asyncio.gather(self.trainer.save_checkpoint.call_one(str(tmp)), self.reward.broadcast("save_rng", str(tmp), timeout_s=timeout_s))
         checkpoint.save_rng(tmp, "controller")
+        checkpoint.write_service_counters(tmp, {service.name: service.counters() for service in self.services})
         checkpoint.write_run_state(tmp, self.state)
         (tmp / "config.toml").write_text(dump_toml(self.config))
         checkpoint.commit(run_dir, tmp, self.state.step, keep=self.config.checkpoint.keep)
@@ -261,6 +273,8 @@ class Controller:
         if self._store_started:
             self._store_started = False
             await weight_sync.shutdown_store()
+        if self.gateway is not None:
+            self.gateway.close()
         if self.run_log is not None:
             self.run_log.close()
         if self._previous_fault_hook is not None:
