@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(config: Config, resume_from: Path | None, interruptible: InterruptibleRun) -> int:
     """Run the controller; the exit code (0, 1: the run stopped on a fault, 2: set-up refused, 130: interrupted)."""
-    from rl.loop.controller import Controller
+    from rl.loop.controller import Controller, DeadlineMissed
     from rl.processes.interrupts import EXIT_INTERRUPTED
 
     try:
@@ -128,6 +128,9 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
         if not controller.actor_failures:
             raise
         print("rlmesh: run stopped:\n" + "\n".join(controller.actor_failures), file=sys.stderr)
+        return 1
+    except DeadlineMissed as exc:
+        print(f"rlmesh: run stopped: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=2))
     return 0

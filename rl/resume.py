@@ -22,6 +22,7 @@ RESUMABLE_KEYS = (
     "run.eval_groups",
     "run.log_rollouts",
     "run.weight_sync_timeout_s",
+    "run.metrics_timeout_s",
     "run.reward_concurrency",
     "run.mismatch_warn_factor",
     "run.mismatch_warn_floor",
@@ -30,6 +31,7 @@ RESUMABLE_KEYS = (
     "sample_logging.",
     "trainer.num_procs",
     "trainer.num_hosts",
+    "trainer.call_timeout_s",
     "cluster.",
 )
 """Keys (or section prefixes ending in ".") a resume may override."""
