@@ -302,6 +302,8 @@ class ClusterHosts(Section):
     trainer: int = Field(0, ge=0)
     generator: int = Field(0, ge=0)
     reward: int = Field(0, ge=0)
+    models: int = Field(0, ge=0)
+    """Hosts of the frozen models (`[models.<name>]`): every model's replicas go round-robin over them."""
 
     def allocated(self) -> dict[str, int]:
         """Roles that get hosts of their own, with how many."""
