@@ -221,7 +221,7 @@ class Controller:
             self.config, on_fatal=self._stop_run, prepare=self._connect_models, spawn_procs=self.placement.replica_procs("reward")
         )
         trainer_started = asyncio.wait_for(self.trainer.initialized, self.config.services.generator.start_timeout_s)
-        await asyncio.gather(trainer_started, self.generators.start(), self.reward.start(), self.frozen.setup(self.stop_token_ids))
+        await asyncio.gather(trainer_started, self.generators.start(), self.reward.start(), self.frozen.setup(self.stop_token_ids, self.placement))
         for actor in self.reward.actors():
             await self._connect_models(actor)
         self._actors_ready = True
