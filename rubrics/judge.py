@@ -146,11 +146,11 @@ _JUDGES: dict[tuple, Judge] = {}
 
 def connect_frozen_models(gateway: Any, renderers: dict[str, Any], sampling: Any) -> None:
     """Connect the frozen models named in `renderers` for judging. Requests go through the controller's
-    `ServiceGateway` to each model's service (`frozen_<name>`): its router, failover and deadlines."""
+    `ServiceGateway` (which serves each model's service under the model's name): its router, failover and deadlines."""
     for name, renderer in renderers.items():
 
-        async def generate(requests: list[GenerationRequest], service: str = f"frozen_{name}") -> list:
-            return await gateway.call.call_one(service, "generate", requests, sampling)
+        async def generate(requests: list[GenerationRequest], model: str = name) -> list:
+            return await gateway.call.call_one(model, "generate", requests, sampling)
 
         connect_model(name, generate, renderer)
 

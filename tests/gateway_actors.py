@@ -19,3 +19,13 @@ class Caller(Actor):
     @endpoint
     async def ask(self, gateway, x: int) -> tuple[int, int]:
         return await gateway.call.call_one("echo", "generate", x)
+
+
+class FakeJudgeModel(ServiceReplica):
+    """A frozen model's replica as a judge sees it: every reply is "Hello" then end of turn (tiny-qwen3 ids)."""
+
+    @endpoint
+    async def generate(self, requests, sampling):
+        from env_types.renderer_env import Completion
+
+        return [Completion(token_ids=[9707, 151645], logprobs=[-0.1, -0.1], finish_reason="stop", policy_version=0) for _ in requests]

@@ -3,6 +3,7 @@
 import asyncio
 import os
 import signal
+from pathlib import Path
 
 import monarch.actor
 from monarch.actor import this_host
@@ -12,6 +13,8 @@ from rl.services.gateway import open_gateway
 from rl.services.replica import local_procs
 from rl.services.service import Service, after_run_fault_hook
 from tests.gateway_actors import Caller, Echo
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 async def test_a_call_through_the_gateway_fails_over_when_its_replica_dies():
@@ -39,3 +42,31 @@ async def test_a_call_through_the_gateway_fails_over_when_its_replica_dies():
         await service.stop()
         await caller_procs.stop()
         monarch.actor.unhandled_fault_hook = after_run_fault_hook([service], previous_hook)  # late reports of the killed replica
+
+
+async def test_a_judge_in_a_reward_actor_grades_through_the_gateway_to_the_frozen_models_service():
+    from actors.reward import RewardActor
+    from rl.config import load_config
+    from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
+    from tests.gateway_actors import FakeJudgeModel
+
+    config = load_config(REPO / "configs" / "tiny_qwen3_tasks_e2e.toml")  # sum_digits is graded by `judge` on model "judge"
+    service = Service("frozen_judge", FakeJudgeModel, lambda replica: (), replicas=1, spawn_procs=local_procs(), on_fatal=print,
+                      config=ServiceConfig(start_timeout_s=120))
+    reward_procs = this_host().spawn_procs(per_host={"procs": 1})
+    try:
+        await service.start()
+        gateway = open_gateway({"judge": service})  # keyed by model name, as the controller opens it
+        reward = reward_procs.spawn("reward", RewardActor, config)
+        await reward.connect_models.call_one(gateway.actor, ["judge"])
+        turn = RolloutTurn(prompt_messages=[{"role": "user", "content": "What is the sum of the digits of 17?"}], prompt_token_ids=[1, 2],
+                           completion_token_ids=[3], completion_logprobs=[-0.5], policy_version=0)
+        rollout = Rollout(rollout_id="r/0", group_id="r", task_name="sum_digits", sample_index=0, turns=[turn], status=RolloutStatus.COMPLETED)
+        group = RolloutGroup(group_id="r", task_name="sum_digits", example={"number": 17, "answer": 8}, rollouts=[rollout])
+        [scored] = (await reward.score_group.call_one(group)).rollouts
+        assert scored.error is None and scored.reward_components == {"judge": 5 / 32}  # "Hello": judge_reply_length
+        assert service.router.served == [1]
+        gateway.close()
+    finally:
+        await reward_procs.stop()
+        await service.stop()
