@@ -95,6 +95,13 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_naming_why(t
     assert "run_state.json" in capsys.readouterr().err
 
 
+def test_checkpoints_newer_than_the_one_resumed_are_kept_aside(tmp_path):
+    run_dir = fake_run(tmp_path, [1, 2])
+    older = checkpoint.committed_checkpoints(run_dir)[0]
+    assert [path.name for path in checkpoint.set_aside(run_dir, older)] == ["damaged-step_00000002"]
+    assert checkpoint.committed_checkpoints(run_dir) == [older]  # the resumed run's next commits never prune the older one for it
+
+
 def test_checkpoint_files_and_directories_are_on_disk_before_committed(tmp_path, monkeypatch):
     synced: list[tuple[str, bool]] = []  # (path fsynced, whether COMMITTED existed then)
     real_fsync = os.fsync
