@@ -51,7 +51,7 @@ from rl.loop.roles import generator_service, reward_service
 from rl.services.gateway import Gateway, open_gateway
 from rl.services.service import Service, after_run_fault_hook
 from rl.processes.trainer_mesh import spawn_trainer
-from rollouts.fanout import RolloutContext, rollout_group
+from rollouts.fanout import RolloutContext, RolloutFn, rollout_group
 from rollouts.types import RolloutGroup, RolloutStatus
 from tasks.build import BuiltTask, build_task
 
@@ -317,9 +317,12 @@ class Controller:
         return result
 
     async def rollout_and_score(
-        self, row_id: str, task_name: str, row: dict, group_size: int, sampling: SamplingConfig, sampler: str = POLICY
+        self, row_id: str, task_name: str, row: dict, group_size: int, sampling: SamplingConfig, sampler: str = POLICY,
+        rollout_fn: RolloutFn | None = None,
     ) -> RolloutGroup:
-        """A row's group: `group_size` rollouts on the generator service (or frozen model `sampler`), then its rewards."""
+        """A row's group: `group_size` rollouts on the generator service (or frozen model `sampler`), then its rewards.
+
+        `rollout_fn` replaces the task's (an algorithm's own, e.g. sft's demonstrations, which generate nothing)."""
         task = self.tasks[task_name]
 
         def generate(request: GenerationRequest) -> Awaitable[Completion]:
@@ -339,7 +342,7 @@ class Controller:
                 run_seed=self.config.run.seed,
             )
 
-        group = await rollout_group(row_id, task_name, row, group_size, task.rollout_fn, context)
+        group = await rollout_group(row_id, task_name, row, group_size, rollout_fn or task.rollout_fn, context)
         if sampler == POLICY:
             for rollout in group.rollouts:
                 rollout.metadata["generator_replica"] = self.generators.router.replica_of(row_id)
@@ -360,12 +363,14 @@ class Controller:
 
     async def produce_row(self, row_index: int, task_name: str, row: dict) -> None:
         self.generation_stats.row_started()
+        algorithm = self.samples.algorithms[task_name]
         group = await self.rollout_and_score(
-            train_group_id(row_index), task_name, row, self.config.algorithm.group_size, self.config.generator.sampling,
-            sampler=self.algorithms[task_name].sampler,
+            train_group_id(row_index), task_name, row, algorithm.rollouts_per_row(self.config.algorithm.group_size),
+            self.config.generator.sampling, sampler=algorithm.config.sampler, rollout_fn=algorithm.rollout_fn(),
         )
         self.breaker.record(*group_failure(group))
-        drop = self.samples.drop_reason(group, self.config.trainer.seq_len)  # a dropped group gives its slot to another row
+        # the group's advantages are computed here, once; a dropped group gives its slot to another row
+        drop = self.samples.drop_reason(group, self.config.trainer.seq_len)
         self.generation_stats.row_finished(group, drop)
         if drop is None:
             await self.buffer.put(group)
@@ -484,12 +489,12 @@ class Controller:
                     if self.state.step > 0:
                         await self.save_checkpoint(run_dir)
                     break
-                self.logger.log_rollouts(self.state.step + 1, "train", groups)
-                await sample_logger.record(groups, self.state.step + 1)
                 metrics = self._rollout_metrics(groups, len(evicted), wait_seconds)
                 train_start = time.perf_counter()
                 step_metrics = await self.train_step(groups)
                 busy = time.perf_counter() - train_start  # advantages, train step (all minibatches) and weight sync
+                self.logger.log_rollouts(self.state.step + 1, "train", groups)  # with the advantages the step trained
+                await sample_logger.record(groups, self.state.step + 1)
                 for key in ("rollouts/dropped_groups", "rollouts/dropped_zero_adv_groups"):  # the producer's drops and the step's
                     step_metrics[key] += metrics[key]
                 metrics.update(step_metrics)
@@ -557,7 +562,8 @@ class Controller:
     def _rollout_metrics(self, groups: list[RolloutGroup], evicted: int, wait_seconds: float) -> dict[str, float]:
         rollouts = [rollout for group in groups for rollout in group.rollouts]
         stats = self.generation_stats.drain()
-        offsets = [self.state.policy_version - min(r.policy_versions) for r in rollouts if r.turns]
+        policy_sampled = [r for r in rollouts if r.turns and r.metadata.get("sampler", POLICY) == POLICY]  # frozen samplers never age
+        offsets = [self.state.policy_version - min(r.policy_versions) for r in policy_sampled]
         metrics: dict[str, float] = {
             "rollouts/evicted_stale_groups": evicted,
             "rollouts/dropped_groups": stats.dropped_groups,
