@@ -15,6 +15,7 @@ as before (`Rubric` logs that once per function).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import importlib
 import os
 import pickle
@@ -94,9 +95,9 @@ class WorkerPool:
             with self._lock:
                 worker = self._idle.pop() if self._idle else None
             if worker is None or worker.process.poll() is not None:
-                # started from the event loop's thread: PR_SET_PDEATHSIG fires when the *thread* that
-                # started the worker ends, and the loop's thread lives as long as the scoring process
-                worker = _Worker()
+                # PR_SET_PDEATHSIG fires when the *thread* that started the worker ends: start it from a thread
+                # that lives as long as this process (an executor's idle thread waits for work until exit)
+                worker = await asyncio.wrap_future(_SPAWNER.submit(_Worker))
             running = asyncio.ensure_future(asyncio.to_thread(worker.call, payload))
             try:
                 ok, value = await asyncio.wait_for(asyncio.shield(running), timeout_s)
@@ -113,6 +114,7 @@ class WorkerPool:
         return value
 
 
+_SPAWNER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-worker-spawner")
 _POOL = WorkerPool()
 
 

@@ -123,29 +123,24 @@ class SandboxLimits:
     max_open_files: int = 64
 
 
-@functools.cache
 def namespaces_available() -> bool:
-    """Whether unprivileged user, network, PID, mount and IPC namespaces work on this machine."""
-    if shutil.which("bwrap") is not None:
-        probe = ["bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "true"]
-        if subprocess.run(probe, capture_output=True, timeout=30).returncode == 0:
-            return True
-    if shutil.which("unshare") is None or shutil.which("setpriv") is None or shutil.which("pivot_root") is None:
-        return False
-    probe = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--mount", "--ipc", "--uts", "true"]
-    return subprocess.run(probe, capture_output=True, timeout=30).returncode == 0
+    """Whether unprivileged user, network, PID, mount, IPC and UTS namespaces work on this machine."""
+    return _backend() is not None
 
 
 @functools.cache
-def _backend() -> str:
-    """`bwrap` when it is installed and works here, else `unshare` (same tree, built by `_UNSHARE_SETUP`)."""
-    if os.environ.get("RLMESH_SANDBOX_BACKEND") in ("bwrap", "unshare"):
-        return os.environ["RLMESH_SANDBOX_BACKEND"]
-    if shutil.which("bwrap") is not None:
+def _backend() -> str | None:
+    """`bwrap` when it is installed and works here, else `unshare` (same tree, built by `_UNSHARE_SETUP`) when
+    that works, else None. `RLMESH_SANDBOX_BACKEND=unshare` forces the fallback (its tests)."""
+    forced = os.environ.get("RLMESH_SANDBOX_BACKEND")
+    if forced != "unshare" and shutil.which("bwrap") is not None:
         probe = ["bwrap", "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "true"]
         if subprocess.run(probe, capture_output=True, timeout=30).returncode == 0:
             return "bwrap"
-    return "unshare"
+    if any(shutil.which(tool) is None for tool in ("unshare", "setpriv", "pivot_root")):
+        return None
+    probe = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--mount", "--ipc", "--uts", "true"]
+    return "unshare" if subprocess.run(probe, capture_output=True, timeout=30).returncode == 0 else None
 
 
 @functools.cache

@@ -11,6 +11,7 @@ import json
 import os
 import resource
 import socket
+import tempfile
 import threading
 from pathlib import Path
 
@@ -149,14 +150,17 @@ async def test_scratch_has_a_quota():
         await run("fill_disk", files=6, megabytes=16)  # 96 MB into a 32 MB scratch
 
 
-async def test_a_cancelled_call_leaves_no_scratch_process_or_cgroup():
-    before = set(glob.glob("/tmp/rlmesh-sandbox-*"))
-    call = asyncio.ensure_future(run("write_and_wait", name="big", seconds=30))
+@pytest.mark.parametrize("isolate", [True, False])
+async def test_a_cancelled_call_leaves_no_scratch_process_or_cgroup(isolate, tmp_path, monkeypatch):
+    host_tmp = tmp_path / "host-tmp"  # where the sandbox would make host directories (the unshare root, isolate=False scratch)
+    host_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(host_tmp))
+    call = asyncio.ensure_future(run("write_and_wait", isolate=isolate, name="big", seconds=30))
     await asyncio.sleep(2)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
-    assert set(glob.glob("/tmp/rlmesh-sandbox-*")) == before
+    assert list(host_tmp.iterdir()) == []
     if cgroup.available() is not None:
         assert _leftover_cgroups() == []
 
