@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -151,18 +152,22 @@ class CallCgroup:
                 except ProcessLookupError:
                     pass
 
-    def kill_and_remove(self) -> None:
-        """`kill`, then remove the cgroup."""
-        self.kill()
+    def kill_and_remove(self, wait_s: float = 30.0) -> None:
+        """`kill`, then remove the cgroup once its killed processes are gone (a fork bomb's take a while to be
+        reaped); after `wait_s` it is left in place, empty of live processes."""
+        deadline = time.monotonic() + wait_s
         for directory in self.dirs:
-            for _ in range(1000):
+            while True:
+                self.kill()
                 try:
                     directory.rmdir()
                     break
                 except FileNotFoundError:
                     break
                 except OSError:  # EBUSY until the killed processes are gone
-                    os.sched_yield()
+                    if time.monotonic() > deadline:
+                        break
+                    time.sleep(0.01)
 
     def _pids(self) -> list[int]:
         pids: set[int] = set()

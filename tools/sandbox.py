@@ -207,10 +207,8 @@ class Sandbox:
         group = None
         host_dirs: list[str] = []
         try:
-            if parents is not None:
-                group = await asyncio.to_thread(
-                    cgroup.CallCgroup, parents, (self.limits.memory_mb + self.limits.scratch_mb) << 20, self.limits.max_processes + 4
-                )
+            if parents is not None:  # a few writes to cgroupfs, done here so that a cancellation cannot orphan it
+                group = cgroup.CallCgroup(parents, (self.limits.memory_mb + self.limits.scratch_mb) << 20, self.limits.max_processes + 4)
             command, env, cwd = self._command(fn_path, group, host_dirs)
             nproc = self.isolate and group is None  # outside a user namespace RLIMIT_NPROC would count all this user's processes
             request = json.dumps({"fn": fn_path, "arguments": arguments, "limits": asdict(self.limits), "nproc": nproc})
