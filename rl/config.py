@@ -93,6 +93,13 @@ class TrainerConfig(Section):
     warmup_steps: int = Field(0, ge=0)
     seq_len: int = Field(1024, ge=8)
     """Row length L of packed `[B, L]` training batches; a longer rollout is dropped."""
+    prefix_sharing: bool = True
+    """Pack samples as prefix trees (`rl.prefix_packing`): a prefix shared by several samples (a group's prompt) is
+    forwarded once per row, under a mask that gives every token exactly its own prefix (same logprobs and
+    gradients as independent sequences, to fp32 rounding). False: samples side by side, each whole."""
+    attention: Literal["sdpa", "flex_attention"] = "sdpa"
+    """The trainer's attention kernel: "sdpa" takes the prefix-tree mask as a dense [L, L] bool mask per row;
+    "flex_attention" as a block-sparse BlockMask (compiled; the path for GPUs and long rows)."""
     micro_batch_size: int = Field(8, ge=1)
     """Rows per forward/backward; gradients accumulate over the micro-batches of a step."""
     ppo_n_minibatches: int = Field(1, ge=1)
