@@ -62,9 +62,8 @@ def token_logprobs(
     columns = torch.arange(input_ids.shape[1], device=input_ids.device)  # [L]
     if parents is None:
         parents = torch.where(position_ids > 0, columns - 1, -1)  # [B,L]
-    attention_mask = None if subtree_end is None else tree_attention_mask(model, subtree_end)
-    decoder = model.get_decoder()
-    hidden = decoder(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state  # [B,L,H]
+    tree = {} if subtree_end is None else {"attention_mask": tree_attention_mask(model, subtree_end)}
+    hidden = model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False, **tree).last_hidden_state  # [B,L,H]
     used = parents >= 0 if mask is None else mask & (parents >= 0)  # [B,L]: tokens whose logprob is computed
     rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None].expand_as(parents)  # [B,L]
     picked_hidden = hidden[rows[used], parents[used]]  # [N,H]: token t is predicted by its parent's output
