@@ -145,7 +145,7 @@ def table(results: dict[str, Any]) -> str:
     rows += [
         ("sync s/step vs generation + training + sync alone", f"{results['ratios']['sync_vs_phases']:.2f}"),
         ("weight sync s (loop) vs in-process floor", f"{sync['weight_sync_s']:.2f} vs {results['weight_sync_floor']['total_s']:.2f}"),
-        ("packing efficiency (real / all tokens in batches)", f"{sync['packing_efficiency']:.2f}"),
+        ("packing efficiency (real / all forwarded positions)", f"{sync['packing_efficiency']:.2f}"),
     ]
     lines = [f"`rlmesh bench` on {results['model']} ({results['machine']})", "", "| measure | value |", "|---|---|"]
     return "\n".join(lines + [f"| {name} | {value} |" for name, value in rows]) + "\n"
