@@ -146,6 +146,7 @@ def check_trees(batch: TensorDict) -> None:
         ids, end, parent = batch["fwd_input_ids"][r], batch["fwd_subtree_end"][r], batch["fwd_parent"][r]
         columns = torch.arange(len(ids))
         sees = (columns[None, :] <= columns[:, None]) & (columns[:, None] < end[None, :])  # [F,F]: query, key
+        visible = sees.sum(dim=1)  # [F] keys each node attends to
         index, sequence_ids = batch["fwd_index"][r], batch["sequence_ids"][r]
         for i in sequence_ids.unique().tolist():
             if i < 0:
@@ -157,10 +158,8 @@ def check_trees(batch: TensorDict) -> None:
                 raise AssertionError(f"sample {i}: forward positions are not its depths")
             if parent[nodes].tolist() != [-1] + nodes[:-1].tolist():
                 raise AssertionError(f"sample {i}: a forward node's parent is not the sample's previous token")
-            expected = torch.zeros(len(nodes), len(ids), dtype=torch.bool)
-            for t in range(len(nodes)):
-                expected[t, nodes[: t + 1]] = True
-            if not torch.equal(sees[nodes], expected):
+            prefix = torch.ones(len(nodes), len(nodes), dtype=torch.bool).tril()  # token t sees tokens 0..t of its sample ...
+            if not torch.equal(sees[nodes][:, nodes], prefix) or visible[nodes].tolist() != list(range(1, len(nodes) + 1)):  # ... and no more
                 raise AssertionError(f"sample {i}: a token attends to something other than its own prefix")
 
 

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from rl.algorithms.config import AlgorithmConfig
 from rl.assets import resolve_model_path
 from rl.batching import TrainSample, pack_samples, split_micro_batches
-from rl.prefix_packing import pack_batch, pack_trees, packing_metrics
+from rl.prefix_packing import check_trees, pack_batch, pack_trees, packing_metrics
 from rl.training.distributed import pad_row
 from rl.training.logprobs import packed_logprobs
 from rl.training.train_step import train_step
@@ -55,6 +55,13 @@ def test_a_tree_cut_by_a_row_boundary_repeats_its_shared_prefix() -> None:
     assert batch["fwd_parent"].tolist() == [[-1, 0, 1, 2, 3, 2], [-1, 0, 1, 2, -1, 4]]
     assert batch["fwd_subtree_end"].tolist() == [[6, 6, 6, 5, 5, 6], [4, 4, 4, 4, 6, 6]]
     assert packing_metrics(batch)["train/forward_tokens"] == 12.0
+
+
+def test_check_trees_catches_a_mask_that_leaks_a_branch_to_its_sibling() -> None:
+    batch = pack_trees(_hand(), seq_len=16, pad_token_id=0)
+    batch["fwd_subtree_end"][0, 3] = 6  # A's token 4 would become visible to B's token 6 (node 5)
+    with pytest.raises(AssertionError, match="attends to something other than its own prefix"):
+        check_trees(batch)
 
 
 def test_rows_are_a_multiple_of_the_ranks_and_a_padding_row_sees_only_itself() -> None:
