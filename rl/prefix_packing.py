@@ -17,8 +17,8 @@ stream the loss reads) and adds the forward layout, F <= the row capacity column
   fwd_input_ids, fwd_position_ids [R,F]; fwd_parent [R,F] (the column whose output predicts the node, -1
   for roots and padding); fwd_subtree_end [R,F]; fwd_index [R,L] (the forward column of each logical token).
 Padding nodes are roots that only see themselves. Rows are balanced: the smallest capacity that needs no
-more rows than `seq_len` does (rounded up to `rows_multiple_of`, the trainer's ranks), so the widest row,
-which every row of a forward is padded to, is as short as it can be.
+more rows than `seq_len` does (at least `min_rows`, rounded up to `rows_multiple_of`: the trainer's ranks times
+its minibatches, and its ranks), so the widest row, which every row of a forward is padded to, is as short as it can be.
 """
 
 from __future__ import annotations
@@ -56,7 +56,28 @@ def fill_rows(lengths: list[int], shared: list[int], capacity: int) -> list[list
     return rows
 
 
-def pack_trees(samples: list[TrainSample], *, seq_len: int, pad_token_id: int, rows_multiple_of: int = 1) -> TensorDict:
+def row_cost(row: list[int], lengths: list[int], shared: list[int]) -> int:
+    """Forwarded tokens of a row of samples (positions in trie order)."""
+    return lengths[row[0]] + sum(lengths[k] - shared[k] for k in row[1:])
+
+
+def split_rows(rows: list[list[int]], lengths: list[int], shared: list[int], target: int) -> list[list[int]]:
+    """Cut the costliest row in two (where the halves are most even) until there are `target` rows or no row can be cut."""
+    rows = list(rows)
+    while len(rows) < target:
+        cuttable = [r for r, row in enumerate(rows) if len(row) > 1]
+        if not cuttable:
+            break
+        r = max(cuttable, key=lambda r: row_cost(rows[r], lengths, shared))
+        row = rows[r]
+        cut = min(range(1, len(row)), key=lambda c: max(row_cost(row[:c], lengths, shared), row_cost(row[c:], lengths, shared)))
+        rows[r : r + 1] = [row[:cut], row[cut:]]
+    return rows
+
+
+def pack_trees(
+    samples: list[TrainSample], *, seq_len: int, pad_token_id: int, rows_multiple_of: int = 1, min_rows: int = 1
+) -> TensorDict:
     """Pack samples as prefix trees into rows of at most `seq_len` forwarded tokens (see the module docstring).
 
     Returns the logical layout of `rl.batching.pack_samples` (rows as wide as their longest concatenation of
@@ -73,7 +94,7 @@ def pack_trees(samples: list[TrainSample], *, seq_len: int, pad_token_id: int, r
     ids = [samples[i].input_ids for i in order]
     lengths = [len(tokens) for tokens in ids]
     shared = [0] + [common_prefix(ids[k - 1], ids[k]) for k in range(1, len(ids))]
-    target = len(fill_rows(lengths, shared, seq_len))
+    target = max(min_rows, len(fill_rows(lengths, shared, seq_len)))
     target = min(len(samples), -(-target // rows_multiple_of) * rows_multiple_of)
     low, high = max(lengths), seq_len  # the smallest capacity that needs at most `target` rows
     while low < high:
@@ -82,7 +103,7 @@ def pack_trees(samples: list[TrainSample], *, seq_len: int, pad_token_id: int, r
             high = middle
         else:
             low = middle + 1
-    rows = fill_rows(lengths, shared, low)
+    rows = split_rows(fill_rows(lengths, shared, low), lengths, shared, target)
 
     nodes = [_row_trie([ids[k] for k in row]) for row in rows]
     width = max(len(tokens) for tokens, *_ in nodes)
@@ -164,11 +185,11 @@ def check_trees(batch: TensorDict) -> None:
 
 
 def pack_batch(
-    samples: list[TrainSample], *, seq_len: int, pad_token_id: int, prefix_sharing: bool, rows_multiple_of: int = 1
+    samples: list[TrainSample], *, seq_len: int, pad_token_id: int, prefix_sharing: bool, rows_multiple_of: int = 1, min_rows: int = 1
 ) -> TensorDict:
     """The trainer's batch: prefix trees (`pack_trees`), or samples side by side (`pack_samples`), without padding columns."""
     if prefix_sharing:
-        return pack_trees(samples, seq_len=seq_len, pad_token_id=pad_token_id, rows_multiple_of=rows_multiple_of)
+        return pack_trees(samples, seq_len=seq_len, pad_token_id=pad_token_id, rows_multiple_of=rows_multiple_of, min_rows=min_rows)
     return trim_padding(pack_samples(samples, seq_len=seq_len, pad_token_id=pad_token_id))
 
 

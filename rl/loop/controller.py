@@ -400,6 +400,7 @@ class Controller:
         batch = pack_batch(  # [R, L]: rows as wide as the widest, a multiple of the trainer's ranks
             samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id, prefix_sharing=trainer_config.prefix_sharing,
             rows_multiple_of=trainer_config.num_procs * trainer_config.num_hosts,
+            min_rows=trainer_config.num_procs * trainer_config.num_hosts * trainer_config.ppo_n_minibatches,
         )
         metrics.update(packing_metrics(batch))
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
