@@ -25,6 +25,7 @@ from rl import checkpoint
 from rl.training import distributed
 from rl.weights import sync as weight_sync
 from rl.processes.affinity import pin_process
+from rl.processes.titles import name_process
 from rl.assets import resolve_model_path
 from rl.config import Config, TrainerConfig
 from rl.training.logprobs import token_logprobs
@@ -64,6 +65,7 @@ class PolicyTrainer(MetricsActor):
         world = trainer_config.num_procs * trainer_config.num_hosts
         pin_process(trainer_config.cpus, rank=current_rank().rank % trainer_config.num_procs, of=trainer_config.num_procs)
         torch.manual_seed(trainer_config.seed)
+        name_process(f"trainer/{current_rank().rank}")
         self.config = config
         self.device = torch.device(trainer_config.device)
         self.ranks = distributed.init_process_group(trainer_config.device) if world > 1 else distributed.Ranks.single()

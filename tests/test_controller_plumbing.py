@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from rl.config import load_config
-from rl.loop.controller import Controller, RunState, fresh_run_dir
+from rl.loop.controller import Controller, DeadlineMissed, RunState
 from rl.services.config import ServiceConfig
 from rl.services.service import Service
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
@@ -26,19 +26,30 @@ async def test_weight_push_that_hangs_fails_loudly():
 
     controller.generators = Service("generator", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print)
     controller.trainer = SimpleNamespace(push_weights=stub_endpoint(never))
-    with pytest.raises(RuntimeError, match=r"trainer weight push took longer than run.weight_sync_timeout_s=0.05 s \(policy version 1\)"):
+    with pytest.raises(DeadlineMissed, match=r"trainer weight push \(policy version 1\) took longer than run.weight_sync_timeout_s=0.05 s; "
+                                             r"resume from the last checkpoint with `rlmesh train --resume RUN_DIR`"):
         await controller.sync_weights(1)
     assert controller.state.policy_version == 0
 
 
-def test_a_new_run_never_appends_to_an_old_run_directory(tmp_path):
-    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run"  # missing: created
-    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run"  # empty: reused
-    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
-    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run-1"
-    (tmp_path / "run-1" / "metrics.jsonl").write_text("{}\n")
-    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run-2"
-    assert (tmp_path / "run" / "metrics.jsonl").read_text() == "{}\n"
+async def never(*args, **kwargs):
+    await asyncio.sleep(3600)
+
+
+async def test_a_hung_train_step_stops_the_run_at_its_deadline():
+    controller = Controller(load_config(CONFIGS / "tiny_qwen3_e2e.toml", {"trainer.call_timeout_s": "0.05"}))
+    controller.trainer = SimpleNamespace(train_step=stub_endpoint(never))
+    groups = [scored_group(f"train/row={row}", "sum_digits", {}, 4, 0) for row in range(2)]
+    with pytest.raises(DeadlineMissed, match=r"trainer train step took longer than trainer.call_timeout_s=0.05 s; resume from the last"):
+        await controller.train_step(groups)
+
+
+async def test_a_trainer_that_does_not_hand_over_its_metric_states_stops_the_run_at_the_deadline():
+    controller = Controller(load_config(CONFIGS / "tiny_qwen3_e2e.toml", {"run.metrics_timeout_s": "0.05"}))
+    controller.trainer = SimpleNamespace(metric_states=stub_endpoint(never))
+    controller.reward = Service("reward", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print)
+    with pytest.raises(DeadlineMissed, match=r"gathering the trainer's metric states took longer than run.metrics_timeout_s=0.05 s"):
+        await controller._gather_states()
 
 
 def test_run_state_data_cursor_advances_over_consumed_rows_in_any_order():
@@ -69,7 +80,7 @@ async def test_the_run_ends_when_the_data_runs_out():
     assert controller.planned_steps == 3 and controller.stream.limit == 7  # the LR schedule is sized for 3 steps
     dropped = []
 
-    async def rollout_and_score(row_id, task_name, row, group_size, sampling, sampler="policy"):
+    async def rollout_and_score(row_id, task_name, row, group_size, sampling, sampler="policy", rollout_fn=None):
         await asyncio.sleep(0)
         group = scored_group(row_id, task_name, row, group_size, controller.state.policy_version)
         if row_id.endswith("=1"):  # the second row's rewards are constant: nothing to learn, its slot is reused
@@ -92,3 +103,16 @@ async def test_the_run_ends_when_the_data_runs_out():
     assert dropped == ["train/row=1"] and evicted == []
     assert batches == [["train/row=0", "train/row=2"], ["train/row=3", "train/row=4"], ["train/row=5", "train/row=6"]]
     assert controller.stream.next() is None and groups == []
+
+
+def test_version_offsets_count_only_policy_sampled_rollouts():
+    # policy version 3; a policy group sampled at version 2 (offset 1) and a frozen model's group (version 0, which
+    # would read as offset 3): the frozen one is not the policy's, so mean 1 and max 1 (before: mean 2, max 3).
+    controller = Controller(load_config(CONFIGS / "tiny_qwen3_e2e.toml"))
+    controller.state.policy_version = 3
+    policy = scored_group("train/row=0", "sum_digits", {}, 2, version=2)
+    frozen = scored_group("train/row=1", "sum_digits", {}, 2, version=0)
+    for rollout in frozen.rollouts:
+        rollout.metadata["sampler"] = "teacher"
+    metrics = controller._rollout_metrics([policy, frozen], evicted=0, wait_seconds=0.0)
+    assert metrics["async/version_offset_mean"] == 1.0 and metrics["async/version_offset_max"] == 1

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from actors.trainer import PolicyTrainer
 from env_types.renderer_env import Completion, GenerationRequest
-from rl import checkpoint
+from rl import checkpoint, run_dir as run_dirs
 from rl.weights import sync as weight_sync
 from rl.loop.admission import Admission
 from rl.algorithms.config import POLICY
@@ -49,21 +49,19 @@ from rl.training.precision import MismatchWatch
 from env_types.renderer import stop_token_ids
 from rl.services.breaker import CircuitBreaker, group_failure
 from rl.loop.roles import generator_service, reward_service
+from rl.services.gateway import Gateway, open_gateway
 from rl.services.service import Service, after_run_fault_hook
 from rl.processes.trainer_mesh import spawn_trainer
-from rollouts.fanout import RolloutContext, rollout_group
+from rollouts.fanout import RolloutContext, RolloutFn, rollout_group
 from rollouts.types import RolloutGroup, RolloutStatus
 from tasks.build import BuiltTask, build_task
 
 
-def fresh_run_dir(run_dir: Path) -> Path:
-    """`run_dir`, or `run_dir-1`, `run_dir-2`, ... if taken: a new run never appends to an old one."""
-    candidate, suffix = run_dir, 0
-    while candidate.exists() and any(candidate.iterdir()):
-        suffix += 1
-        candidate = run_dir.with_name(f"{run_dir.name}-{suffix}")
-    candidate.mkdir(parents=True, exist_ok=True)
-    return candidate
+RESUME_HINT = "resume from the last checkpoint with `rlmesh train --resume RUN_DIR`"
+
+
+class DeadlineMissed(RuntimeError):
+    """A trainer call or the end-of-step metric gathering missed its deadline: the run stops, as on the trainer's death."""
 
 
 def train_group_id(row_index: int) -> str:
@@ -170,6 +168,7 @@ class Controller:
         self.placement = Placement(config)
         self.generators: Service | None = None
         self.reward: Service | None = None
+        self.gateway: Gateway | None = None
         self.actor_failures: list[str] = []
         self._store_started = False
         self._shutting_down = False
@@ -190,7 +189,7 @@ class Controller:
             return  # a slow teardown (e.g. vLLM freeing its engine) is not a failure of the run
         if any(service.handle_failure(failure) for service in self.services) or failure.mesh_name.startswith("logger-"):
             return  # a replica: its service replaces it (Monarch's per-process logger mesh fails along with any process)
-        self._stop_run(failure.report() + "\nresume from the last checkpoint with `rlmesh train --resume RUN_DIR`")
+        self._stop_run(failure.report() + "\n" + RESUME_HINT)
 
     def _stop_run(self, message: str) -> None:
         """Keep `message` for the CLI and cancel the run's task (from any thread)."""
@@ -223,7 +222,7 @@ class Controller:
             self.config, on_fatal=self._stop_run, prepare=self._connect_models, spawn_procs=self.placement.replica_procs("reward")
         )
         trainer_started = asyncio.wait_for(self.trainer.initialized, self.config.services.generator.start_timeout_s)
-        await asyncio.gather(trainer_started, self.generators.start(), self.reward.start(), self.frozen.setup(self.stop_token_ids))
+        await asyncio.gather(trainer_started, self.generators.start(), self.reward.start(), self.frozen.setup(self.stop_token_ids, self.placement))
         for actor in self.reward.actors():
             await self._connect_models(actor)
         self._actors_ready = True
@@ -236,21 +235,36 @@ class Controller:
             await generator.update_weights.call_one(self.state.policy_version)
 
     async def _connect_models(self, reward: Any) -> None:
+        """Judge reward functions in `reward` reach the frozen models through the gateway to their services."""
         if self.frozen.services:
-            await reward.connect_models.call_one(self.frozen.actors)  # for judge reward functions
+            if self.gateway is None:
+                self.gateway = open_gateway(self.frozen.services)
+            await reward.connect_models.call_one(self.gateway.actor, list(self.frozen.services))
 
     async def restore(self, path: Path) -> None:
         """Load a checkpoint into every actor; the generators get its weights through the normal sync."""
-        await asyncio.gather(self.trainer.load_checkpoint.call_one(str(path)), self.reward.call("load_rng", str(path)))
+        timeout_s = self.config.services.reward.call_timeout_s
+        load = self._trainer_call(self.trainer.load_checkpoint.call_one(str(path)), "checkpoint load")
+        await asyncio.gather(load, self.reward.broadcast("load_rng", str(path), timeout_s=timeout_s))
         checkpoint.load_rng(path, "controller")
+        saved = checkpoint.read_service_counters(path)
+        for service in self.services:
+            if service.name in saved:
+                service.restore_counters(saved[service.name])
         await self.sync_weights(self.state.policy_version)
 
-    async def save_checkpoint(self, run_dir: Path) -> float:
-        """Write a committed checkpoint of the current step; returns seconds spent."""
+    async def save_checkpoint(self, run_dir: Path, record: tuple[dict[str, Any], dict[str, Any]] | None = None) -> float:
+        """Write a committed checkpoint of the current step, with the step's reduced `record` (metrics, samples)
+        when it has one; returns seconds spent."""
         start = time.perf_counter()
         tmp = checkpoint.begin(run_dir, self.state.step)
-        await asyncio.gather(self.trainer.save_checkpoint.call_one(str(tmp)), self.reward.call("save_rng", str(tmp)))
+        timeout_s = self.config.services.reward.call_timeout_s
+        save = self._trainer_call(self.trainer.save_checkpoint.call_one(str(tmp)), "checkpoint save")
+        await asyncio.gather(save, self.reward.broadcast("save_rng", str(tmp), timeout_s=timeout_s))
+        if record is not None:
+            checkpoint.write_step_record(tmp, *record)
         checkpoint.save_rng(tmp, "controller")
+        checkpoint.write_service_counters(tmp, {service.name: service.counters() for service in self.services})
         checkpoint.write_run_state(tmp, self.state)
         (tmp / "config.toml").write_text(dump_toml(self.config))
         checkpoint.commit(run_dir, tmp, self.state.step, keep=self.config.checkpoint.keep)
@@ -272,6 +286,8 @@ class Controller:
         if self._store_started:
             self._store_started = False
             await weight_sync.shutdown_store()
+        if self.gateway is not None:
+            self.gateway.close()
         if self.run_log is not None:
             self.run_log.close()
         if self._previous_fault_hook is not None:
@@ -302,9 +318,12 @@ class Controller:
         return result
 
     async def rollout_and_score(
-        self, row_id: str, task_name: str, row: dict, group_size: int, sampling: SamplingConfig, sampler: str = POLICY
+        self, row_id: str, task_name: str, row: dict, group_size: int, sampling: SamplingConfig, sampler: str = POLICY,
+        rollout_fn: RolloutFn | None = None,
     ) -> RolloutGroup:
-        """A row's group: `group_size` rollouts on the generator service (or frozen model `sampler`), then its rewards."""
+        """A row's group: `group_size` rollouts on the generator service (or frozen model `sampler`), then its rewards.
+
+        `rollout_fn` replaces the task's (an algorithm's own, e.g. sft's demonstrations, which generate nothing)."""
         task = self.tasks[task_name]
 
         def generate(request: GenerationRequest) -> Awaitable[Completion]:
@@ -324,7 +343,7 @@ class Controller:
                 run_seed=self.config.run.seed,
             )
 
-        group = await rollout_group(row_id, task_name, row, group_size, task.rollout_fn, context)
+        group = await rollout_group(row_id, task_name, row, group_size, rollout_fn or task.rollout_fn, context)
         if sampler == POLICY:
             for rollout in group.rollouts:
                 rollout.metadata["generator_replica"] = self.generators.router.replica_of(row_id)
@@ -345,12 +364,14 @@ class Controller:
 
     async def produce_row(self, row_index: int, task_name: str, row: dict) -> None:
         self.generation_stats.row_started()
+        algorithm = self.samples.algorithms[task_name]
         group = await self.rollout_and_score(
-            train_group_id(row_index), task_name, row, self.config.algorithm.group_size, self.config.generator.sampling,
-            sampler=self.algorithms[task_name].sampler,
+            train_group_id(row_index), task_name, row, algorithm.rollouts_per_row(self.config.algorithm.group_size),
+            self.config.generator.sampling, sampler=algorithm.config.sampler, rollout_fn=algorithm.rollout_fn(),
         )
         self.breaker.record(*group_failure(group))
-        drop = self.samples.drop_reason(group, self.config.trainer.seq_len)  # a dropped group gives its slot to another row
+        # the group's advantages are computed here, once; a dropped group gives its slot to another row
+        drop = self.samples.drop_reason(group, self.config.trainer.seq_len)
         self.generation_stats.row_finished(group, drop)
         if drop is None:
             await self.buffer.put(group)
@@ -405,7 +426,7 @@ class Controller:
         metrics.update(packing_metrics(batch))
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         with timer("train"):
-            train_metrics = await self.trainer.train_step.call_one(micro_batches)
+            train_metrics = await self._trainer_call(self.trainer.train_step.call_one(micro_batches), "train step")
         metrics.update({key if key == "loss" or "/" in key else f"train/{key}": value for key, value in train_metrics.items()})
         if "train/mismatch_k3" in metrics and (warning := self.mismatch_watch.check(metrics["train/mismatch_k3"])):
             tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
@@ -419,7 +440,9 @@ class Controller:
     async def sync_weights(self, policy_version: int) -> None:
         """The trainer publishes its weights as `policy_version`; every generator reloads them; admission moves on."""
         async with self.generators.updating():  # a replacement generator loads the version before or after, never half-way
-            await self._within(self.trainer.push_weights.call_one(policy_version), "trainer weight push", policy_version)
+            push = self.trainer.push_weights.call_one(policy_version)
+            await self._within(push, f"trainer weight push (policy version {policy_version})", "run.weight_sync_timeout_s",
+                               self.config.run.weight_sync_timeout_s)
             await self.generators.broadcast("update_weights", policy_version, timeout_s=self.config.run.weight_sync_timeout_s)
             self.state.policy_version = policy_version
         await self.admission.set_policy_version(policy_version)
@@ -436,10 +459,11 @@ class Controller:
     async def train(self) -> dict[str, Any]:
         """Validate, then optimizer steps until `run.steps` or the data's end; returns the first and last validation metrics."""
         config = self.config
+        run_lock = None
         if self.resume_from is not None:
-            run_dir = self.resume_from.parent.parent
+            run_dir = self.resume_from.parent.parent  # locked by the launcher (rl.cli) before it repaired the logs
         else:
-            run_dir = fresh_run_dir(config.run_dir)
+            run_dir, run_lock = run_dirs.claim_fresh(config.run_dir)
             (run_dir / "config.toml").write_text(dump_toml(config))
         if self.run_log is not None:
             self.run_log.move_into(run_dir)
@@ -447,7 +471,10 @@ class Controller:
         sample_logger = SampleLogger(
             config,
             {name: task.task.target for name, task in self.tasks.items()},
-            reference_logprobs=(lambda ids: self.trainer.logprobs.call_one(ids, reference=True)) if config.algorithm.kl_coef > 0 else None,
+            reference_logprobs=(
+                (lambda ids: self._trainer_call(self.trainer.logprobs.call_one(ids, reference=True), "logprobs"))
+                if config.algorithm.kl_coef > 0 else None
+            ),
         )
         summary: dict[str, Any] = {"run_dir": str(run_dir)}
         producer = asyncio.create_task(self.produce())
@@ -467,16 +494,16 @@ class Controller:
                     if self.state.step > 0:
                         await self.save_checkpoint(run_dir)
                     break
-                self.logger.log_rollouts(self.state.step + 1, "train", groups)
-                await sample_logger.record(groups, self.state.step + 1)
                 metrics = self._rollout_metrics(groups, len(evicted), wait_seconds)
                 train_start = time.perf_counter()
                 step_metrics = await self.train_step(groups)
                 busy = time.perf_counter() - train_start  # advantages, train step (all minibatches) and weight sync
+                self.logger.log_rollouts(self.state.step + 1, "train", groups)  # with the advantages the step trained
+                await sample_logger.record(groups, self.state.step + 1)
                 for key in ("rollouts/dropped_groups", "rollouts/dropped_zero_adv_groups"):  # the producer's drops and the step's
                     step_metrics[key] += metrics[key]
                 metrics.update(step_metrics)
-                actor_states = await gather_states([self.trainer, *self.reward.actors()])  # generators record nothing; never wait behind generation
+                actor_states = await self._gather_states()
                 self.state.mark_rows_done([row_index_of(group.group_id) for group in groups + evicted])
                 metrics["perf/wait_time_ratio"] = wait_seconds / (wait_seconds + busy)
                 metrics["perf/overlap_ratio"] = 1.0 - metrics["perf/wait_time_ratio"]
@@ -487,26 +514,43 @@ class Controller:
                     metrics.update(eval_metrics)
                     if is_last:
                         summary["eval_end"] = eval_metrics
-                if self.checkpoint_due():
-                    metrics["time/checkpoint_s"] = await self.save_checkpoint(run_dir)
                 metrics.update({key: value for service in self.services for key, value in service.metrics().items()})
-                metrics["time/step_s"] = time.perf_counter() - step_start
-                self.logger.log_step(self.state.step, {"policy_version": self.state.policy_version, **metrics}, actor_states)
+                record, samples = self.logger.reduce_step({"policy_version": self.state.policy_version, **metrics}, actor_states)
+                if self.checkpoint_due():  # the step's record is committed with it: a kill before the log line loses nothing
+                    record["time/checkpoint_s"] = await self.save_checkpoint(run_dir, (record, samples))
+                record["time/step_s"] = time.perf_counter() - step_start
+                self.logger.write_step(self.state.step, record, samples)
         finally:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
             self.logger.close()
+            if run_lock is not None:
+                run_lock.release()
         return summary
 
-    async def _within(self, call: Any, what: str, policy_version: int) -> Any:
-        """Await an actor call, failing loudly instead of hanging when it exceeds `run.weight_sync_timeout_s`."""
+    async def _within(self, call: Awaitable[Any], what: str, key: str, timeout_s: float) -> Any:
+        """Await an actor call within `timeout_s` (config key `key`); DeadlineMissed, naming both, instead of hanging."""
         try:
-            return await asyncio.wait_for(call, self.config.run.weight_sync_timeout_s)
+            return await asyncio.wait_for(call, timeout_s)
         except asyncio.TimeoutError:
-            raise RuntimeError(
-                f"{what} took longer than run.weight_sync_timeout_s={self.config.run.weight_sync_timeout_s} s "
-                f"(policy version {policy_version})"
-            ) from None
+            raise DeadlineMissed(f"{what} took longer than {key}={timeout_s} s; {RESUME_HINT}") from None
+
+    def _trainer_call(self, call: Awaitable[Any], what: str) -> Awaitable[Any]:
+        """A trainer call (not the weight push) within `trainer.call_timeout_s`."""
+        return self._within(call, f"trainer {what}", "trainer.call_timeout_s", self.config.trainer.call_timeout_s)
+
+    async def _gather_states(self) -> list[dict[str, Any]]:
+        """The trainer's and reward replicas' metric states (generators record nothing: never wait behind generation),
+        within `run.metrics_timeout_s`: a trainer that misses it stops the run, a reward replica is left out of the step."""
+        trainer, rewards = self.trainer, self.reward.actors()
+        states, missed = await gather_states([trainer, *rewards], self.config.run.metrics_timeout_s)
+        if any(mesh is trainer for mesh in missed):
+            raise DeadlineMissed(f"gathering the trainer's metric states took longer than run.metrics_timeout_s="
+                                 f"{self.config.run.metrics_timeout_s} s (or failed); {RESUME_HINT}")
+        if missed:
+            tqdm.write(f"rlmesh: warning: {len(missed)} reward replica(s) did not hand over their metric states within "
+                       f"run.metrics_timeout_s; left out of step {self.state.step + 1}", file=sys.stderr)
+        return states
 
     async def _next_batch(self, producer: asyncio.Task) -> tuple[list[RolloutGroup], list[RolloutGroup]]:
         """The next batch from the buffer; a crashed producer raises here instead of hanging the run."""
@@ -523,7 +567,8 @@ class Controller:
     def _rollout_metrics(self, groups: list[RolloutGroup], evicted: int, wait_seconds: float) -> dict[str, float]:
         rollouts = [rollout for group in groups for rollout in group.rollouts]
         stats = self.generation_stats.drain()
-        offsets = [self.state.policy_version - min(r.policy_versions) for r in rollouts if r.turns]
+        policy_sampled = [r for r in rollouts if r.turns and r.metadata.get("sampler", POLICY) == POLICY]  # frozen samplers never age
+        offsets = [self.state.policy_version - min(r.policy_versions) for r in policy_sampled]
         metrics: dict[str, float] = {
             "rollouts/evicted_stale_groups": evicted,
             "rollouts/dropped_groups": stats.dropped_groups,

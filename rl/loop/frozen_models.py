@@ -15,7 +15,7 @@ from typing import Any, Callable
 from actors.generator import Generator
 from rl.algorithms.config import POLICY, AlgorithmConfig, FrozenModelConfig
 from rl.config import Config, ModelConfig, SamplingConfig
-from rl.services.replica import local_procs
+from rl.processes.cluster import Placement
 from rl.services.service import Service
 from rollouts.types import RolloutGroup
 
@@ -37,12 +37,13 @@ class FrozenModels:
         self.on_fatal = on_fatal
         self.services: dict[str, Service] = {}
 
-    async def setup(self, stop_token_ids: list[int]) -> None:
+    async def setup(self, stop_token_ids: list[int], placement: Placement) -> None:
+        """Start every model's service, its replicas where `[cluster]` places them (`Placement.frozen_procs`)."""
         for name, model in self.config.models.items():
             model_config = frozen_config(self.config, model)
             self.services[name] = Service(
                 f"frozen_{name}", Generator, lambda replica, model_config=model_config: (model_config, stop_token_ids, replica),
-                replicas=model.replicas, config=self.config.services.models, spawn_procs=local_procs(), on_fatal=self.on_fatal,
+                replicas=model.replicas, config=self.config.services.models, spawn_procs=placement.frozen_procs(name), on_fatal=self.on_fatal,
                 config_key="services.models", release="shutdown",
             )
         await asyncio.gather(*(service.start() for service in self.services.values()))

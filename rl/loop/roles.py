@@ -32,6 +32,6 @@ def reward_service(
     from actors.reward import RewardActor
 
     return Service(
-        "reward", RewardActor, lambda replica: (config,), replicas=config.services.reward.replicas, config=config.services.reward,
+        "reward", RewardActor, lambda replica: (config, replica), replicas=config.services.reward.replicas, config=config.services.reward,
         spawn_procs=spawn_procs, on_fatal=on_fatal, prepare=prepare,
     )

@@ -108,21 +108,41 @@ class Placement:
             per_host=per_host, bootstrap_command=bootstrap_command(env, device, first_gpu, gpus_per_proc)
         )
 
-    def replica_procs(self, role: str, gpus_per_proc: int = 0) -> Callable[[int], Any]:
+    def replica_procs(self, role: str, gpus_per_proc: int = 0, offset: int = 0, device: str | None = None) -> Callable[[int], Any]:
         """Replica index -> a one-process proc mesh for it: replicas go round-robin over `role`'s hosts,
-        and on each host take consecutive GPU slots (what `rl.services` spawns and respawns replicas with)."""
+        and on each host take consecutive GPU slots (what `rl.services` spawns and respawns replicas with).
+
+        `offset`: replicas of the role spawned before these (another frozen model's), whose slots these follow;
+        `device`: the replicas' device (default `trainer.device`)."""
 
         def spawn(index: int) -> Any:
+            slot = offset + index
             host = self.host_mesh(role)
             num_hosts = host.sizes.get("hosts", 1)
             if num_hosts > 1:
-                host = host.slice(hosts=index % num_hosts)
-            first_gpu = 0 if role in self.hosts else self.config.trainer.num_procs
+                host = host.slice(hosts=slot % num_hosts)
+            first_gpu = 0 if role in self.hosts else self._first_local_gpu(role)
             env = self.config.cluster.env if role in self.hosts else {}
-            command = bootstrap_command(env, self.config.trainer.device, first_gpu + (index // num_hosts) * gpus_per_proc, gpus_per_proc)
+            command = bootstrap_command(env, device or self.config.trainer.device, first_gpu + (slot // num_hosts) * gpus_per_proc, gpus_per_proc)
             return host.spawn_procs(per_host={"procs": 1}, bootstrap_command=command)
 
         return spawn
+
+    def frozen_procs(self, name: str) -> Callable[[int], Any]:
+        """Replica index -> a proc mesh for frozen model `name`'s replica: on the `models` hosts of `[cluster]` (round-robin,
+        after the replicas of the models declared before it), else on the launcher's host after the generators' GPUs."""
+        models = list(self.config.models)
+        offset = sum(self.config.models[other].replicas for other in models[: models.index(name)])
+        model = self.config.models[name]
+        gpus = self.config.generator.tensor_parallel_size if model.device == "cuda" else 0
+        return self.replica_procs("models", gpus_per_proc=gpus, offset=offset, device=model.device)
+
+    def _first_local_gpu(self, role: str) -> int:
+        """On the launcher's host the trainer takes the first GPUs, the generator replicas the next, frozen models the rest."""
+        first = self.config.trainer.num_procs
+        if role == "models" and "generator" not in self.hosts and self.config.generator.device == "cuda":
+            first += self.config.generator.num_replicas * self.config.generator.tensor_parallel_size
+        return first
 
     def release(self) -> None:
         """Free every allocated host (their processes with them); safe to call twice."""
