@@ -182,6 +182,7 @@ def _rank(rank: int, world: int, init_file: str, out: str) -> None:
     grads = {name: p.grad.full_tensor() for name, p in lm.named_parameters()}
     if rank == 0:
         torch.save({"metrics": metrics, "grads": grads}, out)
+    dist.barrier()  # neither rank tears gloo down while the other still uses it
     dist.destroy_process_group()
 
 
