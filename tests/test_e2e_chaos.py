@@ -30,13 +30,16 @@ OVERRIDES = [
 
 
 def replica_pid(marker: str, service: str) -> int:
-    """The pid of a live replica of `service` (its title is `rlmesh: <service>/<index>#<incarnation>`)."""
+    """The pid of a live replica of `service`: the process titled `rlmesh: <service>/<index>#<incarnation>` whose
+    parent is not (a child it forked inherits the title)."""
     for process in processes_with_marker(marker):
         try:
             role = role_of(process.cmdline())
+            parent = process.parent()
+            parent_role = role_of(parent.cmdline()) if parent is not None else None
         except psutil.Error:
             continue
-        if role is not None and role.startswith(f"{service}/"):
+        if role is not None and role.startswith(f"{service}/") and parent_role != role:
             return process.pid
     raise AssertionError(f"no live {service} replica")
 
