@@ -2,7 +2,7 @@
 frozen-model (judge) replica at random moments. The run completes, each row is trained once, every
 rollout was scored (no error), and each service counts its restart.
 
-Processes are found by their titles (`rl.processes.titles`: `rlmesh: generator/0#0`, ...).
+Processes are found by their names (`rl.processes.titles`: `generator/0#0`, ...).
 """
 
 import json
@@ -30,16 +30,16 @@ OVERRIDES = [
 
 
 def replica_pid(marker: str, service: str) -> int:
-    """The pid of a live replica of `service`: the process titled `rlmesh: <service>/<index>#<incarnation>` whose
-    parent is not (a child it forked inherits the title)."""
+    """The pid of a live replica of `service`: the process named `<service>/<index>#<incarnation>` (cut to 15 bytes)
+    whose parent is not (a child it forked inherits the name)."""
     for process in processes_with_marker(marker):
         try:
-            role = role_of(process.cmdline())
+            role = role_of(process.pid)
             parent = process.parent()
-            parent_role = role_of(parent.cmdline()) if parent is not None else None
-        except psutil.Error:
+            parent_role = role_of(parent.pid) if parent is not None else None
+        except (psutil.Error, FileNotFoundError):
             continue
-        if role is not None and role.startswith(f"{service}/") and parent_role != role:
+        if role.startswith(f"{service}/") and parent_role != role:
             return process.pid
     raise AssertionError(f"no live {service} replica")
 
