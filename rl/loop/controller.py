@@ -32,7 +32,8 @@ from rl.loop.admission import Admission
 from rl.algorithms.config import POLICY
 from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
-from rl.batching import pack_samples, split_micro_batches, trim_padding
+from rl.batching import split_micro_batches
+from rl.prefix_packing import pack_batch, packing_metrics
 from rl.loop.buffer import RolloutBuffer, is_frozen_sampled
 from rl.processes.cluster import Placement
 from rl.config import Config, SamplingConfig, dump_toml
@@ -419,8 +420,12 @@ class Controller:
             metrics["train/skipped"] = 1
             await self.admission.release_accepted(len(groups))
             return metrics
-        batch = trim_padding(pack_samples(samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id))  # [R, L' <= L]
-        metrics["train/packing_efficiency"] = float((batch["sequence_ids"] >= 0).float().mean())  # real / all tokens
+        batch = pack_batch(  # [R, L]: rows as wide as the widest, a multiple of the trainer's ranks
+            samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id, prefix_sharing=trainer_config.prefix_sharing,
+            rows_multiple_of=trainer_config.num_procs * trainer_config.num_hosts,
+            min_rows=trainer_config.num_procs * trainer_config.num_hosts * trainer_config.ppo_n_minibatches,
+        )
+        metrics.update(packing_metrics(batch))
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         with timer("train"):
             train_metrics = await self._trainer_call(self.trainer.train_step.call_one(micro_batches), "train step")
