@@ -393,6 +393,10 @@ class Config(Section):
     def run_dir(self) -> Path:
         return Path(self.run.output_dir) / self.run.name
 
+    def task_algorithms(self) -> dict[str, AlgorithmConfig]:
+        """Each task's resolved algorithm (`[algorithm]` with the task's override applied)."""
+        return {task.name: self.algorithm.for_task(task.algorithm) for task in self.tasks}
+
 
 class ConfigError(ValueError):
     """A config that cannot run; the message names every bad key."""

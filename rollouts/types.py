@@ -148,3 +148,15 @@ class RolloutGroup(_Record):
         """Oldest policy version that sampled any token of the group (staleness is measured from it)."""
         versions = [v for rollout in self.rollouts for v in rollout.policy_versions]
         return min(versions) if versions else 0
+
+
+def mark_frozen(groups: list[RolloutGroup], sampler: str) -> None:
+    """Record who sampled the groups' rollouts: frozen model `sampler` (`[models.<name>]`), not the policy."""
+    for group in groups:
+        for rollout in group.rollouts:
+            rollout.metadata["sampler"] = sampler
+
+
+def is_frozen_sampled(group: RolloutGroup) -> bool:
+    """Sampled by a frozen model: its sampler never changes, so it never goes stale (buffer, policy lag)."""
+    return bool(group.rollouts) and all(r.metadata.get("sampler", "policy") != "policy" for r in group.rollouts)

@@ -185,7 +185,7 @@ def test_bad_algorithm_configs_fail_naming_the_keys(overrides, message):
 
 def test_sft_from_a_frozen_sampler_trains_its_tokens_and_never_goes_stale():
     from rl.loop.buffer import RolloutBuffer
-    from rl.loop.frozen_models import mark_frozen
+    from rollouts.types import mark_frozen
 
     group = _group("t", [0.0, 1.0])
     mark_frozen([group], "big")

@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import pytest
 
 from rl.config import load_config
-from rl.loop.controller import Controller, RunState, fresh_run_dir
+from rl.loop.controller import Controller
+from rl.loop.state import RunState, fresh_run_dir
 from rl.services.config import ServiceConfig
 from rl.services.service import Service
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
@@ -24,8 +25,8 @@ async def test_weight_push_that_hangs_fails_loudly():
     async def never(version):
         await asyncio.sleep(3600)
 
-    controller.generators = Service("generator", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print)
-    controller.trainer = SimpleNamespace(push_weights=stub_endpoint(never))
+    controller.roles.generators = Service("generator", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print)
+    controller.roles.trainer = SimpleNamespace(push_weights=stub_endpoint(never))
     with pytest.raises(RuntimeError, match=r"trainer weight push took longer than run.weight_sync_timeout_s=0.05 s \(policy version 1\)"):
         await controller.sync_weights(1)
     assert controller.state.policy_version == 0
