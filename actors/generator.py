@@ -22,7 +22,7 @@ from env_types.renderer_env import Completion, GenerationRequest
 from rl.weights import sync as weight_sync
 from rl.processes.affinity import pin_process
 from rl.assets import resolve_model_path
-from rl.config import Config, GeneratorConfig, SamplingConfig
+from rl.config import GeneratorConfig, SamplingConfig
 from rl.engine_loop import EngineLoop
 from rl.metrics.actor import MetricsActor
 from rl.services.replica import ReplicaId, ServiceReplica, test_only_hang
@@ -51,13 +51,16 @@ def engine_args(generator_config: GeneratorConfig) -> dict[str, Any]:
 class Generator(MetricsActor, ServiceReplica):
     """One vLLM engine serving one copy of the policy (one replica of the generator service)."""
 
-    def __init__(self, config: Config, stop_token_ids: list[int], replica: ReplicaId | None = None):
-        if config.generator.tensor_parallel_size == 1:
+    def __init__(
+        self, generator_config: GeneratorConfig, model_path: str, weight_transport: str, stop_token_ids: list[int],
+        replica: ReplicaId | None = None,
+    ):
+        """`model_path`: the policy's (or a frozen model's) weights; `weight_transport`: `weight_sync.transport`."""
+        if generator_config.tensor_parallel_size == 1:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        if config.generator.device == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.generator.cpu_kv_cache_gib))
-        generator_config = config.generator
+        if generator_config.device == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(generator_config.cpu_kv_cache_gib))
         self.replica = replica
         cpus = pin_process(generator_config.cpus, rank=replica.index if replica else 0, of=generator_config.num_replicas)
         if cpus:
@@ -66,10 +69,10 @@ class Generator(MetricsActor, ServiceReplica):
 
         self.stop_token_ids = stop_token_ids
         self.policy_version = 0
-        self.llm = LLM(model=resolve_model_path(config.model.path), **engine_args(generator_config))
+        self.llm = LLM(model=resolve_model_path(model_path), **engine_args(generator_config))
         self.engine = EngineLoop(self.llm.llm_engine)
         self.on_weight_update = generator_config.on_weight_update
-        self.weights = weight_sync.WeightReceiver(config.weight_sync.transport)
+        self.weights = weight_sync.WeightReceiver(weight_transport)
 
     def _sampling_params(self, sampling: SamplingConfig, request: GenerationRequest) -> Any:
         from vllm import SamplingParams

@@ -15,7 +15,7 @@ from monarch.actor import concurrent_endpoint, endpoint
 
 from rl import checkpoint
 from rl.assets import resolve_model_path
-from rl.config import Config
+from rl.config import SamplingConfig, TaskConfig
 from rl.metrics import timer
 from rl.metrics.actor import MetricsActor
 from env_types.renderer import RendererConfig
@@ -27,16 +27,19 @@ from tasks.build import build_task
 
 
 class RewardActor(MetricsActor, ServiceReplica):
-    def __init__(self, config: Config):
-        self.config = config
-        self.tasks = {task.name: task.task for task in map(build_task, config.tasks)}
-        self.limit = asyncio.Semaphore(config.run.reward_concurrency)
+    def __init__(self, tasks: list[TaskConfig], concurrency: int, model_paths: dict[str, str], judge_sampling: SamplingConfig):
+        """`concurrency`: `run.reward_concurrency`; `model_paths`: each frozen model's path (`[models.<name>]`), for
+        rendering what `judge` reward functions send it; `judge_sampling`: how judges sample (`generator.eval_sampling`)."""
+        self.tasks = {task.name: task.task for task in map(build_task, tasks)}
+        self.limit = asyncio.Semaphore(concurrency)
+        self.model_paths = model_paths
+        self.judge_sampling = judge_sampling
 
     @endpoint
     async def connect_models(self, models: dict[str, list[Any]]) -> None:
         """Frozen-model Generator replicas (`[models.<name>]`) that `judge` reward functions may call."""
-        renderers = {name: RendererConfig().build(resolve_model_path(self.config.models[name].path)) for name in models}
-        connect_frozen_models(models, renderers, self.config.generator.eval_sampling)
+        renderers = {name: RendererConfig().build(resolve_model_path(self.model_paths[name])) for name in models}
+        connect_frozen_models(models, renderers, self.judge_sampling)
 
     @concurrent_endpoint
     async def score_group(self, group: RolloutGroup) -> RolloutGroup:

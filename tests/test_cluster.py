@@ -43,7 +43,7 @@ def built_job(config_name: str) -> dict:
     """The monarch job a shipped config builds, described from a subprocess (building one switches monarch's transport to TCP)."""
     script = (
         "import json, sys; from rl.config import load_config; from rl.processes.cluster import Placement; "
-        f"job = Placement(load_config({str(CONFIGS / config_name)!r})).job; "
+        f"c = load_config({str(CONFIGS / config_name)!r}); job = Placement(c.cluster, c.trainer.device, c.trainer.num_procs).job; "
         "print(json.dumps({'type': type(job).__name__, 'active': job.active, 'meshes': getattr(job, '_meshes', None), "
         "'gpus_per_node': getattr(job, '_gpus_per_node', None), 'partition': getattr(job, '_partition', None)}))"
     )
@@ -134,7 +134,7 @@ def test_service_replicas_go_round_robin_over_their_hosts_each_on_its_own_gpus()
         CONFIGS / "tiny_qwen3_e2e.toml",
         {"trainer.device": "cuda", "generator.device": "cuda", "generator.num_replicas": "4", "generator.tensor_parallel_size": "2"},
     )
-    placement = Placement(config)
+    placement = Placement(config.cluster, config.trainer.device, config.trainer.num_procs)
     spawned: list = []
     placement.hosts = {"generator": FakeHosts(2, spawned)}
     spawn = placement.replica_procs("generator", gpus_per_proc=2)

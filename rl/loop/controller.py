@@ -153,10 +153,13 @@ class Controller:
         run_dir = open_run_dir(self.config.run_dir, dump_toml(self.config), self.resume_from)
         if self.roles.run_log is not None:
             self.roles.run_log.move_into(run_dir)
-        self.logger = MetricsLogger(self.config, run_dir)
-        reference = (lambda ids: self.roles.trainer.logprobs.call_one(ids, reference=True)) if self.config.algorithm.kl_coef > 0 else None
-        targets = {name: task.task.target for name, task in self.tasks.items()}
-        self.sample_logger = SampleLogger(self.config, targets, reference_logprobs=reference)
+        config = self.config
+        self.logger = MetricsLogger(run_dir, log_rollouts=config.run.log_rollouts, wandb=config.wandb, run_config=config.model_dump(mode="json"))
+        reference = (lambda ids: self.roles.trainer.logprobs.call_one(ids, reference=True)) if config.algorithm.kl_coef > 0 else None
+        self.sample_logger = SampleLogger(
+            config.sample_logging, self.algorithms, {name: task.task.target for name, task in self.tasks.items()}, seed=config.run.seed,
+            episodes_per_step=config.run.groups_per_step * config.algorithm.group_size, reference_logprobs=reference,
+        )
         return run_dir
 
     async def _step(self, groups: list[RolloutGroup], evicted: list[RolloutGroup], wait_seconds: float) -> tuple[dict[str, float], list]:

@@ -24,7 +24,7 @@ from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
 from env_types.renderer_env import Completion, GenerationRequest
 from rl.algorithms.config import POLICY, FrozenModelConfig
-from rl.config import Config, ModelConfig, SamplingConfig
+from rl.config import Config, GeneratorConfig, SamplingConfig
 from rl.metrics.run_log import RunLog
 from rl.processes.cluster import Placement
 from rl.processes.interrupts import monarch_processes, reap
@@ -35,10 +35,9 @@ from rl.weights import sync as weight_sync
 from rollouts.types import RolloutGroup, RolloutStatus
 
 
-def frozen_config(config: Config, model: FrozenModelConfig) -> Config:
-    """The run config as a frozen model's Generator sees it: its own path, dtype, device and replicas."""
-    generator = config.generator.model_copy(update={"dtype": model.dtype, "device": model.device, "num_replicas": model.replicas})
-    return config.model_copy(update={"model": ModelConfig(path=model.path), "generator": generator})
+def frozen_generator(generator: GeneratorConfig, model: FrozenModelConfig) -> GeneratorConfig:
+    """A frozen model's Generator section: the policy's engine settings with the model's dtype, device and replicas."""
+    return generator.model_copy(update={"dtype": model.dtype, "device": model.device, "num_replicas": model.replicas})
 
 
 class Roles:
@@ -49,7 +48,7 @@ class Roles:
         self.config = config
         self.stop_run = stop_run
         self.policy_version = policy_version
-        self.placement = Placement(config)
+        self.placement = Placement(config.cluster, config.trainer.device, config.trainer.num_procs)
         self.trainer: Any = None
         self.generators: Service | None = None
         self.reward: Service | None = None
@@ -76,21 +75,28 @@ class Roles:
         await weight_sync.initialize_store()
         self._store_started = True
         spawn_procs = (await asyncio.to_thread(self.placement.allocate)).spawn_procs  # the [cluster] hosts of each role
-        self.trainer, trainer_procs = await spawn_trainer(spawn_procs, config, PolicyTrainer, config, planned_steps)
+        transport = config.weight_sync.transport
+        self.trainer, trainer_procs = await spawn_trainer(
+            spawn_procs, config.trainer, PolicyTrainer, config.trainer, config.algorithm, config.model.path, planned_steps,
+            weight_transport=transport, wire_dtype=config.generator.dtype,
+        )
         self._proc_meshes = [trainer_procs]
+        generator_args = (config.generator, config.model.path, transport, stop_token_ids)
         self.generators = Service(
-            "generator", Generator, lambda replica: (config, stop_token_ids, replica), replicas=config.generator.num_replicas,
+            "generator", Generator, lambda replica: (*generator_args, replica), replicas=config.generator.num_replicas,
             config=config.services.generator, on_fatal=self.stop_run, prepare=self._load_policy, release="shutdown",
             spawn_procs=self.placement.replica_procs("generator", gpus_per_proc=config.generator.tensor_parallel_size),
         )
+        model_paths = {name: model.path for name, model in config.models.items()}
+        reward_args = (config.tasks, config.run.reward_concurrency, model_paths, config.generator.eval_sampling)
         self.reward = Service(
-            "reward", RewardActor, lambda replica: (config,), replicas=config.services.reward.replicas, config=config.services.reward,
+            "reward", RewardActor, lambda replica: reward_args, replicas=config.services.reward.replicas, config=config.services.reward,
             spawn_procs=self.placement.replica_procs("reward"), on_fatal=self.stop_run, prepare=self._connect_models,
         )
         for name, model in config.models.items():
-            model_config = frozen_config(config, model)
+            args = (frozen_generator(config.generator, model), model.path, transport, stop_token_ids)
             self.frozen[name] = Service(
-                f"frozen_{name}", Generator, lambda replica, model_config=model_config: (model_config, stop_token_ids, replica),
+                f"frozen_{name}", Generator, lambda replica, args=args: (*args, replica),
                 replicas=model.replicas, config=config.services.models, spawn_procs=local_procs(), on_fatal=self.stop_run,
                 config_key="services.models", release="shutdown",
             )

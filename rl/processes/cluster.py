@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from monarch.actor import HostMesh, default_bootstrap_cmd, this_host
 
-from rl.config import ClusterConfig, Config
+from rl.config import ClusterConfig, Device
 
 def bootstrap_command(env: dict[str, str], device: str, first_gpu: int, gpus_per_proc: int) -> Callable[[Any], Any] | None:
     """Per-process bootstrap: `env`, plus on GPU the `gpus_per_proc` GPUs of the process's slot on its host.
@@ -74,9 +74,12 @@ class Placement:
     switches this process's transport to TCP, which the root client must be created with.
     """
 
-    def __init__(self, config: Config):
-        self.config = config
-        cluster = config.cluster
+    def __init__(self, cluster: ClusterConfig, device: Device, trainer_procs: int):
+        """`device`: the run's (GPUs are assigned on "cuda"); `trainer_procs`: `trainer.num_procs`, the launcher
+        host's first GPUs, which the trainer takes (other roles on that host follow them)."""
+        self.cluster = cluster
+        self.device = device
+        self.trainer_procs = trainer_procs
         self.job: Any = make_job(cluster) if cluster.scheduler != "local" and cluster.hosts.allocated() else None
         self.hosts: dict[str, HostMesh] = {}
 
@@ -85,7 +88,7 @@ class Placement:
         if self.job is not None and not self.hosts:
             try:
                 state = self.job.state(cached_path=None)
-                self.hosts = {role: getattr(state, role) for role in self.config.cluster.hosts.allocated()}
+                self.hosts = {role: getattr(state, role) for role in self.cluster.hosts.allocated()}
             except BaseException:
                 self.release()
                 raise
@@ -101,9 +104,9 @@ class Placement:
         `trainer.num_procs` GPUs and other roles follow it.
         """
         if first_gpu is None:
-            first_gpu = 0 if role in self.hosts or role == "trainer" else self.config.trainer.num_procs
-        env = self.config.cluster.env if role in self.hosts else {}
-        device = self.config.trainer.device
+            first_gpu = 0 if role in self.hosts or role == "trainer" else self.trainer_procs
+        env = self.cluster.env if role in self.hosts else {}
+        device = self.device
         return self.host_mesh(role).spawn_procs(
             per_host=per_host, bootstrap_command=bootstrap_command(env, device, first_gpu, gpus_per_proc)
         )
@@ -117,9 +120,9 @@ class Placement:
             num_hosts = host.sizes.get("hosts", 1)
             if num_hosts > 1:
                 host = host.slice(hosts=index % num_hosts)
-            first_gpu = 0 if role in self.hosts else self.config.trainer.num_procs
-            env = self.config.cluster.env if role in self.hosts else {}
-            command = bootstrap_command(env, self.config.trainer.device, first_gpu + (index // num_hosts) * gpus_per_proc, gpus_per_proc)
+            first_gpu = 0 if role in self.hosts else self.trainer_procs
+            env = self.cluster.env if role in self.hosts else {}
+            command = bootstrap_command(env, self.device, first_gpu + (index // num_hosts) * gpus_per_proc, gpus_per_proc)
             return host.spawn_procs(per_host={"procs": 1}, bootstrap_command=command)
 
         return spawn
