@@ -13,21 +13,16 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
+from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
 
 from env_types.renderer_env import RendererEnvConfig
 from rl.algorithms.config import AlgorithmConfig, FrozenModelConfig, TaskAlgorithmConfig, check_algorithms
 from env_types.renderer import RendererConfig
+from rl.section import Device, DType, Section
 from rl.services.config import ServicesConfig
 
-Device = Literal["cpu", "cuda"]
-DType = Literal["float32", "bfloat16", "float16"]
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
 _PRECISION_BITS = {"float32": 24, "bfloat16": 8, "float16": 11}
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class ModelConfig(Section):

@@ -23,8 +23,7 @@ import torch
 
 from rl.assets import resolve_model_path
 from rl.config import Config
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from rl.training.precision import TORCH_DTYPES
 
 
 def matmul_peak_gflops(dtype: torch.dtype, cpus: list[int] | None, size: int = 2048, repeats: int = 5) -> float:
@@ -58,8 +57,8 @@ def weight_sync_floor(config: Config) -> dict[str, float]:
     from vllm import LLM
 
     path = resolve_model_path(config.model.path)
-    state_dict = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.trainer.param_dtype]).state_dict()
-    dtype = _DTYPES[config.generator.dtype]
+    state_dict = AutoModelForCausalLM.from_pretrained(path, dtype=TORCH_DTYPES[config.trainer.param_dtype]).state_dict()
+    dtype = TORCH_DTYPES[config.generator.dtype]
     cast_s = min(_timed(lambda: {name: tensor.to(dtype) for name, tensor in state_dict.items()}) for _ in range(3))
     cast = {name: tensor.to(dtype) for name, tensor in state_dict.items()}
     shared = {name: torch.empty_like(tensor).share_memory_() for name, tensor in cast.items()}
@@ -145,7 +144,7 @@ def table(results: dict[str, Any]) -> str:
 async def bench(config: Config) -> dict[str, Any]:
     out = Path(config.run.output_dir) / f"{config.run.name}-bench"
     out.mkdir(parents=True, exist_ok=True)
-    trainer_dtype = _DTYPES[config.trainer.dtype]
+    trainer_dtype = TORCH_DTYPES[config.trainer.dtype]
     results: dict[str, Any] = {
         "model": config.model.path,
         "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start",
