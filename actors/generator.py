@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from monarch.actor import concurrent_endpoint
 
-from env_types.renderer_env import Completion, GenerationRequest
+from rollouts.types import Completion, GenerationRequest
 from rl.weights import sync as weight_sync
 from rl.processes.affinity import pin_process
 from rl.assets import resolve_model_path

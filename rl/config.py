@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
 
-from env_types.renderer_env import RendererEnvConfig
+from rollouts.renderer_env import RendererEnvConfig
 from rl.algorithms.config import AlgorithmConfig, FrozenModelConfig, TaskAlgorithmConfig, check_algorithms
 from env_types.renderer import RendererConfig
 from rl.section import Device, DType, Section

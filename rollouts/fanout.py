@@ -17,11 +17,17 @@ import asyncio
 import copy
 import traceback
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
-from env_types.renderer_env import Completion, GenerationRequest, RendererEnv, RendererEnvConfig
-from rollouts.types import Rollout, RolloutGroup, RolloutStatus
-from tasks.task import Task
+from env_types.message_env import MessageEnv
+from rollouts.renderer_env import RendererEnv, RendererEnvConfig
+from rollouts.types import Completion, GenerationRequest, Rollout, RolloutGroup, RolloutStatus
+
+
+class EnvMaker(Protocol):
+    """What `task_rollout` needs of a task (`tasks.task.Task` is one): a fresh environment per row."""
+
+    def make_env(self, example: dict[str, Any]) -> MessageEnv: ...
 
 
 @dataclass
@@ -31,7 +37,7 @@ class RolloutContext:
     row_id: str
     sample_index: int
     task_name: str
-    task: Task
+    task: EnvMaker
     renderer: Any
     env_config: RendererEnvConfig
     generate: Callable[[GenerationRequest], Awaitable[Completion]]

@@ -7,19 +7,13 @@ round-trips through JSON losslessly, so a run's rollouts file is a faithful debu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Message = dict[str, Any]
-"""A chat message as the `renderers` package types it (`renderers.Message`, a TypedDict)."""
-
-
-def message_text(message: Message) -> str:
-    """A message's text: its string content, or the text parts of a multi-part content joined."""
-    content = message.get("content") or ""
-    return content if isinstance(content, str) else "".join(part.get("text", "") for part in content if isinstance(part, dict))
+from env_types.messages import Message, ToolCallError, message_text
 
 
 class RolloutStatus(StrEnum):
@@ -49,24 +43,28 @@ class RolloutStatus(StrEnum):
         return new
 
 
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to ask the generator for next."""
+
+    prompt_token_ids: list[int]
+    max_new_tokens: int
+    seed: int | None = None
+    """Per-request sampling seed (None: the engine's own random state)."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion as the generator returns it."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    policy_version: int
+
+
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ToolCallError(_Record):
-    """A tool call that did not run as the model asked; the model is told why in a tool message."""
-
-    kind: str
-    """One of `invalid_json`, `unclosed_block`, `missing_name`, `malformed_structure` (from the
-    renderer's parser), `unknown_tool`, `bad_arguments` (checked against the tool's schema),
-    `tool_failed` (the tool raised, timed out or hit a sandbox limit)."""
-    detail: str
-    tool: str | None = None
-
-    @property
-    def is_malformed(self) -> bool:
-        """The call itself was wrong (as opposed to a well-formed call whose tool failed)."""
-        return self.kind != "tool_failed"
 
 
 class RolloutTurn(_Record):

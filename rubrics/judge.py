@@ -22,7 +22,7 @@ import re
 import string
 from typing import Any, Awaitable, Callable
 
-from env_types.renderer_env import Completion, GenerationRequest
+from rollouts.types import Completion, GenerationRequest
 from rl.registry import import_object
 from env_types.renderer import parse_completion, render_prompt
 from rollouts.types import Rollout

@@ -12,7 +12,8 @@ import asyncio
 import copy
 from typing import Any, Awaitable, Callable
 
-from env_types.renderer_env import Completion, GenerationRequest, RendererEnv, RendererEnvConfig
+from rollouts.renderer_env import RendererEnv, RendererEnvConfig
+from rollouts.types import Completion, GenerationRequest
 from rl.assets import resolve_model_path
 from env_types.renderer import RendererConfig, stop_token_ids
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus

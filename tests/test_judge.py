@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from env_types.renderer_env import Completion
+from rollouts.types import Completion
 from rl.config import RubricConfig
 from rollouts.types import Rollout, RolloutStatus, RolloutTurn
 from rubrics.judge import Judge, JudgeError, connect_model, parse_score_0_10, parse_yes_no

@@ -5,7 +5,8 @@ import asyncio
 import pytest
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
-from env_types.renderer_env import Completion, RendererEnvConfig
+from rollouts.renderer_env import RendererEnvConfig
+from rollouts.types import Completion
 
 from rollouts.fanout import RolloutContext, rollout_group, task_rollout
 from rollouts.types import RolloutStatus
@@ -183,7 +184,7 @@ async def test_multi_turn_done_with_env_reward(renderer, tokenizer):
 
 
 async def test_each_sample_gets_its_own_sampling_seed(renderer, tokenizer):
-    from env_types.renderer_env import sampling_seed
+    from rollouts.renderer_env import sampling_seed
 
     task = SumDigitsTask(num_digits=2, num_validation=4)
     calls = []

@@ -22,7 +22,7 @@ import monarch.config
 from actors.generator import Generator
 from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
-from env_types.renderer_env import Completion, GenerationRequest
+from rollouts.types import Completion, GenerationRequest
 from rl.algorithms.config import POLICY, FrozenModelConfig
 from rl.config import Config, GeneratorConfig, SamplingConfig
 from rl.metrics.run_log import RunLog
