@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from monarch.actor import concurrent_endpoint
 
-from rollouts.types import Completion, GenerationRequest
+from rollouts.types import Completion, GenerationFailed, GenerationRequest
 from rl.weights import sync as weight_sync
 from rl.processes.affinity import pin_process
 from rl.assets import resolve_model_path
@@ -105,18 +105,18 @@ class Generator(MetricsActor, ServiceReplica):
         )
 
     @concurrent_endpoint
-    async def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[Completion | str]:
-        """One completion per request; a request the engine rejects yields its error text instead.
+    async def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[Completion | GenerationFailed]:
+        """One completion per request; a request the engine rejects yields a `GenerationFailed` in its place.
 
         Requests enter the engine one by one and batch there with every other caller's.
         """
         await test_only_hang(self.replica)
 
-        async def one(request: GenerationRequest) -> Completion | str:
+        async def one(request: GenerationRequest) -> Completion | GenerationFailed:
             try:
                 return await self._generate_one(request, sampling)
             except Exception as exc:
-                return f"generation failed: {exc!r}"
+                return GenerationFailed(f"generation failed: {exc!r}")
 
         return list(await asyncio.gather(*(one(request) for request in requests)))
 

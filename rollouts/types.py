@@ -63,6 +63,14 @@ class Completion:
     policy_version: int
 
 
+class GenerationFailed(Exception):
+    """A generator could not complete one request (e.g. its engine rejected it).
+
+    A batched `generate` returns it in that request's place (as `asyncio.gather(..., return_exceptions=True)`
+    would) so the batch's other requests still get their completions; a single-request caller raises it.
+    """
+
+
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 

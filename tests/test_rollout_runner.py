@@ -6,7 +6,7 @@ import pytest
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
 from rollouts.renderer_env import RendererEnvConfig
-from rollouts.types import Completion
+from rollouts.types import Completion, GenerationFailed
 
 from rollouts.fanout import RolloutContext, rollout_group, task_rollout
 from rollouts.types import RolloutStatus
@@ -22,7 +22,7 @@ def scripted_generator(tokenizer, reply: str, *, finish_reason="stop", fail_when
         results = []
         for request in requests:
             if fail_when is not None and fail_when(request):
-                results.append("generation failed: boom")
+                results.append(GenerationFailed("generation failed: boom"))
                 continue
             ids = tokenizer.encode(reply, add_special_tokens=False) + ([IM_END] if finish_reason == "stop" else [])
             results.append(Completion(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason=finish_reason, policy_version=7))
@@ -40,8 +40,8 @@ async def collect_groups(specs, group_size, generate):
 
     async def one(request):
         [result] = await generate([request])
-        if isinstance(result, str):
-            raise RuntimeError(result)
+        if isinstance(result, GenerationFailed):
+            raise result
         return result
 
     async def group(spec):

@@ -304,13 +304,13 @@ class Controller:
         generators, timeout_s = self.roles.generators, self.config.run.weight_sync_timeout_s
         async with generators.updating():  # a replacement generator loads the version before or after, never half-way
             await self.roles.push_weights(policy_version, timeout_s)
-            await generators.broadcast("update_weights", policy_version, timeout_s=timeout_s)
+            await generators.update_weights.fanout(policy_version, timeout_s=timeout_s)
             self.state.policy_version = policy_version
         await self.admission.set_policy_version(policy_version)
 
     async def restore(self, path: Path) -> None:
         """Load a checkpoint into every actor; the generators get its weights through the normal sync."""
-        await asyncio.gather(self.roles.trainer.load_checkpoint.call_one(str(path)), self.roles.reward.call("load_rng", str(path)))
+        await asyncio.gather(self.roles.trainer.load_checkpoint.call_one(str(path)), self.roles.reward.load_rng.route(str(path)))
         checkpoint.load_rng(path, "controller")
         await self.sync_weights(self.state.policy_version)
 
@@ -318,7 +318,7 @@ class Controller:
         """Write a committed checkpoint of the current step; returns seconds spent."""
         start = time.perf_counter()
         tmp = checkpoint.begin(run_dir, self.state.step)
-        await asyncio.gather(self.roles.trainer.save_checkpoint.call_one(str(tmp)), self.roles.reward.call("save_rng", str(tmp)))
+        await asyncio.gather(self.roles.trainer.save_checkpoint.call_one(str(tmp)), self.roles.reward.save_rng.route(str(tmp)))
         checkpoint.save_rng(tmp, "controller")
         checkpoint.write_run_state(tmp, self.state)
         (tmp / "config.toml").write_text(dump_toml(self.config))

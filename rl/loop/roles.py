@@ -22,7 +22,7 @@ import monarch.config
 from actors.generator import Generator
 from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
-from rollouts.types import Completion, GenerationRequest
+from rollouts.types import Completion, GenerationFailed, GenerationRequest
 from rl.algorithms.config import POLICY, FrozenModelConfig
 from rl.config import Config, GeneratorConfig, SamplingConfig
 from rl.metrics.run_log import RunLog
@@ -136,22 +136,22 @@ class Roles:
         return {name: service.actors() for name, service in self.frozen.items()}
 
     async def generate(self, request: GenerationRequest, sampling: SamplingConfig, key: str, sampler: str = POLICY) -> Completion:
-        """One completion from the policy's generators or frozen model `sampler` (sticky by `key`); raises if the generator failed it."""
+        """One completion from the policy's generators or frozen model `sampler` (sticky by `key`); raises `GenerationFailed` if the generator failed it."""
         service = self.generators if sampler == POLICY else self.frozen[sampler]
-        [result] = await service.call("generate", [request], sampling, key=key)
-        if isinstance(result, str):
-            raise RuntimeError(result)
+        [result] = await service.generate.route([request], sampling, key=key)
+        if isinstance(result, GenerationFailed):
+            raise result
         return result
 
     async def prompt_logprobs(self, name: str, sequences: list[list[int]]) -> list[list[float]]:
         """Each sequence's per-token logprobs under frozen model `name` ("policy" = the live generators)."""
         service = self.generators if name == POLICY else self.frozen[name]
-        return list(await asyncio.gather(*(service.call("prompt_logprobs", ids) for ids in sequences)))
+        return list(await asyncio.gather(*(service.prompt_logprobs.route(ids) for ids in sequences)))
 
     async def score(self, group: RolloutGroup) -> RolloutGroup:
         """The group scored by a reward actor; a reward actor that fails marks every rollout an ERROR."""
         try:
-            return await self.reward.call("score_group", group)
+            return await self.reward.score_group.route(group)
         except Exception as exc:
             for rollout in group.rollouts:
                 rollout.status = RolloutStatus.ERROR
