@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rl.config import load_config
-from rl.metrics import MetricsLogger, Reduce, record_metric, timer
+from rl.metrics import Reduce, record_metric, timer
+from rl.metrics.logger import MetricsLogger
 from rl.metrics.backends import ConsoleBackend, JsonlBackend
 from rl.metrics.reduce import MetricCollector, drain_states, reduce_states
 

@@ -40,7 +40,8 @@ from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import RowStream, row_limit
 from rl.loop.roles import Roles
 from rl.loop.state import RunState, open_run_dir, row_index_of, train_group_id
-from rl.metrics import MetricsLogger, timer
+from rl.metrics import timer
+from rl.metrics.logger import MetricsLogger
 from rl.metrics.actor import gather_states
 from rl.metrics.generation import GenerationStats, batch_metrics, overlap_metrics
 from rl.metrics.samples import SampleLogger
