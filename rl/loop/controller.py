@@ -37,7 +37,7 @@ from rl.batching import pack_samples, split_micro_batches, trim_padding
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.loop.admission import Admission
 from rl.loop.buffer import RolloutBuffer
-from rl.loop.data import RowStream, row_limit
+from rl.loop.data import training_stream
 from rl.loop.roles import Roles
 from rl.loop.state import RunState, open_run_dir, row_index_of, train_group_id
 from rl.metrics import timer
@@ -64,23 +64,15 @@ class Controller:
         self.renderers = {name: task.config.renderer.build(model_path) for name, task in self.tasks.items()}
         self.stop_token_ids = sorted({token for renderer in self.renderers.values() for token in stop_token_ids(renderer)})
         self.pad_token_id = self.stop_token_ids[0]
-        train_rows = {name: task.load_rows("train") for name, task in self.tasks.items()}
-        limit = row_limit(train_rows, epochs=config.run.epochs, max_rows=config.run.max_rows)
-        self.stream = RowStream(
-            train_rows, {name: task.config.weight for name, task in self.tasks.items()}, seed=config.run.seed, limit=limit
-        )
-        self.stream.seek(self.state.data_cursor)
-        self.planned_steps = config.run.steps if limit is None else min(config.run.steps, limit // config.run.groups_per_step)
-        """Optimizer steps the LR schedule is sized for; fewer happen if dropped groups use up the data."""
+        self.stream, self.planned_steps = training_stream(self.tasks, config.run, cursor=self.state.data_cursor)
+        """`planned_steps`: optimizer steps the LR schedule is sized for; fewer happen if dropped groups use up the data."""
         self.validation_rows = [
             (name, row) for name, task in sorted(self.tasks.items()) for row in task.load_rows("validation")
         ][: config.run.eval_groups]
         self.buffer = RolloutBuffer(max_staleness=config.run.max_policy_staleness)
         self.admission = Admission(
-            max_concurrent=config.run.max_concurrent_rollouts,
-            max_staleness=config.run.max_policy_staleness,
-            rows_per_step=config.run.groups_per_step,
-            policy_version=self.state.policy_version,
+            max_concurrent=config.run.max_concurrent_rollouts, max_staleness=config.run.max_policy_staleness,
+            rows_per_step=config.run.groups_per_step, policy_version=self.state.policy_version,
         )
         self.breaker = CircuitBreaker(config.services.breaker, on_open=self._stop_run)
         self.generation_stats = GenerationStats()
