@@ -27,7 +27,8 @@ from rl.weights import sync as weight_sync
 from rl.processes.affinity import pin_process
 from rl.assets import resolve_model_path
 from rl.algorithms.config import AlgorithmConfig
-from rl.config import DType, TrainerConfig
+from rl.config import TrainerConfig
+from rl.section import DType
 from rl.training.logprobs import token_logprobs
 from rl.metrics.actor import MetricsActor
 from rl.training.precision import TORCH_DTYPES, compute_context

@@ -22,7 +22,6 @@ import monarch.config
 from actors.generator import Generator
 from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
-from rollouts.types import Completion, GenerationFailed, GenerationRequest
 from rl.algorithms.config import POLICY, FrozenModelConfig
 from rl.config import Config, GeneratorConfig, SamplingConfig
 from rl.metrics.run_log import RunLog
@@ -32,7 +31,7 @@ from rl.processes.trainer_mesh import spawn_trainer
 from rl.services.replica import local_procs
 from rl.services.service import Service, after_run_fault_hook
 from rl.weights import sync as weight_sync
-from rollouts.types import RolloutGroup, RolloutStatus
+from rollouts.types import Completion, GenerationFailed, GenerationRequest, RolloutGroup, RolloutStatus
 
 
 def frozen_generator(generator: GeneratorConfig, model: FrozenModelConfig) -> GeneratorConfig:
