@@ -150,6 +150,39 @@ def check_packing(batch: TensorDict, samples: list[TrainSample]) -> None:
                 raise AssertionError(f"sample {i}: packed stream {name!r} misaligned with input_ids")
 
 
+def local_sequences(sequence_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Dense per-token sequence index [B,L] within a micro-batch (padding gets its own index) and the count."""
+    unique, index = torch.unique(sequence_ids, return_inverse=True)
+    return index, unique.numel()
+
+
+def segments(micro_batch: TensorDict) -> tuple[torch.Tensor, int]:
+    """`local_sequences` of a micro-batch, computed once and kept on it (`seq_index` [B,L], `seq_count`)."""
+    if "seq_index" not in micro_batch.keys():
+        index, count = local_sequences(micro_batch["sequence_ids"])
+        micro_batch["seq_index"] = index
+        micro_batch.set_non_tensor("seq_count", count)
+    return micro_batch["seq_index"], micro_batch.get_non_tensor("seq_count")
+
+
+def segment_sum(values: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
+    """Sum of `values` [B,L] per sequence -> [count]."""
+    return torch.zeros(count, dtype=values.dtype, device=values.device).index_add(0, index.flatten(), values.flatten())
+
+
+def component_counts(micro_batches: list[TensorDict]) -> torch.Tensor:
+    """[3, 2] float64: per component (rl, ce, ref_kl), the weighted token count and the number of sequences
+    with any weight, over the whole step. Ranks all-reduce (sum) this one tensor."""
+    counts = torch.zeros(len(COMPONENTS), 2, dtype=torch.float64)
+    for micro_batch in micro_batches:
+        index, count = segments(micro_batch)
+        for c, name in enumerate(COMPONENTS):
+            weights = micro_batch[f"{name}_weights"].double()
+            counts[c, 0] += weights.sum().cpu()
+            counts[c, 1] += (segment_sum(weights, index, count) > 0).sum().cpu()
+    return counts
+
+
 def split_micro_batches(batch: TensorDict, micro_batch_size: int) -> list[TensorDict]:
     """Consecutive micro-batches of `micro_batch_size` rows (the last one may be smaller)."""
     if micro_batch_size < 1:

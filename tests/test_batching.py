@@ -2,7 +2,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-from rl.training.losses import component_counts
+from rl.batching import component_counts
 from rl.batching import TrainSample, pack_samples, split_micro_batches, trim_padding
 from rl.training.logprobs import token_logprobs
 

@@ -13,7 +13,7 @@ from rl.batching import TrainSample, pack_samples, split_micro_batches
 from rl.processes.cluster import Placement, bootstrap_command
 from rl.config import ConfigError, load_config
 from rl.training.distributed import Ranks, rank_rows
-from rl.training.stats import MetricStats, merge_stats, reduce_metric_stats
+from rl.metrics.reduce import StepStats, merge_all, step_metrics
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
@@ -99,7 +99,7 @@ def test_rows_go_round_robin_to_ranks_and_the_short_rank_gets_an_all_padding_row
 
 
 def test_statistics_of_two_ranks_merge_like_one_process():
-    one, first, second = MetricStats(), MetricStats(), MetricStats()
+    one, first, second = StepStats(), StepStats(), StepStats()
     one.add("ratio", torch.tensor([1.0, 2.0, 4.0]))
     one.add_total("loss", 0.75)
     first.add("ratio", torch.tensor([1.0]))
@@ -107,8 +107,8 @@ def test_statistics_of_two_ranks_merge_like_one_process():
     second.add("ratio", torch.tensor([2.0, 4.0]))
     second.add_total("loss", 0.25)
     spread = ("ratio",)
-    assert reduce_metric_stats(merge_stats([first, second]), spread) == pytest.approx(reduce_metric_stats(one, spread))
-    assert reduce_metric_stats(merge_stats([first, second]), spread)["ratio_mean"] == pytest.approx(7 / 3)
+    assert step_metrics(merge_all([first.states(), second.states()]), spread) == pytest.approx(step_metrics(one.states(), spread))
+    assert step_metrics(merge_all([first.states(), second.states()]), spread)["ratio_mean"] == pytest.approx(7 / 3)
 
 
 class FakeHosts:

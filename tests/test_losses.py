@@ -5,8 +5,9 @@ import torch
 from tensordict import TensorDict
 
 from rl.algorithms.config import AlgorithmConfig
-from rl.training.losses import component_counts, compute_loss, k3_kl, kl_estimate, ppo_clip_token_loss
-from rl.training.stats import MetricStats, merge, reduce_metric_stats
+from rl.batching import component_counts
+from rl.metrics.reduce import StepStats, merge_all, step_metrics
+from rl.training.losses import compute_loss, k3_kl, kl_estimate, ppo_clip_token_loss
 
 LN2 = math.log(2.0)
 
@@ -116,10 +117,10 @@ def _hand_batch(**weights) -> tuple[torch.Tensor, TensorDict]:
 
 
 def _loss(batch, logprobs, **algorithm):
-    stats = MetricStats()
+    stats = StepStats()
     loss = compute_loss(logprobs, batch, component_counts([batch]), AlgorithmConfig(**algorithm), stats, horizon=4)
     loss.backward()
-    return loss.item(), logprobs.grad[0].tolist(), reduce_metric_stats(stats, spread=("ratio",))
+    return loss.item(), logprobs.grad[0].tolist(), step_metrics(stats.states(), spread=("ratio",))
 
 
 # Per-token values and d loss / d logp on the three sampled tokens (positions 1, 2, 4), token-mean over 3:
@@ -257,18 +258,13 @@ def test_loss_and_gradient_do_not_depend_on_micro_batches_or_ranks(aggregation, 
         counts = sum(component_counts(micro_batches) for micro_batches in ranks)
         total, stats = 0.0, []
         for micro_batches in ranks:
-            rank_stats = MetricStats()
+            rank_stats = StepStats()
             for micro in micro_batches:
                 loss = compute_loss(_policy_logprobs(weights, micro["input_ids"]), micro, counts, algorithm, rank_stats, horizon=8)
                 loss.backward()  # gradients of all ranks summed, as an all-reduce (sum) would
                 total += loss.item()
-            stats.append(rank_stats)
-        merged = MetricStats()
-        for rank_stats in stats:
-            merged.totals = {k: merged.totals.get(k, 0.0) + v for k, v in rank_stats.totals.items()}
-            for k, v in rank_stats.samples.items():
-                merged.samples[k] = v if k not in merged.samples else merge(merged.samples[k], v)
-        return total, weights.grad.clone(), reduce_metric_stats(merged, spread=("ratio",))
+            stats.append(rank_stats.states())
+        return total, weights.grad.clone(), step_metrics(merge_all(stats), spread=("ratio",))
 
     whole = run([[batch]])
     four = run([list(batch.split(2))])

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 from rl.training import correction
 from rl.algorithms.config import AlgorithmConfig, RolloutCorrectionConfig
-from rl.training.losses import local_sequences
-from rl.training.stats import MetricStats
+from rl.batching import local_sequences
+from rl.metrics.reduce import StepStats
 from rl.training.train_step import train_step
 
 P = "rollout_corr/"
@@ -23,10 +23,10 @@ TRAIN = ROLLOUT + torch.tensor([[0.0, math.log(3), math.log(0.5), 0.0, math.log(
 
 
 def _correct(**config):
-    stats = MetricStats()
+    stats = StepStats()
     index, count = local_sequences(SEQUENCE_IDS)
     weights, keep = correction.correct(TRAIN, ROLLOUT, MASK, index, count, RolloutCorrectionConfig(**config), stats)
-    return weights, keep, correction.correction_metrics(stats)
+    return weights, keep, correction.correction_metrics(stats.states())
 
 
 def test_token_is_weights_bounded_truncated_and_zero_off_the_mask():
@@ -53,7 +53,7 @@ def test_sequence_is_weights_are_the_product_broadcast_to_the_sequence():
 
 
 def test_sequence_safety_bound_keeps_weights_finite():
-    stats = MetricStats()
+    stats = StepStats()
     index, count = local_sequences(SEQUENCE_IDS)
     train = ROLLOUT + torch.where(MASK, 30.0, 0.0)  # sequence 0: log ratio 60, unbounded e^60
     weights, _ = correction.correct(train, ROLLOUT, MASK, index, count, RolloutCorrectionConfig(rollout_is="sequence", rollout_is_threshold=1e9), stats)
@@ -90,10 +90,10 @@ def test_veto_rejects_the_whole_sequence_of_a_catastrophic_token_and_leaves_weig
 
 
 def test_offpolicy_diagnostics_hand_computed():
-    stats = MetricStats()
+    stats = StepStats()
     index, count = local_sequences(SEQUENCE_IDS)
     correction.offpolicy_metrics(TRAIN, ROLLOUT, MASK, index, count, stats)
-    m = correction.correction_metrics(stats)
+    m = correction.correction_metrics(stats.states())
     logs = [math.log(3), math.log(0.5), math.log(1e-5)]
     assert m[P + "kl"] == pytest.approx(-sum(logs) / 3)
     assert m[P + "k3_kl"] == pytest.approx(sum(math.exp(x) - x - 1 for x in logs) / 3)

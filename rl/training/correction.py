@@ -17,8 +17,8 @@ import torch
 from tensordict import TensorDict
 
 from rl.algorithms.config import RolloutCorrectionConfig
-from rl.training.losses import local_sequences, segment_sum
-from rl.training.stats import MetricStats
+from rl.batching import segment_sum, segments
+from rl.metrics.reduce import Reduce, State, StepStats
 
 SAFETY_BOUND = 20.0
 """IS log-ratios are clamped to ±20 before exp: weights stay in [2e-9, 5e8]."""
@@ -32,7 +32,7 @@ def correct(
     index: torch.Tensor,
     count: int,
     config: RolloutCorrectionConfig,
-    stats: MetricStats,
+    stats: StepStats,
 ) -> tuple[torch.Tensor | None, torch.Tensor]:
     """IS weights [B,L] (None without `rollout_is`) and the keep-mask [B,L] bool of one micro-batch.
 
@@ -101,7 +101,7 @@ def normalize_is_weights(
             total += float(weights[mask].sum())
             n += float(mask.sum())
         else:  # one weight per sequence, repeated on its tokens: average over sequences
-            index, count = local_sequences(micro_batch["sequence_ids"])
+            index, count = segments(micro_batch)
             tokens = segment_sum(mask.double(), index, count)
             live = tokens > 0
             total += float((segment_sum(torch.where(mask, weights, 0.0), index, count)[live] / tokens[live]).sum())
@@ -113,7 +113,7 @@ def normalize_is_weights(
 
 
 def offpolicy_metrics(
-    train_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, index: torch.Tensor, count: int, stats: MetricStats
+    train_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, index: torch.Tensor, count: int, stats: StepStats
 ) -> None:
     """The trainer-vs-sampler gap on the policy-sampled tokens: KL, k3, χ², perplexities (seed's formulas)."""
     train = train_logprobs.detach().double()
@@ -138,10 +138,10 @@ def offpolicy_metrics(
     stats.add(P + "seq_ratio_sq", seq_ratio**2)
 
 
-def correction_metrics(stats: MetricStats) -> dict[str, float]:
-    """The `rollout_corr/*` metrics of the step from the recorded samples, by verl's names."""
+def correction_metrics(states: dict[str, State]) -> dict[str, float]:
+    """The `rollout_corr/*` metrics of the step from its merged summary states, by verl's names."""
     out: dict[str, float] = {}
-    samples = stats.samples
+    samples = {name: (s["sum"], s["count"], s["sumsq"], s["min"], s["max"]) for name, s in states.items() if s["reduction"] == Reduce.SUMMARY}
     for name, (total, n, sumsq, low, high) in samples.items():
         if not name.startswith(P):
             continue

@@ -15,8 +15,8 @@ import torch
 from tensordict import TensorDict
 
 from rl.algorithms.config import AlgorithmConfig
-from rl.batching import COMPONENTS
-from rl.training.stats import MetricStats
+from rl.batching import segment_sum, segments
+from rl.metrics.reduce import StepStats
 
 
 def ppo_clip_token_loss(
@@ -70,30 +70,6 @@ def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, estimator
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, log_ratio_clamp: float = 20.0) -> torch.Tensor:
     """The k3 estimator (see `kl_estimate`)."""
     return kl_estimate(logprobs, ref_logprobs, estimator="k3", log_ratio_clamp=log_ratio_clamp)
-
-
-def local_sequences(sequence_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """Dense per-token sequence index [B,L] within a micro-batch (padding gets its own index) and the count."""
-    unique, index = torch.unique(sequence_ids, return_inverse=True)
-    return index, unique.numel()
-
-
-def segment_sum(values: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
-    """Sum of `values` [B,L] per sequence -> [count]."""
-    return torch.zeros(count, dtype=values.dtype, device=values.device).index_add(0, index.flatten(), values.flatten())
-
-
-def component_counts(micro_batches: list[TensorDict]) -> torch.Tensor:
-    """[3, 2] float64: per component (rl, ce, ref_kl), the weighted token count and the number of sequences
-    with any weight, over the whole step. Ranks all-reduce (sum) this one tensor."""
-    counts = torch.zeros(len(COMPONENTS), 2, dtype=torch.float64)
-    for micro_batch in micro_batches:
-        index, count = local_sequences(micro_batch["sequence_ids"])
-        for c, name in enumerate(COMPONENTS):
-            weights = micro_batch[f"{name}_weights"].double()
-            counts[c, 0] += weights.sum().cpu()
-            counts[c, 1] += (segment_sum(weights, index, count) > 0).sum().cpu()
-    return counts
 
 
 def aggregate(
@@ -166,7 +142,7 @@ def compute_loss(
     batch: TensorDict,
     counts: torch.Tensor,
     algorithm: AlgorithmConfig,
-    stats: MetricStats,
+    stats: StepStats,
     *,
     horizon: int,
 ) -> torch.Tensor:
@@ -176,7 +152,7 @@ def compute_loss(
     (PPO anchor), optionally `is_weights` and `kl_ref_logprobs` (reference model, when kl_coef > 0).
     `counts` is `component_counts` of the whole step.
     """
-    index, count = local_sequences(batch["sequence_ids"])
+    index, count = segments(batch)
     loss = (logprobs * 0.0).sum()  # graph-attached zero: backward runs even when every component is empty
     agg = dict(mode=algorithm.aggregation, horizon=horizon)
 
@@ -186,7 +162,7 @@ def compute_loss(
         per_token, clipped, ratio = rl_token_loss(logprobs, batch, mask, index, count, algorithm)
         pg = aggregate(per_token, rl_weights, index, count, counts[0], **agg)
         loss = loss + pg
-        stats.add_total("pg_loss", pg.item())
+        stats.add_total("pg_loss", pg)
         advantages = batch["advantages"]
         stats.add("clip_frac_low", (clipped & (advantages < 0))[mask].float())
         stats.add("clip_frac_high", (clipped & (advantages > 0))[mask].float())
@@ -209,7 +185,7 @@ def compute_loss(
     if counts[1, 0] > 0 and bool((ce_weights != 0).any()):
         ce = aggregate(-logprobs, ce_weights, index, count, counts[1], **agg)
         loss = loss + ce
-        stats.add_total("ce_loss", ce.item())
+        stats.add_total("ce_loss", ce)
 
     ref_weights = batch["ref_kl_weights"]
     if counts[2, 0] > 0 and bool((ref_weights != 0).any()):
@@ -220,6 +196,6 @@ def compute_loss(
         per_token = torch.exp(logprobs - logprobs.detach()) * log_ratio  # value k1, gradient k1·∇logp
         ref_kl = aggregate(per_token, ref_weights, index, count, counts[2], **agg)
         loss = loss + ref_kl
-        stats.add_total("ref_kl_loss", ref_kl.item())
+        stats.add_total("ref_kl_loss", ref_kl)
         stats.add("ref_kl/kl", log_ratio[mask])
     return loss

@@ -18,11 +18,11 @@ from tensordict import TensorDict
 
 from rl.training import correction
 from rl.algorithms.config import AlgorithmConfig
-from rl.training.losses import component_counts, compute_loss, kl_estimate, local_sequences, segment_sum
-from rl.batching import COMPONENTS
+from rl.training.losses import compute_loss, kl_estimate
+from rl.batching import COMPONENTS, component_counts, segment_sum, segments
+from rl.metrics.reduce import StepStats, merge_all, step_metrics
 from rl.training.distributed import Ranks
 from rl.training.logprobs import token_logprobs
-from rl.training.stats import MetricStats, merge_stats, reduce_metric_stats
 
 SPREAD = ("ratio",)
 """Trainer metrics logged with _mean/_std/_min/_max."""
@@ -53,7 +53,7 @@ def needs_old_pass(algorithm: AlgorithmConfig, n_minibatches: int) -> bool:
 
 def prepare(
     micro_batches: list[TensorDict], model: torch.nn.Module, reference: torch.nn.Module | None,
-    algorithm: AlgorithmConfig, n_minibatches: int, stats: MetricStats, compute: Callable[[], ContextManager], ranks: Ranks = Ranks(),
+    algorithm: AlgorithmConfig, n_minibatches: int, stats: StepStats, compute: Callable[[], ContextManager], ranks: Ranks = Ranks(),
 ) -> bool:
     """The no-grad pass: π_old, reference logprobs, KL-in-reward, IS weights and rejection, in place.
 
@@ -74,7 +74,7 @@ def prepare(
                 continue
             old = token_logprobs(model, ids, positions, mask=trained)  # [B,L] π_old
         mask = micro_batch["rl_weights"] != 0
-        index, count = local_sequences(micro_batch["sequence_ids"])
+        index, count = segments(micro_batch)
         correction.offpolicy_metrics(old, sampling, mask, index, count, stats)
         weights, keep = correction.correct(old, sampling, mask, index, count, rc, stats)
         micro_batch["rl_weights"] = torch.where(keep, micro_batch["rl_weights"], 0.0)
@@ -85,7 +85,7 @@ def prepare(
     if algorithm.kl_in_reward:
         for micro_batch in micro_batches:
             mask = micro_batch["rl_weights"] != 0
-            index, count = local_sequences(micro_batch["sequence_ids"])
+            index, count = segments(micro_batch)
             kl = kl_estimate(micro_batch["sampling_logprobs"], micro_batch["kl_ref_logprobs"], estimator=algorithm.kl_estimator,
                              log_ratio_clamp=algorithm.kl_log_ratio_clamp)
             seq_kl = segment_sum(torch.where(mask, kl, 0.0), index, count)  # [S]
@@ -98,7 +98,7 @@ def prepare(
             if rc.rollout_is == "token":
                 stats.add(correction.P + "rollout_is_final", micro_batch["is_weights"][mask])
             else:
-                index, count = local_sequences(micro_batch["sequence_ids"])
+                index, count = segments(micro_batch)
                 tokens = segment_sum(mask.double(), index, count)
                 per_seq = segment_sum(micro_batch["is_weights"].double(), index, count)
                 stats.add(correction.P + "rollout_is_final", (per_seq / tokens.clamp_min(1))[tokens > 0])
@@ -108,10 +108,11 @@ def prepare(
 def split_minibatches(micro_batches: list[TensorDict], n: int) -> list[list[TensorDict]]:
     """`n` disjoint, contiguous, non-empty groups of micro-batches (one optimizer step each).
 
-    With fewer micro-batches than `n`, the micro-batches are split into single rows first.
+    With fewer micro-batches than `n`, the micro-batches are split into single rows first (each row's
+    sequences indexed anew).
     """
     if n > len(micro_batches):
-        micro_batches = [row for micro_batch in micro_batches for row in micro_batch.split(1)]
+        micro_batches = [row.exclude("seq_index", "seq_count") for micro_batch in micro_batches for row in micro_batch.split(1)]
     if n > len(micro_batches):
         raise ValueError(f"trainer.ppo_n_minibatches = {n} but the batch has only {len(micro_batches)} packed rows")
     size, extra = divmod(len(micro_batches), n)
@@ -156,7 +157,7 @@ def train_step(
     """
     start = time.perf_counter()
     micro_batches = [micro_batch.to(device).clone() for micro_batch in micro_batches]
-    stats = MetricStats()
+    stats = StepStats()
     stats.add_total("nonfinite_logprob_tokens", sum(sanitize(micro_batch) for micro_batch in micro_batches))
     diagnosed = prepare(micro_batches, model, reference, algorithm, n_minibatches, stats, compute, ranks)
     counts_all = ranks.sum(component_counts(micro_batches))
@@ -173,19 +174,19 @@ def train_step(
             stats.add("ref_kl/entropy", entropy[micro_batch["ref_kl_weights"] != 0])
             stats.add("ce_entropy", entropy[micro_batch["ce_weights"] != 0])
             if not diagnosed:
-                index, count = local_sequences(micro_batch["sequence_ids"])
+                index, count = segments(micro_batch)
                 correction.offpolicy_metrics(logprobs, micro_batch["sampling_logprobs"], micro_batch["rl_weights"] != 0, index, count, stats)
             loss = compute_loss(logprobs, micro_batch, counts, algorithm, stats, horizon=horizon)
             loss.backward()
-            stats.add_total("loss", loss.item() / n_minibatches)
+            stats.add_total("loss", loss.detach().double() / n_minibatches)
         grad_norms.append(grad_norm(model, max_grad_norm))
         optimizer.step()
         scheduler.step()
     tokens = ranks.sum(torch.tensor(float(sum(int((mb["sequence_ids"] >= 0).sum()) for mb in micro_batches)), dtype=torch.float64))
-    stats = merge_stats(ranks.gather(stats))
-    metrics = reduce_metric_stats(stats, spread=SPREAD)
+    states = merge_all(ranks.gather(stats.states()))  # the step's one host sync of its statistics
+    metrics = step_metrics(states, spread=SPREAD)
     metrics = {key: value for key, value in metrics.items() if not key.startswith(correction.P)}
-    metrics.update(correction.correction_metrics(stats))
+    metrics.update(correction.correction_metrics(states))
     for name in ("pg_loss", "ce_loss", "ref_kl_loss"):
         if name in metrics:
             metrics[name] /= n_minibatches
