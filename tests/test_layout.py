@@ -15,8 +15,10 @@ FLOORS = [  # the ground first; a folder of `rl/` and a module directly in `rl/`
     {"env_types"},  # what a task author's environment is: messages in, messages out; messages <-> tokens
     {"rollouts"},  # the records of a rollout and how one is driven and fanned out
     {"tools", "rubrics", "rl/services", "rl/algorithms"},
-    {"rl/training", "rl/config.py"},
-    {"rl/weights", "rl/processes", "rl/metrics", "tasks", "rl/resume.py"},
+    {"rl/config.py"},
+    {"rl/metrics", "rl/processes", "tasks", "rl/resume.py"},
+    {"rl/training"},  # the trainer's step statistics are the metrics system's
+    {"rl/weights"},
     {"actors"},
     {"rl/loop"},
     {"rl/cli.py"},
