@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from monarch.actor import Actor, concurrent_endpoint
+from monarch.actor import Actor, endpoint
 
 from rl.metrics.reduce import State, drain_states
 from rl.metrics.run_log import redirect_actor_process
@@ -16,12 +16,9 @@ redirect_actor_process()  # every actor module imports this one before its heavy
 class MetricsActor(Actor):
     """Base of every rlmesh actor: `record_metric` inside it reaches the controller's step metrics."""
 
-    @concurrent_endpoint
+    @endpoint
     async def metric_states(self) -> dict[str, State]:
-        """What this process recorded since the last call (and forget it).
-
-        Concurrent: the drain is one synchronous swap, so it never splits an update, and it never queues
-        behind a long plain call (a train step, a checkpoint, a judge connection)."""
+        """What this process recorded since the last call (and forget it)."""
         return drain_states()
 
 
