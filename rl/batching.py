@@ -171,15 +171,16 @@ def segment_sum(values: torch.Tensor, index: torch.Tensor, count: int) -> torch.
 
 
 def component_counts(micro_batches: list[TensorDict]) -> torch.Tensor:
-    """[3, 2] float64: per component (rl, ce, ref_kl), the weighted token count and the number of sequences
-    with any weight, over the whole step. Ranks all-reduce (sum) this one tensor."""
+    """[3, 2] float64: per component (rl, ce, ref_kl), the number of tokens with weight != 0 and the number
+    of sequences holding one, over the whole step (the loss normalizers: counts, never Σw, so a weight scales
+    its token's gradient). Ranks all-reduce (sum) this one tensor."""
     counts = torch.zeros(len(COMPONENTS), 2, dtype=torch.float64)
     for micro_batch in micro_batches:
         index, count = segments(micro_batch)
         for c, name in enumerate(COMPONENTS):
-            weights = micro_batch[f"{name}_weights"].double()
-            counts[c, 0] += weights.sum().cpu()
-            counts[c, 1] += (segment_sum(weights, index, count) > 0).sum().cpu()
+            weighted = (micro_batch[f"{name}_weights"] != 0).double()  # [B,L]
+            counts[c, 0] += weighted.sum().cpu()
+            counts[c, 1] += (segment_sum(weighted, index, count) > 0).sum().cpu()
     return counts
 
 

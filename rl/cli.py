@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
+from rl.algorithms.config import bypass_origin
 from rl.config import ConfigError, dump_toml, load_config
 from rl.registry import import_object
 from tasks.build import build_task
@@ -33,7 +35,20 @@ def parse_overrides(extra: list[str]) -> dict[str, str]:
     return overrides
 
 
+def import_from_launch_directory() -> None:
+    """Make the directory rlmesh is launched from importable, as uvicorn and gunicorn do: in this process, and
+    (through PYTHONPATH, which local actor processes inherit) in every actor process, so that a user's task
+    package beside their config is found everywhere. Hosts of a `[cluster]` get `cluster.env` instead."""
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    paths = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
+    if here not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([here, *paths])
+
+
 def main(argv: list[str] | None = None) -> int:
+    import_from_launch_directory()
     parser = argparse.ArgumentParser(prog="rlmesh", description="RL post-training of language models on Monarch actors")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (
@@ -80,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return 2
     if args.command == "validate":
+        print(f"# {bypass_origin(config)}")
         print(dump_toml(config), end="")
         return 0
     if args.command == "bench":

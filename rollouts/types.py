@@ -114,6 +114,8 @@ class Rollout(_Record):
     reward_components: dict[str, float] = Field(default_factory=dict)
     error: str | None = None
     """Exception text when an environment, generator or reward function failed."""
+    advantage: float | None = None
+    """The credit its task's algorithm gave it, set once when its group is scored (None: no rl credit)."""
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @property

@@ -98,6 +98,10 @@ class AlphabetSortTask(Task):
     def load_dataset(self, split: Split) -> list[dict[str, Any]]:
         return [{"batches": [list(batch) for batch in row["batches"]]} for row in self.splits[split]]
 
+    def target(self, example: dict[str, Any]) -> str | None:
+        """The sorted list expected after each turn, one line per turn."""
+        return "\n".join(", ".join(names) for names in expected_lists(example))
+
     def make_env(self, example: dict[str, Any]) -> MessageEnv:
         return AlphabetSortEnv(example["batches"])
 

@@ -95,6 +95,10 @@ class ArithmeticRetryTask(Task):
     def load_dataset(self, split: Split) -> list[dict[str, Any]]:
         return [dict(row) for row in self.splits[split]]
 
+    def target(self, example: dict[str, Any]) -> str | None:
+        """The number the story asks for."""
+        return str(example["answer"])
+
     def make_env(self, example: dict[str, Any]) -> MessageEnv:
         return ArithmeticRetryEnv(example["question"], str(example["answer"]), self.max_tries)
 

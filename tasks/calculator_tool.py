@@ -80,6 +80,10 @@ class CalculatorToolTask(Task):
     def load_dataset(self, split: Split) -> list[dict[str, Any]]:
         return [dict(row) for row in self.splits[split]]
 
+    def target(self, example: dict[str, Any]) -> str | None:
+        """The value of the expression."""
+        return str(example["answer"])
+
     def make_env(self, example: dict[str, Any]) -> ToolEnv:
         return CalculatorEnv(example["expression"], self.limits, self.isolate)
 

@@ -59,6 +59,10 @@ class ReverseTextTask(Task):
     def load_dataset(self, split: Split) -> list[dict[str, Any]]:
         return [{"text": text, "answer": text[::-1]} for text in self.splits[split]]
 
+    def target(self, example: dict[str, Any]) -> str | None:
+        """The reversed text."""
+        return example["answer"]
+
     def make_env(self, example: dict[str, Any]) -> MessageEnv:
         return ReverseTextEnv(example["text"])
 

@@ -9,3 +9,7 @@ class SelfDistilledDigits(SumDigitsTask):
 
 class TeacherSampledDigits(SumDigitsTask):
     """For sft from a frozen sampler: the teacher writes the rollouts, the policy learns them by cross-entropy."""
+
+
+class DemonstratedDigits(SumDigitsTask):
+    """For sft from the dataset: the row's `answer` is the demonstration, and nothing is generated."""

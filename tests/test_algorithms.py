@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rl.algorithms.advantages import max_rl_advantages, rloo_advantages, whiten_across_groups
+from rl.algorithms.advantages import max_rl_advantages, rloo_advantages, whiten_over_tokens
 from rl.algorithms.config import AlgorithmConfig
 from rl.algorithms.samples import SampleBuilder
 from rl.config import ConfigError, load_config
@@ -30,10 +30,22 @@ def test_max_rl_divides_by_the_pass_rate():
     assert max_rl_advantages(torch.tensor([0.0, 0.0])).tolist() == [0.0, 0.0]
 
 
-def test_reinforce_pp_whitens_across_the_batch():
-    # [0.5, -0.5, 1, -1]: mean 0, sample std sqrt(2.5 / 3) = 0.91287093
-    out = whiten_across_groups([torch.tensor([0.5, -0.5]), torch.tensor([1.0, -1.0])])
-    torch.testing.assert_close(torch.cat(out), torch.tensor([0.5, -0.5, 1.0, -1.0]) / 0.91287093, atol=1e-5, rtol=0)
+def test_max_rl_rejects_rewards_outside_a_pass_rate_naming_the_task():
+    # mixed signs with a small positive mean: [1, -0.9] has mean 0.05, so (r - mean) / mean would be +-19
+    with pytest.raises(ValueError, match=r"max_rl needs rewards in \[0, 1\]"):
+        max_rl_advantages(torch.tensor([1.0, -0.9]))
+    with pytest.raises(ValueError, match="task 't': max_rl needs rewards in"):
+        _build({"t": AlgorithmConfig(type="max_rl")}, [_group("t", [1.0, -0.9])])
+
+
+def test_reinforce_pp_whitens_over_tokens_like_verl():
+    # verl compute_reinforce_plus_plus_baseline_outcome_advantage: group-centred scores broadcast on the response
+    # tokens, then masked_whiten over the batch's tokens (token mean, Bessel-corrected token variance).
+    # Centred [0.5, -0.5] with 1 and 3 tokens, [0.5, -0.5] with 2 and 2: 8 tokens, mean (0.5 - 1.5 + 1 - 1) / 8 = -0.125;
+    # centred 0.625 on 3 tokens, -0.375 on 5; var (3 * 0.390625 + 5 * 0.140625) / 7 = 0.26785714, std 0.51754917:
+    # 0.625 / 0.51754917 = 1.20761473, -0.375 / 0.51754917 = -0.72456884 (per-rollout whitening would give +-0.8660254).
+    out = whiten_over_tokens([torch.tensor([0.5, -0.5]), torch.tensor([0.5, -0.5])], [torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0])])
+    torch.testing.assert_close(torch.cat(out), torch.tensor([1.20761473, -0.72456884, 1.20761473, -0.72456884]), atol=1e-6, rtol=0)
 
 
 def _turn(prompt, completion, env_messages=(), version=0):
@@ -63,8 +75,8 @@ def _build(algorithms, groups, renderers=None, prompt_logprobs=None):
         (dict(type="max_rl"), [1.0, -1.0, -1.0, 1.0]),
         (dict(type="reward"), [1.0, 0.0, 0.0, 1.0]),
         (dict(type="custom", custom_advantage_fn="tests.test_algorithms:doubled"), [-2.0, -4.0, -4.0, -2.0]),
-        # one group: centred [0.5, -0.5, -0.5, 0.5], sample std sqrt(1/3) -> +-0.8660254
-        (dict(type="reinforce_pp"), [0.8660254, -0.8660254, -0.8660254, 0.8660254]),
+        # one group: centred [0.5, -0.5, -0.5, 0.5], 2 tokens each: token variance 8 * 0.25 / 7, std 0.53452248 -> +-0.93541435
+        (dict(type="reinforce_pp"), [0.93541435, -0.93541435, -0.93541435, 0.93541435]),
     ],
 )
 def test_advantage_types_on_every_sampled_token(fields, expected):
@@ -79,19 +91,36 @@ def test_one_run_mixes_algorithms_with_per_task_metrics_and_dynamic_sampling():
     samples, metrics = _build(algorithms, groups)
     assert [s.advantages[-1] for s in samples] == [0.5, -0.5, 0.0, 2.0]
     assert metrics["rollouts/dropped_zero_adv_groups"] == 1 and metrics["rollouts/dropped_groups"] == 1
-    # task a: advantages [0.5, -0.5, 0, 0] (the constant group counts before it is dropped)
-    assert metrics["advantage/a/mean"] == 0 and metrics["advantage/a/frac_zero"] == 0.5
-    assert metrics["advantage/a/std"] == pytest.approx(0.35355339)
+    # task a: the trained advantages [0.5, -0.5] (a dropped group trains nothing and is not counted)
+    assert metrics["advantage/a/mean"] == 0 and metrics["advantage/a/frac_zero"] == 0
+    assert metrics["advantage/a/std"] == pytest.approx(0.5)
     assert metrics["advantage/b/mean"] == 1.0 and metrics["advantage/b/frac_zero"] == 0.5
 
 
-def test_echo_trains_environment_tokens_by_role():
-    # turn 1: prompt [1, 2] -> [3, 4], the environment answers as "tool"; turn 2 extends it: env tokens [5, 6]
-    turns = [_turn([1, 2], [3, 4], env_messages=[{"role": "tool", "content": "ok"}]), _turn([1, 2, 3, 4, 5, 6], [7])]
-    samples, _ = _build({"t": AlgorithmConfig(type="echo", echo_role_weights={"tool": 0.25})}, [_group("t", [1.0, 0.0], turns=turns)])
-    assert samples[0].ce_weights == [0.0, 0.0, 0.0, 0.0, 0.25, 0.25, 0.0]
-    assert samples[0].rl_weights == [0.0, 0.0, 1.0, 1.0, 0.0, 0.0, 1.0]
-    assert samples[0].advantages == [0.5] * 7
+def test_echo_weighs_each_environment_message_by_its_own_role(qwen3_renderer):
+    # turn 1 answers; the environment replies with a tool message and then a user message; turn 2's prompt is the
+    # bridge: the tool message's tokens get tool's weight (0.25), the user message's user's (0.5), and the
+    # generation prompt of the assistant's next turn none (before: every new token got the last message's role).
+    messages = [{"role": "user", "content": "Sum the digits of 47."}]
+    prompt = list(qwen3_renderer.render_ids(messages, add_generation_prompt=True))
+    completion = list(qwen3_renderer.render_ids([*messages, {"role": "assistant", "content": "11"}]))[len(prompt):]
+    env_messages = [{"role": "tool", "content": "ok"}, {"role": "user", "content": "again"}]
+    bridged = qwen3_renderer.bridge_to_next_turn(prompt, completion, env_messages)
+    first = RolloutTurn(prompt_messages=messages, prompt_token_ids=prompt, completion_token_ids=completion,
+                        completion_logprobs=[-0.5] * len(completion), env_messages=env_messages,
+                        assistant_message={"role": "assistant", "content": "11"})
+    second = _turn(list(bridged.token_ids), [7])
+    weights = {"tool": 0.25, "user": 0.5}
+    samples, _ = _build({"t": AlgorithmConfig(type="echo", echo_role_weights=weights)}, [_group("t", [1.0, 0.0], turns=[first, second])],
+                        renderers={"t": qwen3_renderer})
+    new = len(prompt) + len(completion)
+    expected_env = [weights[env_messages[i]["role"]] if i >= 0 else 0.0 for i in bridged.message_indices[new:]]
+    assert samples[0].ce_weights == [0.0] * new + expected_env + [0.0]
+    assert {0.25, 0.5} <= set(expected_env) and expected_env[-1] == 0.0  # both roles present; the generation prompt untrained
+    tool_text = _decode([t for t, w in zip(samples[0].input_ids, samples[0].ce_weights) if w == 0.25])
+    user_text = _decode([t for t, w in zip(samples[0].input_ids, samples[0].ce_weights) if w == 0.5])
+    assert "ok" in tool_text and "again" not in tool_text and "again" in user_text and "ok" not in user_text
+    assert samples[0].rl_weights == [0.0] * len(prompt) + [1.0] * len(completion) + [0.0] * len(expected_env) + [1.0]
 
 
 def test_opd_routes_sampled_tokens_to_ref_kl_with_teacher_logprobs():
@@ -120,15 +149,56 @@ def qwen3_renderer():
     return RendererConfig(name="qwen3").build("tiny-qwen3")
 
 
-def test_sft_trains_cross_entropy_on_the_dataset_demonstration(qwen3_renderer):
-    prompt = qwen3_renderer.render_ids([{"role": "user", "content": "Sum the digits of 47."}], add_generation_prompt=True)
-    group = _group("t", [0.0, 0.0], example={"demonstration": "11"}, turns=[_turn(list(prompt), [3, 4])])
-    [sample], _ = _build({"t": AlgorithmConfig(type="sft")}, [group], renderers={"t": qwen3_renderer})
+def _demonstration_group(algorithm, renderer, row):
+    """sft's rows through the fan-out with its own rollout function; a generator call fails the test."""
+    from rollouts.renderer_env import RendererEnvConfig
+    from rollouts.fanout import RolloutContext, rollout_group
+    from tasks.sum_digits import SumDigitsTask
+
+    async def generate(request):
+        raise AssertionError("sft from the dataset must generate nothing")
+
+    def context(index):
+        return RolloutContext(row_id="r", sample_index=index, task_name="t", task=SumDigitsTask(), renderer=renderer,
+                              env_config=RendererEnvConfig(), generate=generate)
+
+    return asyncio.run(rollout_group("r", "t", row, algorithm.rollouts_per_row(8), algorithm.rollout_fn(), context))
+
+
+def test_sft_trains_cross_entropy_on_the_dataset_demonstration_and_generates_nothing(qwen3_renderer):
+    builder = SampleBuilder({"t": AlgorithmConfig(type="sft")}, {"t": qwen3_renderer}, None)
+    row = {"number": 47, "answer": 11, "prompt": "Sum the digits of 47.", "demonstration": "11"}
+    group = _demonstration_group(builder.algorithms["t"], qwen3_renderer, row)
+    [rollout] = group.rollouts  # one demonstration per row, not group_size generations
+    assert rollout.metadata["sampler"] == "dataset" and rollout.status == RolloutStatus.COMPLETED
+    rollout.reward = 1.0  # scored by the task's rubric in a run
+    [sample], _ = asyncio.run(builder.build([group]))
     full = qwen3_renderer.render_ids([{"role": "user", "content": "Sum the digits of 47."}, {"role": "assistant", "content": "11"}])
     assert sample.input_ids == list(full)
     trained = [t for t, w in zip(sample.input_ids, sample.ce_weights) if w]
     assert _decode(trained).startswith("11") and sample.ce_weights[-len(trained):] == [1.0] * len(trained)
     assert sum(sample.rl_weights) == 0 and sum(sample.ce_weights) == len(trained)
+    missing = _demonstration_group(builder.algorithms["t"], qwen3_renderer, {k: v for k, v in row.items() if k != "demonstration"})
+    assert missing.rollouts[0].status == RolloutStatus.ERROR and "'demonstration'" in missing.rollouts[0].error
+
+
+def test_a_custom_advantage_function_runs_once_per_group():
+    calls = []
+
+    def counted(rewards, rollouts):
+        calls.append(rewards)
+        return [r - 0.5 for r in rewards]
+
+    import sys
+
+    sys.modules[__name__].counted = counted
+    config = AlgorithmConfig(type="custom", custom_advantage_fn=f"{__name__}:counted")
+    builder = SampleBuilder({"t": config}, {}, None)
+    group = _group("t", [1.0, 0.0])
+    assert builder.drop_reason(group, seq_len=64) is None  # the producer: credit assigned here
+    samples, _ = asyncio.run(builder.build([group]))  # the train step reuses it
+    assert [r.advantage for r in group.rollouts] == [0.5, -0.5]  # what the sample log reads
+    assert len(calls) == 1 and [s.advantages[-1] for s in samples] == [0.5, -0.5]
 
 
 def test_opsd_scores_the_sampled_tokens_under_the_demonstration_prompt(qwen3_renderer):
@@ -172,6 +242,8 @@ def test_task_algorithm_overrides_only_what_it_sets():
         ({"models.policy.path": "'tiny-qwen3'"}, r"models.policy: the name 'policy' is reserved"),
         ({"models.big.path": "'/no/such/model'"}, r"models.big.path: '/no/such/model' is neither a built-in model"),
         ({"algorithm.type": "custom"}, r"needs algorithm.custom_advantage_fn"),
+        ({"models.big.path": "'tiny-qwen3'", "algorithm.type": "opsd", "algorithm.teacher": "'big'"},
+         r"algorithm.teacher = 'big' with type 'opsd': its teacher is the live policy"),
         ({"algorithm.kl_in_reward": "true"}, r"kl_in_reward is set but algorithm.kl_coef is 0"),
         ({"algorithm.rollout_correction.rollout_rs": "'token'"}, r"algorithm.rollout_correction.*rollout_rs_threshold is not"),
         ({"algorithm.rollout_correction.rollout_is_threshold": "true"}, r"algorithm.rollout_correction.rollout_is_threshold"),

@@ -7,6 +7,7 @@ import pytest
 from rl.config import load_config
 from rl.loop.controller import Controller
 from rl.loop.state import RunState, fresh_run_dir
+from rl.metrics.generation import GenerationStats, batch_metrics
 from rl.services.config import ServiceConfig
 from rl.services.service import Service
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
@@ -70,7 +71,7 @@ async def test_the_run_ends_when_the_data_runs_out():
     assert controller.planned_steps == 3 and controller.stream.limit == 7  # the LR schedule is sized for 3 steps
     dropped = []
 
-    async def rollout_and_score(row_id, task_name, row, group_size, sampling, sampler="policy"):
+    async def rollout_and_score(row_id, task_name, row, group_size, sampling, sampler="policy", rollout_fn=None):
         await asyncio.sleep(0)
         group = scored_group(row_id, task_name, row, group_size, controller.state.policy_version)
         if row_id.endswith("=1"):  # the second row's rewards are constant: nothing to learn, its slot is reused
@@ -93,3 +94,16 @@ async def test_the_run_ends_when_the_data_runs_out():
     assert dropped == ["train/row=1"] and evicted == []
     assert batches == [["train/row=0", "train/row=2"], ["train/row=3", "train/row=4"], ["train/row=5", "train/row=6"]]
     assert controller.stream.next() is None and groups == []
+
+
+def test_version_offsets_count_only_policy_sampled_rollouts():
+    # policy version 3; a policy group sampled at version 2 (offset 1) and a frozen model's group (version 0, which
+    # would read as offset 3): the frozen one is not the policy's, so mean 1 and max 1 (before: mean 2, max 3).
+    controller = Controller(load_config(CONFIGS / "tiny_qwen3_e2e.toml"))
+    controller.state.policy_version = 3
+    policy = scored_group("train/row=0", "sum_digits", {}, 2, version=2)
+    frozen = scored_group("train/row=1", "sum_digits", {}, 2, version=0)
+    for rollout in frozen.rollouts:
+        rollout.metadata["sampler"] = "teacher"
+    metrics = batch_metrics([policy, frozen], evicted=0, stats=GenerationStats(), policy_version=controller.state.policy_version, wait_seconds=0.0)
+    assert metrics["async/version_offset_mean"] == 1.0 and metrics["async/version_offset_max"] == 1

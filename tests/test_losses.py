@@ -68,6 +68,19 @@ def test_k3_kl_values_gradients_and_clamp() -> None:
     torch.testing.assert_close(logprobs.grad, torch.tensor([0.0, 0.5, -1.0, 0.0, 0.0], dtype=torch.float64))
 
 
+def test_k3_loss_term_is_clamped_to_ten_like_verl_and_skyrl() -> None:
+    # verl kl_penalty_forward / SkyRL compute_approx_kl: k3 clamped to [-10, 10], no gradient beyond.
+    # k1 = -2 -> e^2 - 2 - 1 = 4.38905610         grad 1 - e^2 = -6.38905610
+    # k1 = -5 -> e^5 - 5 - 1 = 142.41315910 -> 10  grad 0
+    # k1 = -9 -> e^9 - 9 - 1 = 8093.08392758 -> 10 grad 0
+    # k1 = 12 -> e^-12 + 12 - 1 = 11.00000614 -> 10 grad 0
+    logprobs = torch.tensor([-2.0, -5.0, -9.0, 12.0], dtype=torch.float64, requires_grad=True)
+    k3 = kl_estimate(logprobs, torch.zeros(4, dtype=torch.float64), estimator="k3")
+    k3.sum().backward()
+    torch.testing.assert_close(k3, torch.tensor([4.38905610, 10.0, 10.0, 10.0], dtype=torch.float64), atol=1e-8, rtol=0)
+    torch.testing.assert_close(logprobs.grad, torch.tensor([-6.38905610, 0.0, 0.0, 0.0], dtype=torch.float64), atol=1e-8, rtol=0)
+
+
 def test_dual_clip_bounds_negative_advantage_tokens() -> None:
     # c = 2. (r, A): (3, -1) above c -> loss -c*A = 2, grad 0; (1.5, -1) below c -> unchanged 1.5, grad 1.5;
     # (3, +1) -> the ordinary high clip: -1.28, grad 0.
@@ -129,13 +142,15 @@ def _loss(batch, logprobs, **algorithm):
 #   cispo -clamp(r)*A = [-1.28, -1, 0.8]    grads -clamp(r)*A / 3 (no token loses its gradient)
 #   gspo  sequence 0: s = exp((ln 1.5 + 0) / 2) = 1.22474487 (inside [0.8, 1.28]) -> -s on both tokens, grad -s;
 #         sequence 1: s = 0.5 with A < 0 -> clipped at 0.8, grad 0
+# gspo's default aggregation is one mean per sequence (seq-mean-token-mean, as the paper, verl and SkyRL):
+#         (mean(-s, -s) + 0.8) / 2 sequences; each token of sequence 0 gets -s / 2 tokens / 2 sequences.
 @pytest.mark.parametrize(
     "loss_type, value, grads",
     [
         ("ppo", (-1.28 - 1 + 0.8) / 3, [0.0, -1 / 3, 0.0]),
         ("pg", (-1.5 - 1 + 0.5) / 3, [-0.5, -1 / 3, 0.5 / 3]),
         ("cispo", (-1.28 - 1 + 0.8) / 3, [-1.28 / 3, -1 / 3, 0.8 / 3]),
-        ("gspo", (-2 * 1.22474487 + 0.8) / 3, [-1.22474487 / 3, -1.22474487 / 3, 0.0]),
+        ("gspo", (-1.22474487 + 0.8) / 2, [-1.22474487 / 4, -1.22474487 / 4, 0.0]),
     ],
 )
 def test_policy_losses_hand_computed(loss_type, value, grads) -> None:
@@ -147,6 +162,16 @@ def test_policy_losses_hand_computed(loss_type, value, grads) -> None:
     assert metrics["pg_loss"] == pytest.approx(value, abs=1e-6)
 
 
+def test_gspo_defaults_to_one_mean_per_sequence_and_warns_on_another_aggregation() -> None:
+    assert AlgorithmConfig(loss="gspo").aggregation == "seq-mean-token-mean"
+    assert AlgorithmConfig().aggregation == "token-mean"
+    with pytest.warns(UserWarning, match="weight sequences by length"):
+        config = AlgorithmConfig(loss="gspo", aggregation="token-mean")
+    logprobs, batch = _hand_batch()
+    loss, _, _ = _loss(batch, logprobs, **config.model_dump(include={"loss", "aggregation"}))
+    assert loss == pytest.approx((-2 * 1.22474487 + 0.8) / 3, abs=1e-6)  # token-mean: sequence 0 counts twice
+
+
 def test_ppo_metrics_hand_computed() -> None:
     logprobs, batch = _hand_batch()
     _, _, metrics = _loss(batch, logprobs)
@@ -156,8 +181,18 @@ def test_ppo_metrics_hand_computed() -> None:
     assert metrics["ratio_max"] == pytest.approx(1.5) and metrics["ratio_std"] == pytest.approx(math.sqrt(1 / 6))
     # mismatch k3 = r - 1 - ln r: (0.5 - 0.40546511) + 0 + (-0.5 + 0.69314718), over 3
     assert metrics["mismatch_k3"] == pytest.approx(0.28768207 / 3, abs=1e-7)
-    # ppo_kl = mean(old - new) = -(ln 1.5 + 0 + ln 0.5) / 3
-    assert metrics["ppo_kl"] == pytest.approx(0.28768207 / 3, abs=1e-7)
+    # no step-start snapshot given (one minibatch, no no-grad pass): the policy has not drifted from itself
+    assert metrics["ppo_kl"] == 0.0
+
+
+def test_ppo_kl_is_the_k3_drift_from_the_step_start_snapshot() -> None:
+    # seed 003: mean of exp(d) - d - 1, d = logp_new - logp_snapshot, on the rl tokens (positions 1, 2, 4).
+    # d = [ln 2, 0, ln 0.8]: (2 - 1 - 0.69314718) + 0 + (0.8 - 1 + 0.22314355) = 0.30685282 + 0.02314355, / 3
+    # = 0.10999879 > 0, while the k1 mean(snapshot - new) = -(ln 2 + ln 0.8) / 3 = -0.15666788 < 0.
+    logprobs, batch = _hand_batch()
+    batch["snapshot_logprobs"] = logprobs.detach() - torch.tensor([[0.0, LN2, 0.0, 0.0, math.log(0.8), 0.0]])
+    _, _, metrics = _loss(batch, logprobs)
+    assert metrics["ppo_kl"] == pytest.approx(0.10999879, abs=1e-6)
 
 
 # ppo per-token losses [-1.28, -1, 0.8]; sequence 0 holds the first two, sequence 1 the third; only the
@@ -178,22 +213,34 @@ def test_aggregations_hand_computed(aggregation, value, grad) -> None:
     assert grads == pytest.approx([0.0, 0.0, grad, 0.0, 0.0, 0.0], abs=1e-7)
 
 
-def test_ce_and_ref_kl_components_each_normalized_by_their_own_weights() -> None:
-    # rl off. ce weight 1 on position 2 (logp -2) and 0.5 on position 4 (logp -1 + ln 0.5 = -1.69314718):
-    # (2 + 0.5 * 1.69314718) / 1.5 = 1.89771572, grads -w / 1.5. ref_kl weight 1 on position 1: teacher -1,
-    # k1 = -1 + ln 1.5 + 1 = 0.40546511, value k1 / 1, grad k1.
+def test_ce_and_ref_kl_components_each_normalized_by_their_own_token_counts() -> None:
+    # rl off. ce weight 1 on position 2 (logp -2) and 0.5 on position 4 (logp -1 + ln 0.5 = -1.69314718), over
+    # its 2 tokens (seed 002: a component's own token count, not Σw): (2 + 0.5 * 1.69314718) / 2 = 1.42328680,
+    # grads -w / 2. ref_kl weight 1 on position 1: teacher -1, k1 = -1 + ln 1.5 + 1 = 0.40546511, value k1 / 1, grad k1.
     logprobs, batch = _hand_batch(
         rl=torch.zeros(1, 6),
         ce=torch.tensor([[0.0, 0.0, 1.0, 0.0, 0.5, 0.0]]),
         ref_kl=torch.tensor([[0.0, 1.0, 0.0, 0.0, 0.0, 0.0]]),
     )
     loss, grads, metrics = _loss(batch, logprobs)
-    assert metrics["ce_loss"] == pytest.approx(1.89771572, abs=1e-6)
+    assert metrics["ce_loss"] == pytest.approx(1.42328680, abs=1e-6)
     assert metrics["ref_kl_loss"] == pytest.approx(0.40546511, abs=1e-6)
     assert metrics["ref_kl/kl"] == pytest.approx(0.40546511, abs=1e-6)
-    assert loss == pytest.approx(1.89771572 + 0.40546511, abs=1e-6)
-    assert grads == pytest.approx([0.0, 0.40546511, -1 / 1.5, 0.0, -0.5 / 1.5, 0.0], abs=1e-6)
+    assert loss == pytest.approx(1.42328680 + 0.40546511, abs=1e-6)
+    assert grads == pytest.approx([0.0, 0.40546511, -1 / 2, 0.0, -0.5 / 2, 0.0], abs=1e-6)
     assert "pg_loss" not in metrics
+
+
+@pytest.mark.parametrize("alpha", [1.0, 0.1, 0.001])
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
+def test_a_component_weight_scales_its_loss_and_gradient(alpha, aggregation) -> None:
+    # ce weight alpha on positions 2 (logp -2) and 4 (logp -1.69314718), each its sequence's only ce token:
+    # token-mean alpha * (2 + 1.69314718) / 2 tokens; seq-mean-token-mean the same (1 token per sequence, 2 sequences).
+    # Gradient -alpha / 2 on each: alpha scales the component, where a Σw normalizer would cancel it.
+    logprobs, batch = _hand_batch(rl=torch.zeros(1, 6), ce=torch.tensor([[0.0, 0.0, alpha, 0.0, alpha, 0.0]]))
+    loss, grads, metrics = _loss(batch, logprobs, aggregation=aggregation)
+    assert metrics["ce_loss"] == pytest.approx(alpha * 1.84657359, rel=1e-6)
+    assert grads == pytest.approx([0.0, 0.0, -alpha / 2, 0.0, -alpha / 2, 0.0], rel=1e-6, abs=1e-12)
 
 
 def test_reference_kl_term_uses_the_chosen_estimator() -> None:

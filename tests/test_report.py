@@ -20,7 +20,7 @@ def fake_run(run_dir, steps=12, partial_last_line=True):
             "train/grad_norm": 1.0 / step, "train/mismatch_k3": 0.002 * step, "train/clip_frac_low": 0.01 * step,
             "train/clip_frac_high": 0.005 * step, "rollouts/completion_tokens_mean": 20 - step,
             "rollouts/completion_tokens_max": 32, "rollouts/entropy": 2.0 - 0.1 * step, "rollouts/truncation_rate": 0.5 / step, "rollouts/policy_lag_max": step % 2,
-            "rollouts/policy_lag_mean": (step % 2) / 2, "time/wait_for_rollouts_s": 5.0, "time/train_s": 20.0,
+            "rollouts/policy_lag_mean": (step % 2) / 2, "perf/sample_wait_time": 5.0, "time/train_s": 20.0,
             "time/weight_sync_s": 4.5, "time/step_s": 30.0 + (8.0 if step % 6 == 0 else 0.0),
         }
         if step % 6 == 0:

@@ -192,7 +192,8 @@ def test_ppo_is_bypass_only_measures():
 
 def test_presets_fill_unset_keys_and_yield_to_explicit_ones():
     config = RolloutCorrectionConfig(preset="decoupled_geo_rs", rollout_rs_threshold=1.01)
-    assert (config.rollout_rs, config.rollout_rs_threshold, config.rs_lower) == ("geometric", 1.01, 0.999)
+    assert (config.rollout_rs, config.rollout_rs_threshold) == ("geometric", 1.01)
+    assert config.rs_lower == pytest.approx(1 / 1.01)  # the overridden upper bound's reciprocal, not the preset's 0.999
     assert config.rollout_token_veto_threshold == 1e-4 and config.bypass_mode is False
     pg_rs = RolloutCorrectionConfig(preset="pg_rs")
     assert pg_rs.use_policy_gradient and pg_rs.bypass_mode and pg_rs.rollout_is is None
@@ -234,3 +235,25 @@ def test_kl_in_reward_moves_the_sequence_kl_into_the_advantages():
     a1 = -1 - 0.1 * (math.log(4 / 3) - math.log(1e-5))
     assert metrics["loss"] == pytest.approx((-1.28 * a0 - 0.5 * a0 - 0.8 * a1) / 3, abs=1e-6)  # float32 cancellation
     assert metrics["kl"] == pytest.approx(math.log(4 / 3), rel=1e-5)  # the policy's own KL, logged not added
+
+
+def test_overriding_a_presets_upper_bound_takes_its_reciprocal_as_the_lower():
+    # seed: rollout_rs_threshold_lower unset = 1 / rollout_rs_threshold; the preset's literal 0.5 belongs to its 2.0
+    assert RolloutCorrectionConfig(preset="decoupled_seq_is_rs").rs_lower == 0.5
+    assert RolloutCorrectionConfig(preset="decoupled_seq_is_rs", rollout_rs_threshold=4.0).rs_lower == 0.25
+    assert RolloutCorrectionConfig(preset="decoupled_geo_rs", rollout_rs_threshold=1.01).rs_lower == pytest.approx(1 / 1.01)
+    both = RolloutCorrectionConfig(preset="decoupled_seq_is_rs", rollout_rs_threshold=4.0, rollout_rs_threshold_lower=0.1)
+    assert both.rs_lower == 0.1
+
+
+def test_sequence_is_diagnostics_stay_finite_past_exp_overflow():
+    # sequence 0's summed log ratio is 2 * 400 = 800 > 709 (float64 exp overflows): its ratio is reported at the
+    # ±20 safety bound, e^20 = 485165195.40979, like verl's; sequence 1's is 1.
+    train = ROLLOUT + torch.tensor([[0.0, 400.0, 400.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+    stats = StepStats()
+    index, count = local_sequences(SEQUENCE_IDS)
+    correction.correct(train, ROLLOUT, MASK, index, count, RolloutCorrectionConfig(rollout_is="sequence"), stats)
+    m = correction.correction_metrics(stats.states())
+    assert m[P + "rollout_is_seq_max"] == pytest.approx(485165195.40979, rel=1e-9)
+    assert m[P + "rollout_is_seq_mean"] == pytest.approx((485165195.40979 + 1) / 2, rel=1e-9)
+    assert all(math.isfinite(m[P + key]) for key in ("rollout_is_seq_mean", "rollout_is_seq_std", "rollout_is_seq_max_deviation"))

@@ -54,6 +54,13 @@ def test_reward_below_and_above_are_inclusive_and_together_keep_either_tail():
     assert select(REWARDS, reward_below=0.0, reward_above=1.0) == [0, 1, 4, 5]
 
 
+def test_reward_tails_skip_an_unscored_sample_instead_of_raising():
+    # rewards [0, None, 1]: the None sample (an error) is in neither tail
+    assert select([0.0, None, 1.0], advantages=[0.0, None, 0.0], reward_below=0.5) == [0]
+    assert select([0.0, None, 1.0], advantages=[0.0, None, 0.0], reward_above=0.5) == [2]
+    assert select([0.0, None, 1.0], advantages=[0.0, None, 0.0], reward_below=0.0, reward_above=1.0) == [0, 2]
+
+
 def test_abs_advantage_above_keeps_extremes_and_never_untrained_samples():
     advantages = [-1.0, 0.5, None, 0.2, -0.5, 0.0]
     assert select(REWARDS, advantages=advantages, abs_advantage_above=0.5) == [0, 1, 4]
@@ -116,7 +123,7 @@ def test_sample_record_has_the_seed_fields():
 def run_sample_logger(config, targets, reference_logprobs=None):
     """The SampleLogger a run with `config` builds (as the controller does)."""
     return SampleLogger(
-        config.sample_logging, config.task_algorithms(), targets, seed=config.run.seed,
+        config.sample_logging, targets, seed=config.run.seed,
         episodes_per_step=config.run.groups_per_step * config.algorithm.group_size, reference_logprobs=reference_logprobs,
     )
 
@@ -126,6 +133,8 @@ async def test_sample_logger_records_the_chosen_samples_of_a_trained_batch():
     group = RolloutGroup(group_id="train/row=7", task_name="sum_digits", example={"answer": 11}, rollouts=[
         rollout(0, 1.0), rollout(1, 0.0), rollout(2, None, status=RolloutStatus.ERROR), rollout(3, 0.5),
     ])
+    for r, advantage in zip(group.rollouts, [0.5, -0.5, None, 0.0]):  # as SampleBuilder.assign credited them
+        r.advantage = advantage
     drain_states()
     await run_sample_logger(config, {"sum_digits": lambda example: str(example["answer"])}).record([group], step=3)
     logged = drain_states()["reward/samples"]["samples"]

@@ -117,3 +117,16 @@ async def test_alphabet_sort_missing_turns_count_zero(renderer, tokenizer):
 def test_registered_by_name(name):
     built = build_task(TaskConfig(name=name, args={"num_train": 4, "num_validation": 2}))
     assert len(built.task.load_dataset("train")) == 4 and built.task.rubric is built.rubric
+
+
+@pytest.mark.parametrize(
+    "task_class, row, target",
+    [
+        (ReverseTextTask, {"text": "abc", "answer": "cba"}, "cba"),
+        (ArithmeticRetryTask, {"question": "Ann has 2 pens and gets 3 more.", "answer": "5"}, "5"),
+        (CalculatorToolTask, {"expression": "(2 + 3) * 4", "answer": 20}, "20"),
+        (AlphabetSortTask, {"batches": [["Mia", "Al"], ["Bo"]]}, "Al, Mia\nAl, Bo, Mia"),
+    ],
+)
+def test_every_shipped_task_logs_its_target(task_class, row, target):
+    assert task_class(num_train=4, num_validation=2).target(row) == target

@@ -1,4 +1,4 @@
-"""Group-relative advantages (GRPO and its Dr.GRPO variant)."""
+"""The shared math of credit assignment: group baselines and whitening, plain functions over reward tensors."""
 
 import torch
 
@@ -34,21 +34,30 @@ def rloo_advantages(rewards: torch.Tensor) -> torch.Tensor:
 def max_rl_advantages(rewards: torch.Tensor) -> torch.Tensor:
     """MaxRL (arXiv:2602.02710): (r - mean) / mean, the 1/pass-rate weighting of maximum likelihood.
 
-    For rewards in [0, 1]; a group whose mean is 0 (no success) gets zeros.
+    Defined for rewards in [0, 1] (a pass rate); anything else raises, since a mixed-sign group with a small
+    positive mean would inflate its advantages without bound. A group whose mean is 0 (no success) gets zeros.
     """
+    outside = rewards[(rewards < 0) | (rewards > 1) | ~torch.isfinite(rewards)]
+    if outside.numel():
+        raise ValueError(f"max_rl needs rewards in [0, 1] (a pass rate), got {outside.tolist()}")
     centered = grpo_advantages(rewards)  # [G]
     mean = rewards.to(torch.float32).mean()
     return centered / mean if mean > 0 else torch.zeros_like(centered)
 
 
-def whiten_across_groups(advantages: list[torch.Tensor], eps: float = 1e-6) -> list[torch.Tensor]:
-    """REINFORCE++ (baseline variant): group-centred advantages rescaled by the std over the whole batch.
+def whiten_over_tokens(advantages: list[torch.Tensor], lengths: list[torch.Tensor], eps: float = 1e-8) -> list[torch.Tensor]:
+    """REINFORCE++ (baseline variant): group-centred advantages whitened over the step's tokens.
 
-    The concatenation is re-centred and divided by its (sample) std; a batch of fewer than two values,
-    or with zero spread, is only re-centred.
+    Each rollout's advantage stands on each of its `lengths` trained tokens, as verl's
+    `compute_reinforce_plus_plus_baseline_outcome_advantage` does with `masked_whiten`: the token mean is
+    subtracted and the result multiplied by rsqrt(var + eps), var the Bessel-corrected variance over tokens.
+    Fewer than two tokens: only re-centred.
     """
-    flat = torch.cat(advantages)  # [N]
-    centered = flat - flat.mean()
-    if flat.numel() > 1 and float(centered.abs().max()) > 0:
-        centered = centered / (flat.std() + eps)
-    return list(centered.split([a.numel() for a in advantages]))
+    values, counts = torch.cat(advantages).double(), torch.cat(lengths).double()  # [N], [N]
+    tokens = counts.sum()
+    mean = (values * counts).sum() / tokens
+    centered = values - mean
+    if tokens > 1:
+        var = (centered * centered * counts).sum() / tokens * (tokens / (tokens - 1))
+        centered = centered * torch.rsqrt(var + eps)
+    return [part.float() for part in centered.split([a.numel() for a in advantages])]

@@ -7,6 +7,7 @@ default sample-building algorithm; a task may override the sample-building part 
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -14,10 +15,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from rl.section import Device, DType, Section
 
 AdvantageType = Literal["grpo", "rloo", "max_rl", "reinforce_pp", "reward", "custom", "echo", "sft", "opd", "opsd"]
-GROUP_RELATIVE = ("grpo", "rloo", "max_rl", "reinforce_pp", "echo")
-"""Types whose advantage is taken relative to the other rollouts of the group: they need group_size >= 2."""
-RL_TYPES = ("grpo", "rloo", "max_rl", "reinforce_pp", "reward", "custom", "echo")
-"""Types that train the `rl` component: they need the live policy's sampling logprobs."""
+"""The algorithm of a task; each names a class in `rl.algorithms.registry`."""
 POLICY = "policy"
 """The reserved model name of the live, trained policy."""
 
@@ -73,9 +71,10 @@ class RolloutCorrectionConfig(Section):
     """None = 1 / rollout_rs_threshold."""
     rollout_token_veto_threshold: float | None = None
     """Reject a whole sequence when any token's unbounded ratio falls below this (e.g. 1e-4)."""
-    bypass_mode: bool = True
+    bypass_mode: bool | None = None
     """True: π_old = π_rollout (PPO anchors on the sampler's logprobs; no extra forward). False (decoupled):
-    π_old comes from a no-grad pass at the start of the step; IS/RS correct π_old vs π_rollout."""
+    π_old comes from a no-grad pass at the start of the step; IS/RS correct π_old vs π_rollout. Unset: decided
+    from the run (`decide_bypass_mode`): bypass only where π_rollout = π_old holds by construction."""
     use_policy_gradient: bool = False
     """Replace the PPO loss by a plain policy gradient weighted by the IS weights (needs bypass_mode)."""
 
@@ -83,7 +82,10 @@ class RolloutCorrectionConfig(Section):
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("preset") in PRESETS:
-            data = {**PRESETS[data["preset"]], **data}
+            preset = dict(PRESETS[data["preset"]])
+            if "rollout_rs_threshold" in data and "rollout_rs_threshold_lower" not in data:
+                preset.pop("rollout_rs_threshold_lower", None)  # a user's upper bound gets its reciprocal, not the preset's lower
+            data = {**preset, **data}
         return data
 
     @field_validator("rollout_is_threshold", "rollout_rs_threshold", "rollout_rs_threshold_lower", "rollout_token_veto_threshold", mode="before")
@@ -105,7 +107,7 @@ class RolloutCorrectionConfig(Section):
             raise ValueError(
                 f"rollout_rs_threshold_lower ({self.rs_lower}) is above rollout_rs_threshold ({self.rollout_rs_threshold})"
             )
-        if self.use_policy_gradient and not self.bypass_mode:
+        if self.use_policy_gradient and self.bypass_mode is False:
             raise ValueError("use_policy_gradient needs bypass_mode = true")
         return self
 
@@ -114,6 +116,11 @@ class RolloutCorrectionConfig(Section):
         if self.rollout_rs_threshold_lower is not None:
             return self.rollout_rs_threshold_lower
         return 1.0 / self.rollout_rs_threshold if self.rollout_rs_threshold else 0.0
+
+    @property
+    def bypass(self) -> bool:
+        """`bypass_mode` as the run resolved it; a section built outside a `Config` (the trainer alone) bypasses."""
+        return self.bypass_mode is not False
 
     @property
     def corrects(self) -> bool:
@@ -168,6 +175,7 @@ class AlgorithmConfig(Section):
     dual_clip_c: float | None = Field(None, gt=1)
     """ppo: bound the loss of negative-advantage tokens at -c·A (dual-clip PPO); None = off."""
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
+    """Unset: "seq-mean-token-mean" for gspo (one mean per sequence, as the paper, verl and SkyRL), else "token-mean"."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the KL to a frozen copy of the initial policy; 0 loads no reference."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
@@ -175,6 +183,23 @@ class AlgorithmConfig(Section):
     kl_in_reward: bool = False
     """Fold -kl_coef·KL(sequence) into every token's advantage instead of adding a loss term."""
     rollout_correction: RolloutCorrectionConfig = RolloutCorrectionConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_aggregation(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("aggregation") is None:
+            data = {**data, "aggregation": "seq-mean-token-mean" if data.get("loss") == "gspo" else "token-mean"}
+        return data
+
+    @model_validator(mode="after")
+    def _warn_gspo_aggregation(self) -> AlgorithmConfig:
+        if self.loss == "gspo" and self.aggregation != "seq-mean-token-mean":
+            warnings.warn(
+                f"algorithm.loss = 'gspo' with aggregation = {self.aggregation!r}: GSPO (the paper, verl, SkyRL) takes one "
+                "mean per sequence ('seq-mean-token-mean'); other aggregations weight sequences by length",
+                stacklevel=2,
+            )
+        return self
 
     def for_task(self, override: TaskAlgorithmConfig | None) -> AlgorithmConfig:
         """This algorithm with a task's override applied."""
@@ -185,7 +210,12 @@ class AlgorithmConfig(Section):
 
 
 def check_algorithms(config: Any) -> None:
-    """Cross-section checks of algorithms, tasks and frozen models; each error names the offending key."""
+    """Cross-section checks of algorithms, tasks and frozen models; each error names the offending key.
+
+    The generic ones are here; what an algorithm needs of its own keys is its class's `check`.
+    """
+    from rl.algorithms.registry import ALGORITHMS  # the classes import torch: not at config import time
+
     models = config.models
     if POLICY in models:
         raise ValueError(f"models.{POLICY}: the name {POLICY!r} is reserved for the trained policy")
@@ -197,26 +227,51 @@ def check_algorithms(config: Any) -> None:
     for index, task in enumerate(config.tasks):
         algorithm = config.algorithm.for_task(task.algorithm)
         where = f"tasks.{index}.algorithm" if task.algorithm is not None and task.algorithm.type is not None else "algorithm"
-        if algorithm.type in GROUP_RELATIVE and config.algorithm.group_size < 2:
-            raise ValueError(
-                f"{where}.type = {algorithm.type!r} is group-relative but algorithm.group_size = "
-                f"{config.algorithm.group_size}: every advantage would be 0 (set group_size >= 2)"
-            )
         for key in ("teacher", "sampler"):
             name = getattr(algorithm, key)
             if name is not None and name != POLICY and name not in models:
                 raise ValueError(f"{where}.{key} = {name!r} is not a declared model (known: {sorted(models)} or 'policy')")
-        if algorithm.type == "opd":
-            if algorithm.teacher is None:
-                raise ValueError(f"{where}.type = 'opd' needs {where}.teacher = '<a [models.<name>]>'")
-            if algorithm.teacher == POLICY:
-                raise ValueError(f"{where}.teacher = 'policy' with type 'opd': the KL of the policy to itself is 0")
-        if algorithm.sampler != POLICY and algorithm.type in RL_TYPES:
-            raise ValueError(
-                f"{where}.sampler = {algorithm.sampler!r} (a frozen model) cannot feed {where}.type = {algorithm.type!r}: "
-                "the rl loss needs the trained policy's sampling logprobs (use sft or opd)"
-            )
-        if algorithm.type == "custom" and not algorithm.custom_advantage_fn:
-            raise ValueError(f"{where}.type = 'custom' needs {where}.custom_advantage_fn = 'package.module:function'")
+        ALGORITHMS[algorithm.type].check(algorithm, where, config.algorithm.group_size)
     if config.algorithm.kl_in_reward and config.algorithm.kl_coef == 0:
         raise ValueError("algorithm.kl_in_reward is set but algorithm.kl_coef is 0")
+    decide_bypass_mode(config)
+
+
+def bypass_rule(config: Any) -> tuple[bool, str]:
+    """The default `bypass_mode` of a run and why: bypass (PPO anchored on the sampler's logprobs, no extra
+    forward) only where π_rollout = π_old holds by construction, decoupled otherwise (verl's default)."""
+    trainer, generator = config.trainer, config.generator
+    reasons = []
+    if generator.dtype not in ("auto", trainer.param_dtype) or trainer.dtype != trainer.param_dtype:
+        reasons.append(
+            f"the sampler (generator.dtype = {generator.dtype}) is not the trainer's exact policy "
+            f"(trainer.param_dtype = {trainer.param_dtype}, trainer.dtype = {trainer.dtype})"
+        )
+    if config.run.max_policy_staleness > 0:
+        reasons.append(f"run.max_policy_staleness = {config.run.max_policy_staleness} (rollouts of older policies)")
+    if trainer.ppo_n_minibatches > 1:
+        reasons.append(f"trainer.ppo_n_minibatches = {trainer.ppo_n_minibatches} (later minibatches start from a moved policy)")
+    frozen = sorted({config.algorithm.for_task(task.algorithm).sampler for task in config.tasks} - {POLICY})
+    if frozen:
+        reasons.append(f"frozen samplers {frozen}")
+    if reasons:
+        return False, "decoupled: " + "; ".join(reasons)
+    return True, "bypass: the sampler runs the trainer's exact weights, staleness 0, one minibatch, no frozen sampler"
+
+
+def decide_bypass_mode(config: Any) -> None:
+    """Resolve an unset `algorithm.rollout_correction.bypass_mode` by `bypass_rule` (use_policy_gradient needs bypass)."""
+    correction = config.algorithm.rollout_correction
+    if correction.bypass_mode is None:
+        correction.bypass_mode = correction.use_policy_gradient or bypass_rule(config)[0]
+
+
+def bypass_origin(config: Any) -> str:
+    """A validated config's `bypass_mode` and the run's rule beside it, for `rlmesh validate` (they differ only
+    where the config, its preset or use_policy_gradient set it)."""
+    correction = config.algorithm.rollout_correction
+    rule, reason = bypass_rule(config)
+    value = str(correction.bypass_mode).lower()
+    if correction.bypass_mode == rule:
+        return f"algorithm.rollout_correction.bypass_mode = {value}, as the run's rule decides: {reason}"
+    return f"algorithm.rollout_correction.bypass_mode = {value}, set by the config; the run's rule would choose {reason}"

@@ -48,7 +48,7 @@ from rl.metrics.samples import SampleLogger
 from rl.metrics.standard import reward_metrics
 from rl.services.breaker import CircuitBreaker, group_failure
 from rl.training.precision import MismatchWatch
-from rollouts.fanout import RolloutContext, rollout_group
+from rollouts.fanout import RolloutContext, RolloutFn, rollout_group
 from rollouts.types import RolloutGroup, mark_frozen
 from tasks.build import BuiltTask, build_task
 
@@ -150,19 +150,19 @@ class Controller:
         self.logger = MetricsLogger(run_dir, log_rollouts=config.run.log_rollouts, wandb=config.wandb, run_config=config.model_dump(mode="json"))
         reference = (lambda ids: self.roles.trainer.logprobs.call_one(ids, reference=True)) if config.algorithm.kl_coef > 0 else None
         self.sample_logger = SampleLogger(
-            config.sample_logging, self.algorithms, {name: task.task.target for name, task in self.tasks.items()}, seed=config.run.seed,
+            config.sample_logging, {name: task.task.target for name, task in self.tasks.items()}, seed=config.run.seed,
             episodes_per_step=config.run.groups_per_step * config.algorithm.group_size, reference_logprobs=reference,
         )
         return run_dir
 
     async def _step(self, groups: list[RolloutGroup], evicted: list[RolloutGroup], wait_seconds: float) -> tuple[dict[str, float], list]:
         """One optimizer step on a consumed batch: its logs, its metrics and the actors' metric states."""
-        self.logger.log_rollouts(self.state.step + 1, "train", groups)
-        await self.sample_logger.record(groups, self.state.step + 1)
         metrics = batch_metrics(groups, len(evicted), self.generation_stats.drain(), self.state.policy_version, wait_seconds)
         train_start = time.perf_counter()
         step_metrics = await self.train_step(groups)
         busy = time.perf_counter() - train_start  # advantages, train step (all minibatches) and weight sync
+        self.logger.log_rollouts(self.state.step + 1, "train", groups)  # with the advantages the step trained
+        await self.sample_logger.record(groups, self.state.step + 1)
         for key in ("rollouts/dropped_groups", "rollouts/dropped_zero_adv_groups"):  # the producer's drops and the step's
             step_metrics[key] += metrics[key]
         metrics |= step_metrics | overlap_metrics(wait_seconds, busy)
@@ -219,12 +219,14 @@ class Controller:
 
     async def produce_row(self, row_index: int, task_name: str, row: dict) -> None:
         self.generation_stats.row_started()
+        algorithm = self.samples.algorithms[task_name]
         group = await self.rollout_and_score(
-            train_group_id(row_index), task_name, row, self.config.algorithm.group_size, self.config.generator.sampling,
-            sampler=self.algorithms[task_name].sampler,
+            train_group_id(row_index), task_name, row, algorithm.rollouts_per_row(self.config.algorithm.group_size),
+            self.config.generator.sampling, sampler=algorithm.config.sampler, rollout_fn=algorithm.rollout_fn(),
         )
         self.breaker.record(*group_failure(group))
-        drop = self.samples.drop_reason(group, self.config.trainer.seq_len)  # a dropped group gives its slot to another row
+        # the group's advantages are computed here, once; a dropped group gives its slot to another row
+        drop = self.samples.drop_reason(group, self.config.trainer.seq_len)
         self.generation_stats.row_finished(group, drop)
         if drop is None:
             await self.buffer.put(group)
@@ -233,9 +235,12 @@ class Controller:
         await self.admission.finish(drop is None)
 
     async def rollout_and_score(
-        self, row_id: str, task_name: str, row: dict, group_size: int, sampling: SamplingConfig, sampler: str = POLICY
+        self, row_id: str, task_name: str, row: dict, group_size: int, sampling: SamplingConfig, sampler: str = POLICY,
+        rollout_fn: RolloutFn | None = None,
     ) -> RolloutGroup:
-        """A row's group: `group_size` rollouts on the generator service (or frozen model `sampler`), then its rewards."""
+        """A row's group: `group_size` rollouts on the generator service (or frozen model `sampler`), then its rewards.
+
+        `rollout_fn` replaces the task's (an algorithm's own, e.g. sft's demonstrations, which generate nothing)."""
         task = self.tasks[task_name]
 
         def context(sample_index: int) -> RolloutContext:
@@ -245,7 +250,7 @@ class Controller:
                 run_seed=self.config.run.seed,
             )
 
-        group = await rollout_group(row_id, task_name, row, group_size, task.rollout_fn, context)
+        group = await rollout_group(row_id, task_name, row, group_size, rollout_fn or task.rollout_fn, context)
         if sampler == POLICY:
             for rollout in group.rollouts:
                 rollout.metadata["generator_replica"] = self.roles.generators.router.replica_of(row_id)

@@ -52,7 +52,8 @@ def batch_metrics(
     """A consumed batch's metrics: drops and evictions, version offsets against `policy_version`, generation
     throughput, the consumer's wait, and `rl.metrics.standard.rollout_metrics`."""
     rollouts = [rollout for group in groups for rollout in group.rollouts]
-    offsets = [policy_version - min(r.policy_versions) for r in rollouts if r.turns]
+    policy_sampled = [r for r in rollouts if r.turns and r.metadata.get("sampler", "policy") == "policy"]  # frozen samplers never age
+    offsets = [policy_version - min(r.policy_versions) for r in policy_sampled]
     metrics: dict[str, float] = {
         "rollouts/evicted_stale_groups": evicted,
         "rollouts/dropped_groups": stats.dropped_groups,

@@ -20,7 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 from rl.metrics.samples import sample_record  # noqa: E402
 from rollouts.types import Rollout  # noqa: E402
 
-PHASES = ("time/wait_for_rollouts_s", "time/train_s", "time/weight_sync_s")
+PHASES = {"perf/sample_wait_time": "wait for rollouts", "time/train_s": "train", "time/weight_sync_s": "weight sync"}
+"""The timed phases of a step (metrics.jsonl key -> label); the rest of `time/step_s` is "eval + other"."""
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -67,9 +68,9 @@ def phase_plot(records: list[dict[str, Any]], path: Path) -> bool:
     figure, axes = plt.subplots(figsize=(8, 3.6))
     bottom = [0.0] * len(steps)
     x = [record["step"] for record in steps]
-    for key in PHASES:
+    for key, label in PHASES.items():
         values = [record.get(key, 0.0) for record in steps]
-        axes.bar(x, values, bottom=bottom, label=key.removeprefix("time/"))
+        axes.bar(x, values, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, values)]
     rest = [max(0.0, record["time/step_s"] - b) for record, b in zip(steps, bottom)]
     axes.bar(x, rest, bottom=bottom, label="eval + other", color="lightgray")
@@ -107,13 +108,14 @@ def plots(records: list[dict[str, Any]], out: Path) -> list[str]:
 
 
 def last_samples(run_dir: Path, steps: int) -> list[dict[str, Any]]:
-    """Logged samples of the last `steps` steps; from rollouts.jsonl (no advantage) if the run logged none."""
+    """Logged samples of the last `steps` steps; from rollouts.jsonl if the run logged none."""
     samples = read_jsonl(run_dir / "samples.jsonl")
     if not samples:
         records = [record for record in read_jsonl(run_dir / "rollouts.jsonl") if record["kind"] == "train"]
         samples = [
-            {"step": record["step"], **sample_record(Rollout.model_validate(record["rollout"]), episode_id=index, target=None, advantage=None)}
+            {"step": record["step"], **sample_record(rollout, episode_id=index, target=None, advantage=rollout.advantage)}
             for index, record in enumerate(records)
+            for rollout in [Rollout.model_validate(record["rollout"])]
         ]
     last = sorted({sample["step"] for sample in samples})[-steps:]
     return [sample for sample in samples if sample["step"] in last and sample.get("reward") is not None]

@@ -1,7 +1,7 @@
 """Sample-level logging (seed 000): one flat dict per trained rollout, filtered, recorded as Reduce.SAMPLE.
 
-Samples are built when their batch is trained, so the advantage is known and they are logged
-under the step that trained them (wandb steps only increase). Filters (`[sample_logging.filters]`)
+Samples are built when their batch is trained and logged under the step that trained them (wandb steps
+only increase); the advantage is the one the step trained with (`Rollout.advantage`, computed once). Filters (`[sample_logging.filters]`)
 pick which ones reach the backends; the defaults keep the best and the worst sample of each step.
 """
 
@@ -10,10 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any, Awaitable, Callable
 
-import torch
-
-from rl.algorithms.config import GROUP_RELATIVE, AlgorithmConfig
-from rl.algorithms.samples import group_advantages, rollout_to_samples
+from rl.algorithms.streams import rollout_to_samples
 from rl.config import SampleFilters, SampleLoggingConfig
 from rl.metrics.reduce import Reduce, record_metric
 from rl.registry import import_object
@@ -23,19 +20,6 @@ SAMPLES_KEY = "reward/samples"
 
 ReferenceLogprobs = Callable[[list[int]], Awaitable[list[float] | None]]
 """token ids → logprob of each token under the reference model (None without one): the trainer's `logprobs`."""
-
-
-def rollout_advantages(group: RolloutGroup, algorithm: AlgorithmConfig) -> dict[str, float]:
-    """Advantage of each trainable rollout of a group by `rollout_id`, as the train step computes it
-    (`reinforce_pp`'s whitening across groups aside); {} when the group has nothing to learn from."""
-    trainable = [rollout for rollout in group.rollouts if rollout.status.is_trainable() and rollout.reward is not None]
-    if len(trainable) < (2 if algorithm.type in GROUP_RELATIVE else 1):
-        return {}
-    rewards = torch.tensor([rollout.reward for rollout in trainable], dtype=torch.float64)
-    advantages = group_advantages(algorithm, rewards, trainable).tolist()
-    if algorithm.drop_constant_reward_groups and all(advantage == 0 for advantage in advantages):
-        return {}
-    return {rollout.rollout_id: advantage for rollout, advantage in zip(trainable, advantages)}
 
 
 async def mean_reference_logprob(rollout: Rollout, reference_logprobs: ReferenceLogprobs) -> float | None:
@@ -96,9 +80,11 @@ class SampleFilter:
 
     def passes(self, sample: dict[str, Any]) -> bool:
         f, reward, advantage = self.filters, sample["reward"], sample["advantage"]
+        bounds = [bound for bound in (f.reward_below, f.reward_above) if bound is not None]
+        if bounds and reward is None:
+            return False  # an unscored sample is in neither tail
         tails = [(f.reward_below, lambda bound: reward <= bound), (f.reward_above, lambda bound: reward >= bound)]
-        tests = [test(bound) for bound, test in tails if bound is not None]
-        if tests and (reward is None or not any(tests)):
+        if bounds and not any(test(bound) for bound, test in tails if bound is not None):
             return False
         if f.abs_advantage_above is not None and (advantage is None or abs(advantage) < f.abs_advantage_above):
             return False
@@ -130,17 +116,14 @@ class SampleLogger:
     def __init__(
         self,
         config: SampleLoggingConfig,
-        algorithms: dict[str, AlgorithmConfig],
         targets: dict[str, Callable[[dict[str, Any]], str | None]],
         *,
         seed: int,
         episodes_per_step: int,
         reference_logprobs: ReferenceLogprobs | None = None,
     ):
-        """`algorithms`: each task's resolved algorithm (`Config.task_algorithms`); `seed`: `run.seed`;
-        `episodes_per_step`: rollouts a step trains (`run.groups_per_step` x `algorithm.group_size`)."""
+        """`seed`: `run.seed`; `episodes_per_step`: rollouts a step trains (`run.groups_per_step` x `algorithm.group_size`)."""
         self.config = config
-        self.algorithms = algorithms
         self.targets = targets
         self.episodes_per_step = episodes_per_step
         self.reference_logprobs = reference_logprobs
@@ -157,11 +140,10 @@ class SampleLogger:
         episode_id = (step - 1) * self.episodes_per_step
         samples, rollouts = [], {}
         for group in groups:
-            advantages = rollout_advantages(group, self.algorithms[group.task_name])
             target = self.targets[group.task_name](group.example)
             for rollout in group.rollouts:
                 rollouts[episode_id] = rollout
-                samples.append(sample_record(rollout, episode_id=episode_id, target=target, advantage=advantages.get(rollout.rollout_id)))
+                samples.append(sample_record(rollout, episode_id=episode_id, target=target, advantage=rollout.advantage))
                 episode_id += 1
         for sample in self.filter.select(samples, step):
             if self.reference_logprobs is not None:

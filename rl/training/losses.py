@@ -4,8 +4,9 @@
 
 `rl` is the policy loss chosen by `algorithm.loss` (plus the KL to a reference model when `kl_coef > 0`),
 `ce` is cross-entropy, `ref_kl` pulls the policy towards a teacher by reverse KL. Each component's
-normalizer N_c is counted over the whole step (all micro-batches; all ranks once there are several), so
-the sum of the micro-batch losses is the same however the batch is split. A component with no weight
+normalizer N_c counts its tokens (weight != 0) or sequences over the whole step (all micro-batches; all
+ranks once there are several), so the sum of the micro-batch losses is the same however the batch is
+split, and a weight w scales its token's gradient by w (a Σw normalizer would cancel a uniform weight). A component with no weight
 in the step is skipped; when all are, the loss is a graph-attached zero so backward still runs.
 """
 
@@ -53,23 +54,29 @@ def weighted_pg_token_loss(logprobs: torch.Tensor, weights: torch.Tensor, advant
     return -weights.detach() * torch.exp(logprobs - logprobs.detach()) * advantages  # [B,L]
 
 
+K3_BOUND = 10.0
+"""k3 per token is clamped to [-K3_BOUND, K3_BOUND] (verl's `kl_penalty_forward`, SkyRL's `compute_approx_kl`)."""
+
+
 def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, estimator: str, log_ratio_clamp: float = 20.0) -> torch.Tensor:
     """Per-token estimate of KL(p || ref) on tokens sampled from p; k1 = logp - ref_logp clamped to ±clamp.
 
-    k1: k1 (unbiased, may be negative); k2: k1²/2; k3: exp(-k1) + k1 - 1 (unbiased, >= 0). The clamp keeps
-    exp finite and stops the gradient on clamped tokens.
+    k1: k1 (unbiased, may be negative); k2: k1²/2; k3: exp(-k1) + k1 - 1 (unbiased, >= 0), clamped to
+    ±K3_BOUND so that a few far-off tokens cannot dominate the term (a token 5 nats off would cost 142).
+    Both clamps stop the gradient on the tokens they bind.
     """
     k1 = torch.clamp(logprobs - ref_logprobs, -log_ratio_clamp, log_ratio_clamp)  # [B,L]
     if estimator == "k1":
         return k1
     if estimator == "k2":
         return 0.5 * k1 * k1
-    return torch.exp(-k1) + k1 - 1
+    return torch.clamp(torch.exp(-k1) + k1 - 1, -K3_BOUND, K3_BOUND)
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, log_ratio_clamp: float = 20.0) -> torch.Tensor:
-    """The k3 estimator (see `kl_estimate`)."""
-    return kl_estimate(logprobs, ref_logprobs, estimator="k3", log_ratio_clamp=log_ratio_clamp)
+    """Unclamped k3 = exp(-k1) + k1 - 1 (k1 clamped to ±log_ratio_clamp): the mismatch diagnostic, not a loss."""
+    k1 = torch.clamp(logprobs - ref_logprobs, -log_ratio_clamp, log_ratio_clamp)  # [B,L]
+    return torch.exp(-k1) + k1 - 1
 
 
 def aggregate(
@@ -77,7 +84,8 @@ def aggregate(
 ) -> torch.Tensor:
     """This micro-batch's share of a component's loss; `totals` = (global weighted tokens, global sequences).
 
-    token-mean: Σ w·ℓ / N_tokens. seq-mean-token-mean: Σ_seq (Σ_t w·ℓ / Σ_t w) / N_seqs. seq-mean-token-sum:
+    N counts tokens with w != 0 (never Σw). token-mean: Σ w·ℓ / N_tokens. seq-mean-token-mean:
+    Σ_seq (Σ_t w·ℓ / n_seq) / N_seqs, n_seq = the sequence's tokens with w != 0. seq-mean-token-sum:
     Σ_seq Σ_t w·ℓ / N_seqs. seq-mean-token-sum-norm: Σ_seq Σ_t w·ℓ / (N_seqs · horizon) (Dr.GRPO's constant
     normalizer; horizon = trainer.seq_len). A sequence never spans micro-batches, so all four are exact.
     """
@@ -86,8 +94,8 @@ def aggregate(
         return weighted.sum() / totals[0].item()
     seq_sums = segment_sum(weighted, index, count)  # [S]
     if mode == "seq-mean-token-mean":
-        seq_weights = segment_sum(weights.to(weighted.dtype), index, count)  # [S]
-        return torch.where(seq_weights > 0, seq_sums / seq_weights.clamp_min(1e-30), 0.0).sum() / totals[1].item()
+        seq_tokens = segment_sum((weights != 0).to(weighted.dtype), index, count)  # [S]
+        return torch.where(seq_tokens > 0, seq_sums / seq_tokens.clamp_min(1), 0.0).sum() / totals[1].item()
     if mode == "seq-mean-token-sum":
         return seq_sums.sum() / totals[1].item()
     return seq_sums.sum() / (totals[1].item() * horizon)
@@ -149,7 +157,8 @@ def compute_loss(
     """The loss of one micro-batch (its share of the step's loss); metrics go to `stats`.
 
     logprobs: [B,L] float32 under the current weights. `batch` holds the packed streams plus `old_logprobs`
-    (PPO anchor), optionally `is_weights` and `kl_ref_logprobs` (reference model, when kl_coef > 0).
+    (PPO anchor), optionally `is_weights`, `kl_ref_logprobs` (reference model, when kl_coef > 0) and
+    `snapshot_logprobs` (the step-start policy, when the no-grad pass ran; else the current one is).
     `counts` is `component_counts` of the whole step.
     """
     index, count = segments(batch)
@@ -169,7 +178,9 @@ def compute_loss(
         if algorithm.dual_clip_c is not None:
             stats.add("dual_clip_frac", ((advantages < 0) & (ratio > algorithm.dual_clip_c))[mask].float())
         stats.add("ratio", ratio[mask])
-        stats.add("ppo_kl", (batch["old_logprobs"] - logprobs.detach())[mask])  # k1 KL(π_old‖π_θ), verl's ppo_kl
+        # KL(π_snapshot‖π_θ) by k3, d = logπ_θ - logπ_snapshot: 0 in the first minibatch, > 0 once the inner loop drifts
+        drift = logprobs.detach() - batch.get("snapshot_logprobs", logprobs.detach())  # [B,L]
+        stats.add("ppo_kl", (torch.exp(drift) - drift - 1)[mask])
         sampling = torch.where(mask, batch["sampling_logprobs"], logprobs.detach())
         stats.add("mismatch_k3", k3_kl(sampling, logprobs.detach())[mask])
         if algorithm.kl_coef > 0:

@@ -48,7 +48,7 @@ def trained_positions(micro_batch: TensorDict) -> torch.Tensor:
 def needs_old_pass(algorithm: AlgorithmConfig, n_minibatches: int) -> bool:
     """Whether π_old must be computed in a no-grad pass before the update."""
     rc = algorithm.rollout_correction
-    return n_minibatches > 1 or not rc.bypass_mode or rc.corrects
+    return n_minibatches > 1 or not rc.bypass or rc.corrects
 
 
 def prepare(
@@ -73,14 +73,15 @@ def prepare(
             if not old_pass:
                 continue
             old = token_logprobs(model, ids, positions, mask=trained)  # [B,L] π_old
+        micro_batch["snapshot_logprobs"] = old  # the step-start policy: train/ppo_kl measures the drift from it
         mask = micro_batch["rl_weights"] != 0
         index, count = segments(micro_batch)
         correction.offpolicy_metrics(old, sampling, mask, index, count, stats)
         weights, keep = correction.correct(old, sampling, mask, index, count, rc, stats)
         micro_batch["rl_weights"] = torch.where(keep, micro_batch["rl_weights"], 0.0)
-        if weights is not None and (not rc.bypass_mode or rc.use_policy_gradient):
+        if weights is not None and (not rc.bypass or rc.use_policy_gradient):
             micro_batch["is_weights"] = weights  # in bypass + PPO the ratio already holds π_θ/π_rollout
-        if not rc.bypass_mode:
+        if not rc.bypass:
             micro_batch["old_logprobs"] = old
     if algorithm.kl_in_reward:
         for micro_batch in micro_batches:
