@@ -25,6 +25,7 @@ from rl.assets import resolve_model_path
 from rl.config import GeneratorConfig, SamplingConfig
 from rl.engine_loop import EngineLoop
 from rl.metrics.actor import MetricsActor
+from rl.processes.titles import name_process
 from rl.services.replica import ReplicaId, ServiceReplica, test_only_hang
 
 
@@ -73,6 +74,7 @@ class Generator(MetricsActor, ServiceReplica):
         self.engine = EngineLoop(self.llm.llm_engine)
         self.on_weight_update = generator_config.on_weight_update
         self.weights = weight_sync.WeightReceiver(weight_transport)
+        name_process(str(replica) if replica else "generator")
 
     def _sampling_params(self, sampling: SamplingConfig, request: GenerationRequest) -> Any:
         from vllm import SamplingParams

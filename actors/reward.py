@@ -19,7 +19,8 @@ from rl.config import SamplingConfig, TaskConfig
 from rl.metrics import timer
 from rl.metrics.actor import MetricsActor
 from env_types.renderer import RendererConfig
-from rl.services.replica import ServiceReplica
+from rl.processes.titles import name_process
+from rl.services.replica import ReplicaId, ServiceReplica
 from rollouts.types import RolloutGroup
 from rubrics.judge import connect_frozen_models
 from rubrics.rubric import apply_reward
@@ -27,19 +28,26 @@ from tasks.build import build_task
 
 
 class RewardActor(MetricsActor, ServiceReplica):
-    def __init__(self, tasks: list[TaskConfig], concurrency: int, model_paths: dict[str, str], judge_sampling: SamplingConfig):
+    def __init__(
+        self, tasks: list[TaskConfig], concurrency: int, model_paths: dict[str, str], judge_sampling: SamplingConfig,
+        replica: ReplicaId | None = None,
+    ):
         """`concurrency`: `run.reward_concurrency`; `model_paths`: each frozen model's path (`[models.<name>]`), for
         rendering what `judge` reward functions send it; `judge_sampling`: how judges sample (`generator.eval_sampling`)."""
+        self.rng_name = f"reward_{replica.index}" if replica is not None else "reward"
+        """This replica's RNG file in a checkpoint (each replica draws its own numbers)."""
+        name_process(str(replica) if replica else "reward")
         self.tasks = {task.name: task.task for task in map(build_task, tasks)}
         self.limit = asyncio.Semaphore(concurrency)
         self.model_paths = model_paths
         self.judge_sampling = judge_sampling
 
     @endpoint
-    async def connect_models(self, models: dict[str, list[Any]]) -> None:
-        """Frozen-model Generator replicas (`[models.<name>]`) that `judge` reward functions may call."""
-        renderers = {name: RendererConfig().build(resolve_model_path(self.model_paths[name])) for name in models}
-        connect_frozen_models(models, renderers, self.judge_sampling)
+    async def connect_models(self, gateway: Any, names: list[str]) -> None:
+        """The frozen models (`[models.<name>]`) that `judge` reward functions may call, through the controller's
+        gateway to their services (`rl.services.gateway`)."""
+        renderers = {name: RendererConfig().build(resolve_model_path(self.model_paths[name])) for name in names}
+        connect_frozen_models(gateway, renderers, self.judge_sampling)
 
     @concurrent_endpoint
     async def score_group(self, group: RolloutGroup) -> RolloutGroup:
@@ -55,9 +63,9 @@ class RewardActor(MetricsActor, ServiceReplica):
 
     @endpoint
     async def save_rng(self, path: str) -> None:
-        """Reward functions may draw random numbers: their process's RNG goes into checkpoints."""
-        checkpoint.save_rng(Path(path), "reward")
+        """Reward functions may draw random numbers: every replica's process RNG goes into checkpoints."""
+        checkpoint.save_rng(Path(path), self.rng_name)
 
     @endpoint
     async def load_rng(self, path: str) -> None:
-        checkpoint.load_rng(Path(path), "reward")
+        checkpoint.load_rng(Path(path), self.rng_name)

@@ -25,6 +25,7 @@ from rl import checkpoint
 from rl.training import distributed
 from rl.weights import sync as weight_sync
 from rl.processes.affinity import pin_process
+from rl.processes.titles import name_process
 from rl.assets import resolve_model_path
 from rl.algorithms.config import AlgorithmConfig
 from rl.config import TrainerConfig
@@ -70,6 +71,7 @@ class PolicyTrainer(MetricsActor):
         world = trainer_config.num_procs * trainer_config.num_hosts
         pin_process(trainer_config.cpus, rank=current_rank().rank % trainer_config.num_procs, of=trainer_config.num_procs)
         torch.manual_seed(trainer_config.seed)
+        name_process(f"trainer/{current_rank().rank}")
         self.trainer_config = trainer_config
         self.algorithm = algorithm
         self.wire_dtype = TORCH_DTYPES[wire_dtype]

@@ -9,11 +9,15 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rl.algorithms.config import bypass_origin
-from rl.config import ConfigError, dump_toml, load_config
+from rl.config import Config, ConfigError, dump_toml, load_config
 from rl.registry import import_object
 from tasks.build import build_task
+
+if TYPE_CHECKING:
+    from rl.processes.interrupts import InterruptibleRun
 
 
 def parse_overrides(extra: list[str]) -> dict[str, str]:
@@ -72,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "new-task":
         return _new_task(args.name, args.dir, extra)
     if args.command == "train":
-        from rl.processes.interrupts import EXIT_INTERRUPTED, InterruptibleRun
+        from rl.processes.interrupts import InterruptibleRun
 
         interruptible = InterruptibleRun()  # before any other thread starts (numpy, Monarch): see rl/processes/interrupts.py
-    from rl.checkpoint import read_run_state
-    from rl.resume import resume_config, truncate_logs
+    from rl import checkpoint, run_dir
+    from rl.resume import resume_config, restore_logs
 
     resume_from = None
     try:
@@ -104,10 +108,27 @@ def main(argv: list[str] | None = None) -> int:
         results = asyncio.run(bench(config))
         print(table(results) + f"\nwritten to {results['out_dir']}")
         return 0
+    run_lock = None
     if resume_from is not None:
-        truncate_logs(args.resume, read_run_state(resume_from)["step"])
+        try:
+            run_lock = run_dir.lock(args.resume)  # one writer: a second launcher on this run directory is refused
+        except run_dir.RunDirBusy as exc:
+            print(f"rlmesh: cannot resume: {exc}", file=sys.stderr)
+            return 2
+        for moved in checkpoint.set_aside(args.resume, resume_from):
+            print(f"rlmesh: warning: a checkpoint newer than the one resumed is kept aside as {moved}", file=sys.stderr)
+        restore_logs(args.resume, resume_from)
+    try:
+        return _train(config, resume_from, interruptible)
+    finally:
+        if run_lock is not None:
+            run_lock.release()
 
-    from rl.loop.controller import Controller
+
+def _train(config: Config, resume_from: Path | None, interruptible: InterruptibleRun) -> int:
+    """Run the controller; the exit code (0, 1: the run stopped on a fault, 2: set-up refused, 130: interrupted)."""
+    from rl.loop.controller import Controller, DeadlineMissed
+    from rl.processes.interrupts import EXIT_INTERRUPTED
 
     try:
         controller = Controller(config, resume_from=resume_from)
@@ -123,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         if not controller.actor_failures:
             raise
         print("rlmesh: run stopped:\n" + "\n".join(controller.actor_failures), file=sys.stderr)
+        return 1
+    except DeadlineMissed as exc:
+        print(f"rlmesh: run stopped: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=2))
     return 0

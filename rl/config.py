@@ -101,6 +101,9 @@ class TrainerConfig(Section):
     """Trainer processes (ranks) per host; above one in all, the model is sharded over them with FSDP2."""
     num_hosts: int = Field(1, ge=1)
     """Hosts of the trainer; more than one needs a `[cluster]` scheduler that allocates hosts."""
+    call_timeout_s: float = Field(1800.0, gt=0)
+    """Deadline of every trainer call but the weight push (`run.weight_sync_timeout_s`): a train step, logprobs,
+    a checkpoint's save or load. A missed one stops the run (resume from the last checkpoint), as the trainer's death does."""
 
 
 class RubricConfig(Section):
@@ -225,6 +228,9 @@ class RunConfig(Section):
     log_rollouts: bool = True
     weight_sync_timeout_s: float = Field(600.0, gt=0)
     """Longest a weight push or reload may take before the run stops with an error naming it."""
+    metrics_timeout_s: float = Field(300.0, gt=0)
+    """Deadline of gathering the trainer's and reward replicas' metric states at the end of a step: a trainer that
+    misses it stops the run (resume from the last checkpoint); a reward replica that misses it is left out of that step."""
     reward_concurrency: int = Field(32, ge=1)
     """Most groups the RewardActor scores at once."""
     mismatch_warn_factor: float = Field(5.0, gt=1)
@@ -291,6 +297,8 @@ class ClusterHosts(Section):
     trainer: int = Field(0, ge=0)
     generator: int = Field(0, ge=0)
     reward: int = Field(0, ge=0)
+    models: int = Field(0, ge=0)
+    """Hosts of the frozen models (`[models.<name>]`): every model's replicas go round-robin over them."""
 
     def allocated(self) -> dict[str, int]:
         """Roles that get hosts of their own, with how many."""

@@ -9,6 +9,7 @@ with the keys named.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ RESUMABLE_KEYS = (
     "run.eval_groups",
     "run.log_rollouts",
     "run.weight_sync_timeout_s",
+    "run.metrics_timeout_s",
     "run.reward_concurrency",
     "run.mismatch_warn_factor",
     "run.mismatch_warn_floor",
@@ -29,6 +31,7 @@ RESUMABLE_KEYS = (
     "sample_logging.",
     "trainer.num_procs",
     "trainer.num_hosts",
+    "trainer.call_timeout_s",
     "cluster.",
 )
 """Keys (or section prefixes ending in ".") a resume may override."""
@@ -49,11 +52,12 @@ def changed_keys(saved: Config, resumed: Config) -> list[str]:
 
 
 def resume_config(run_dir: Path, overrides: dict[str, str]) -> tuple[Config, Path]:
-    """The config to resume `run_dir` with, and its newest committed checkpoint; ConfigError if refused."""
+    """The config to resume `run_dir` with, and its newest loadable committed checkpoint (a damaged newer
+    one is skipped with a warning naming why); ConfigError if refused."""
     if not (run_dir / "config.toml").is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no config.toml)")
     try:
-        newest = checkpoint.newest_checkpoint(run_dir)
+        newest = checkpoint.newest_loadable(run_dir)
     except FileNotFoundError as exc:
         raise ConfigError(str(exc)) from None
     saved = load_config(newest / "config.toml")
@@ -70,10 +74,43 @@ def resume_config(run_dir: Path, overrides: dict[str, str]) -> tuple[Config, Pat
     return resumed, newest
 
 
+LOGS = ("metrics.jsonl", "rollouts.jsonl", "samples.jsonl")
+
+
 def truncate_logs(run_dir: Path, step: int) -> None:
-    """Drop records logged after `step` (written after the checkpoint, before the run stopped)."""
-    for name in ("metrics.jsonl", "rollouts.jsonl", "samples.jsonl"):
+    """Drop records logged after `step` (written after the checkpoint, before the run stopped), and any
+    line that is not a whole record (a launcher killed mid-write leaves a torn last line) with a warning."""
+    for name in LOGS:
         path = run_dir / name
-        if path.exists():
-            kept = [line for line in path.read_text().splitlines(keepends=True) if line.strip() and json.loads(line)["step"] <= step]
-            path.write_text("".join(kept))
+        if not path.exists():
+            continue
+        kept = []
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                print(f"rlmesh: warning: {path} line {number} is not a whole record (a write cut short): dropped", file=sys.stderr)
+                continue
+            if record["step"] <= step:
+                kept.append(line + "\n")
+        path.write_text("".join(kept))
+
+
+def restore_logs(run_dir: Path, resume_from: Path) -> None:
+    """Make the logs end at the checkpoint's step: later records dropped (`truncate_logs`), and the step's
+    own metrics and samples written from the checkpoint if the run stopped before logging them."""
+    from rl.metrics.backends import JsonlBackend
+
+    step = checkpoint.read_run_state(resume_from)["step"]
+    truncate_logs(run_dir, step)
+    record = checkpoint.read_step_record(resume_from)
+    metrics_path = run_dir / "metrics.jsonl"
+    logged = metrics_path.exists() and any(json.loads(line)["step"] == step for line in metrics_path.read_text().splitlines())
+    if record is None or logged:
+        return
+    metrics, samples = record
+    backend = JsonlBackend(metrics_path, run_dir / "samples.jsonl")
+    if samples:
+        backend.log_samples(samples, step)
+    backend.log(metrics, step)
+    backend.close()

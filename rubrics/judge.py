@@ -17,7 +17,6 @@ frozen model `grader` once it is connected with `connect_model` (the RewardActor
 from __future__ import annotations
 
 import asyncio
-import itertools
 import re
 import string
 from typing import Any, Awaitable, Callable
@@ -145,15 +144,15 @@ _MODELS: dict[str, tuple[GenerateFn, Any]] = {}
 _JUDGES: dict[tuple, Judge] = {}
 
 
-def connect_frozen_models(models: dict[str, list[Any]], renderers: dict[str, Any], sampling: Any) -> None:
-    """Connect frozen-model Generator replicas (`[models.<name>]`) for judging; requests go round-robin over them."""
-    for name, actors in models.items():
-        turn = itertools.count()
+def connect_frozen_models(gateway: Any, renderers: dict[str, Any], sampling: Any) -> None:
+    """Connect the frozen models named in `renderers` for judging. Requests go through the controller's
+    `ServiceGateway` (which serves each model's service under the model's name): its router, failover and deadlines."""
+    for name, renderer in renderers.items():
 
-        async def generate(requests: list[GenerationRequest], actors: list[Any] = actors, turn: Any = turn) -> list:
-            return await actors[next(turn) % len(actors)].generate.call_one(requests, sampling)
+        async def generate(requests: list[GenerationRequest], model: str = name) -> list:
+            return await gateway.call.call_one(model, "generate", requests, sampling)
 
-        connect_model(name, generate, renderers[name])
+        connect_model(name, generate, renderer)
 
 
 def connect_model(name: str, generate: GenerateFn, renderer: Any) -> None:

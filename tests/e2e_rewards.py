@@ -11,6 +11,11 @@ def even_token_share(rollout: Rollout, example: dict) -> float:
     return sum(token % 2 == 0 for token in tokens) / max(1, len(tokens))
 
 
+def by_sample_index(rollout: Rollout, example: dict) -> float:
+    """The sample's index in its group: every group's rewards differ, so no group is ever dropped for zero advantage."""
+    return float(rollout.sample_index)
+
+
 def kill_reward_process(rollout: Rollout, example: dict) -> float:
     """Kills the RewardActor's process: an actor dying in the middle of a run."""
     os._exit(1)

@@ -1,5 +1,7 @@
 """An actor that records metrics in its own process, for the cross-process gathering test."""
 
+import asyncio
+
 from monarch.actor import current_rank, endpoint
 
 from rl.metrics import Reduce, record_metric
@@ -17,3 +19,8 @@ class Recorder(MetricsActor):
             record_metric("replica/std", value, Reduce.STD)
             record_metric("replica/max", value, Reduce.MAX)
             record_metric("replica/samples", {"rank": rank, "value": value}, Reduce.SAMPLE)
+
+    @endpoint
+    async def hang(self) -> None:
+        """Never answers: the process is alive, its actor busy."""
+        await asyncio.Event().wait()

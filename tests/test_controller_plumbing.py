@@ -6,7 +6,8 @@ import pytest
 
 from rl.config import load_config
 from rl.loop.controller import Controller
-from rl.loop.state import RunState, fresh_run_dir
+from rl.loop.roles import DeadlineMissed
+from rl.loop.state import RunState
 from rl.metrics.generation import GenerationStats, batch_metrics
 from rl.services.config import ServiceConfig
 from rl.services.service import Service
@@ -28,19 +29,30 @@ async def test_weight_push_that_hangs_fails_loudly():
 
     controller.roles.generators = Service("generator", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print)
     controller.roles.trainer = SimpleNamespace(push_weights=stub_endpoint(never))
-    with pytest.raises(RuntimeError, match=r"trainer weight push took longer than run.weight_sync_timeout_s=0.05 s \(policy version 1\)"):
+    with pytest.raises(DeadlineMissed, match=r"trainer weight push \(policy version 1\) took longer than run.weight_sync_timeout_s=0.05 s; "
+                                             r"resume from the last checkpoint with `rlmesh train --resume RUN_DIR`"):
         await controller.sync_weights(1)
     assert controller.state.policy_version == 0
 
 
-def test_a_new_run_never_appends_to_an_old_run_directory(tmp_path):
-    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run"  # missing: created
-    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run"  # empty: reused
-    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
-    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run-1"
-    (tmp_path / "run-1" / "metrics.jsonl").write_text("{}\n")
-    assert fresh_run_dir(tmp_path / "run") == tmp_path / "run-2"
-    assert (tmp_path / "run" / "metrics.jsonl").read_text() == "{}\n"
+async def never(*args, **kwargs):
+    await asyncio.sleep(3600)
+
+
+async def test_a_hung_train_step_stops_the_run_at_its_deadline():
+    controller = Controller(load_config(CONFIGS / "tiny_qwen3_e2e.toml", {"trainer.call_timeout_s": "0.05"}))
+    controller.roles.trainer = SimpleNamespace(train_step=stub_endpoint(never))
+    groups = [scored_group(f"train/row={row}", "sum_digits", {}, 4, 0) for row in range(2)]
+    with pytest.raises(DeadlineMissed, match=r"trainer train step took longer than trainer.call_timeout_s=0.05 s; resume from the last"):
+        await controller.train_step(groups)
+
+
+async def test_a_trainer_that_does_not_hand_over_its_metric_states_stops_the_run_at_the_deadline():
+    controller = Controller(load_config(CONFIGS / "tiny_qwen3_e2e.toml", {"run.metrics_timeout_s": "0.05"}))
+    controller.roles.trainer = SimpleNamespace(metric_states=stub_endpoint(never))
+    controller.roles.reward = Service("reward", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print)
+    with pytest.raises(DeadlineMissed, match=r"gathering the trainer's metric states took longer than run.metrics_timeout_s=0.05 s"):
+        await controller.roles.gather_states()
 
 
 def test_run_state_data_cursor_advances_over_consumed_rows_in_any_order():

@@ -37,12 +37,15 @@ def processes_with_marker(marker: str) -> list[psutil.Process]:
 class Launch:
     """`rlmesh train` on the tiny config in a subprocess, its output read line by line with deadlines."""
 
-    def __init__(self, output_dir: Path, *overrides: str):
+    def __init__(self, output_dir: Path, *overrides: str, resume: Path | None = None):
+        """A new run in `output_dir`, or (`resume`) `rlmesh train --resume RUN_DIR` with `overrides`."""
         self.marker = uuid.uuid4().hex
         env = {**os.environ, "RLMESH_TEST_MARKER": self.marker, "PYTHONUNBUFFERED": "1"}
+        start = ["--resume", str(resume)] if resume is not None else [
+            "--config", str(REPO / "configs" / "tiny_qwen3_e2e.toml"), "--run.output_dir", str(output_dir), "--run.steps", "50",
+            "--wandb.enabled", "false"]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "rl.cli", "train", "--config", str(REPO / "configs" / "tiny_qwen3_e2e.toml"),
-             "--run.output_dir", str(output_dir), "--run.steps", "50", "--wandb.enabled", "false", *overrides],
+            [sys.executable, "-m", "rl.cli", "train", *start, *overrides],
             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self.lines: list[str] = []

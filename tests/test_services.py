@@ -273,3 +273,44 @@ def test_services_config_is_validated_with_the_key_named():
         load_config(None, {"services.generator.min_healthy_replicas": "2"})
     config = load_config(None, {"generator.num_replicas": "2", "services.generator.min_healthy_replicas": "2"})
     assert config.services.generator.min_healthy_replicas == 2 and config.services.breaker.max_consecutive_failed_groups == 16
+
+
+async def test_service_counters_continue_from_a_checkpoints_counters():
+    before = make_service(FakeHost({"generator_0_0": {"generate": "die"}}))
+    await before.start()
+    await before.call("generate", 1)  # lost on replica 0, resubmitted to 1
+    await settle(before)
+    saved = before.counters()
+    await before.stop()
+    resumed = make_service(FakeHost())  # the resumed launcher's service
+    await resumed.start()
+    resumed.restore_counters(saved)
+    await resumed.call("generate", 2)
+    metrics = resumed.metrics()
+    assert (metrics["services/generator/restarts"], metrics["services/generator/resubmitted_requests"]) == (1, 1)
+    assert metrics["services/generator/replica_0/requests"] + metrics["services/generator/replica_1/requests"] == 3
+    await resumed.stop()
+
+
+async def test_a_busy_replica_that_stops_answering_is_replaced_within_the_probe_timeout_not_the_calls_deadline():
+    host = FakeHost()
+    service = make_service(host, call_timeout_s=3600.0, probe_interval_s=0.05, probe_timeout_s=0.2)
+    await service.start()
+    host.actors["generator_0_0"].script.update(generate="hang", ping="hang")  # e.g. its process stopped mid-call
+    call = asyncio.ensure_future(service.call("generate", 1, key="row"))
+    served_by, _ = await asyncio.wait_for(call, 10)  # without busy probes: only after the hour-long call deadline
+    assert served_by == "generator_1_0" and service.restarts == 1
+    assert "health probe failed (1 requests in flight)" in service.losses[0]
+    await service.stop()
+
+
+async def test_a_busy_replica_that_answers_its_probe_keeps_serving():
+    host = FakeHost()
+    service = make_service(host, call_timeout_s=3600.0, probe_interval_s=0.01, probe_timeout_s=0.2)
+    await service.start()
+    host.actors["generator_0_0"].script.update(generate="hang")  # a long call, but the process answers pings
+    call = asyncio.ensure_future(service.call("generate", 1, key="row"))
+    await asyncio.sleep(0.5)
+    assert not call.done() and service.restarts == 0
+    call.cancel()
+    await service.stop()

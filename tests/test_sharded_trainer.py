@@ -61,7 +61,7 @@ def config(num_procs: int):
 
 async def start(num_procs: int):
     cfg = config(num_procs)
-    placement = Placement(cfg.cluster, cfg.trainer.device, cfg.trainer.num_procs)
+    placement = Placement(cfg.cluster, cfg.trainer, cfg.generator, cfg.models)
     trainer, procs = await spawn_trainer(
         placement.spawn_procs, cfg.trainer, PolicyTrainer, cfg.trainer, cfg.algorithm, cfg.model.path, 4,
         weight_transport=cfg.weight_sync.transport, wire_dtype=cfg.generator.dtype,

@@ -40,9 +40,9 @@ from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
 from rl.loop.roles import Roles
 from rl.loop.state import RunState, open_run_dir, row_index_of, train_group_id
+from rl.run_dir import RunDirLock
 from rl.metrics import timer
 from rl.metrics.logger import MetricsLogger
-from rl.metrics.actor import gather_states
 from rl.metrics.generation import GenerationStats, batch_metrics, overlap_metrics
 from rl.metrics.samples import SampleLogger
 from rl.metrics.standard import reward_metrics
@@ -83,6 +83,8 @@ class Controller:
         self.actor_failures: list[str] = []
         """Why the run stopped, if an actor failure or the rollout breaker stopped it (the CLI prints these)."""
         self._run_task: asyncio.Task | None = None
+        self.run_lock: RunDirLock | None = None
+        """A new run's directory lock (a resumed run's is the launcher's, `rl.cli`)."""
 
     def _stop_run(self, message: str) -> None:
         """Keep `message` for the CLI and cancel the run's task (from any thread)."""
@@ -124,31 +126,35 @@ class Controller:
                 wait_seconds = time.perf_counter() - step_start
                 if len(groups) < self.config.run.groups_per_step:  # the data ran out before the planned steps
                     summary["data_exhausted_at_step"] = self.state.step
-                    evaluate = self.config.run.eval_every > 0 and self.state.step % self.config.run.eval_every != 0
-                    tail = await self._evaluate_and_checkpoint(run_dir, summary, evaluate, checkpoint=self.state.step > 0, last=True)
-                    if evaluate:
-                        self.logger.log_step(self.state.step, {"policy_version": self.state.policy_version, **tail})
+                    if self.config.run.eval_every > 0 and self.state.step % self.config.run.eval_every != 0:
+                        self.logger.log_step(self.state.step, {"policy_version": self.state.policy_version, **await self._evaluate(summary, last=True)})
+                    if self.state.step > 0:
+                        await self.save_checkpoint(run_dir)
                     break
                 metrics, actor_states = await self._step(groups, evicted, wait_seconds)
                 last = self.state.step == self.planned_steps
-                metrics |= await self._evaluate_and_checkpoint(run_dir, summary, self._eval_due(last), self._checkpoint_due(), last)
-                metrics |= {key: value for service in self.roles.services for key, value in service.metrics().items()}
-                metrics["time/step_s"] = time.perf_counter() - step_start
-                self.logger.log_step(self.state.step, {"policy_version": self.state.policy_version, **metrics}, actor_states)
+                if self._eval_due(last):
+                    metrics |= await self._evaluate(summary, last)
+                await self._commit_step(run_dir, metrics, actor_states, step_start)
         finally:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
             self.logger.close()
+            if self.run_lock is not None:
+                self.run_lock.release()
         return summary
 
     def _open_run_dir(self) -> Path:
-        """The run's directory (a resumed run's own, else a fresh one with the resolved config), with its loggers."""
-        run_dir = open_run_dir(self.config.run_dir, dump_toml(self.config), self.resume_from)
+        """The run's directory (a resumed run's own, else a fresh one claimed and locked, with the resolved config), with its loggers."""
+        run_dir, self.run_lock = open_run_dir(self.config.run_dir, dump_toml(self.config), self.resume_from)
         if self.roles.run_log is not None:
             self.roles.run_log.move_into(run_dir)
         config = self.config
         self.logger = MetricsLogger(run_dir, log_rollouts=config.run.log_rollouts, wandb=config.wandb, run_config=config.model_dump(mode="json"))
-        reference = (lambda ids: self.roles.trainer.logprobs.call_one(ids, reference=True)) if config.algorithm.kl_coef > 0 else None
+        reference = (
+            (lambda ids: self.roles.trainer_call(self.roles.trainer.logprobs.call_one(ids, reference=True), "logprobs"))
+            if config.algorithm.kl_coef > 0 else None
+        )
         self.sample_logger = SampleLogger(
             config.sample_logging, {name: task.task.target for name, task in self.tasks.items()}, seed=config.run.seed,
             episodes_per_step=config.run.groups_per_step * config.algorithm.group_size, reference_logprobs=reference,
@@ -166,7 +172,7 @@ class Controller:
         for key in ("rollouts/dropped_groups", "rollouts/dropped_zero_adv_groups"):  # the producer's drops and the step's
             step_metrics[key] += metrics[key]
         metrics |= step_metrics | overlap_metrics(wait_seconds, busy)
-        actor_states = await gather_states([self.roles.trainer, *self.roles.reward.actors()])  # generators record nothing; never wait behind generation
+        actor_states = await self.roles.gather_states()
         self.state.mark_rows_done([row_index_of(group.group_id) for group in groups + evicted])
         self.state.step += 1
         return metrics, actor_states
@@ -180,14 +186,21 @@ class Controller:
         every = self.config.checkpoint.every_steps
         return self.state.step == self.planned_steps or (every > 0 and self.state.step % every == 0)
 
-    async def _evaluate_and_checkpoint(self, run_dir: Path, summary: dict[str, Any], evaluate: bool, checkpoint: bool, last: bool) -> dict[str, float]:
-        """The tail of a step (and of a run whose data ran out): held-out eval, then a checkpoint; returns their metrics."""
-        metrics = await self.validate() if evaluate else {}
-        if evaluate and last:
-            summary["eval_end"] = dict(metrics)
-        if checkpoint:
-            metrics["time/checkpoint_s"] = await self.save_checkpoint(run_dir)
+    async def _evaluate(self, summary: dict[str, Any], last: bool) -> dict[str, float]:
+        """Held-out eval (after a step, or when the data ran out); after the last step it is the summary's `eval_end`."""
+        metrics = await self.validate()
+        if last:
+            summary["eval_end"] = metrics
         return metrics
+
+    async def _commit_step(self, run_dir: Path, metrics: dict[str, Any], actor_states: list, step_start: float) -> None:
+        """The step's record, reduced with the actors' states, committed with the checkpoint when one is due, then logged."""
+        metrics |= {key: value for service in self.roles.services for key, value in service.metrics().items()}
+        record, samples = self.logger.reduce_step({"policy_version": self.state.policy_version, **metrics}, actor_states)
+        if self._checkpoint_due():  # the step's record is committed with it: a kill before the log line loses nothing
+            record["time/checkpoint_s"] = await self.save_checkpoint(run_dir, (record, samples))
+        record["time/step_s"] = time.perf_counter() - step_start
+        self.logger.write_step(self.state.step, record, samples)
 
     async def _next_batch(self, producer: asyncio.Task) -> tuple[list[RolloutGroup], list[RolloutGroup]]:
         """The next batch from the buffer; a crashed producer raises here instead of hanging the run."""
@@ -287,7 +300,7 @@ class Controller:
         metrics["train/packing_efficiency"] = float((batch["sequence_ids"] >= 0).float().mean())  # real / all tokens
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         with timer("train"):
-            train_metrics = await self.roles.trainer.train_step.call_one(micro_batches)
+            train_metrics = await self.roles.trainer_call(self.roles.trainer.train_step.call_one(micro_batches), "train step")
         metrics.update({key if key == "loss" or "/" in key else f"train/{key}": value for key, value in train_metrics.items()})
         if "train/mismatch_k3" in metrics and (warning := self.mismatch_watch.check(metrics["train/mismatch_k3"])):
             tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
@@ -301,23 +314,31 @@ class Controller:
         """The trainer publishes its weights as `policy_version`; every generator reloads them; admission moves on."""
         generators, timeout_s = self.roles.generators, self.config.run.weight_sync_timeout_s
         async with generators.updating():  # a replacement generator loads the version before or after, never half-way
-            await self.roles.push_weights(policy_version, timeout_s)
+            await self.roles.push_weights(policy_version)
             await generators.update_weights.fanout(policy_version, timeout_s=timeout_s)
             self.state.policy_version = policy_version
         await self.admission.set_policy_version(policy_version)
 
     async def restore(self, path: Path) -> None:
-        """Load a checkpoint into every actor; the generators get its weights through the normal sync."""
-        await asyncio.gather(self.roles.trainer.load_checkpoint.call_one(str(path)), self.roles.reward.load_rng.route(str(path)))
+        """Load a checkpoint into every actor and the services' counters; the generators get its weights through the normal sync."""
+        await self.roles.load_checkpoint(path)
         checkpoint.load_rng(path, "controller")
+        saved = checkpoint.read_service_counters(path)
+        for service in self.roles.services:
+            if service.name in saved:
+                service.restore_counters(saved[service.name])
         await self.sync_weights(self.state.policy_version)
 
-    async def save_checkpoint(self, run_dir: Path) -> float:
-        """Write a committed checkpoint of the current step; returns seconds spent."""
+    async def save_checkpoint(self, run_dir: Path, record: tuple[dict[str, Any], dict[str, Any]] | None = None) -> float:
+        """Write a committed checkpoint of the current step, with the step's reduced `record` (metrics, samples)
+        when it has one; returns seconds spent."""
         start = time.perf_counter()
         tmp = checkpoint.begin(run_dir, self.state.step)
-        await asyncio.gather(self.roles.trainer.save_checkpoint.call_one(str(tmp)), self.roles.reward.save_rng.route(str(tmp)))
+        await self.roles.save_checkpoint(tmp)
+        if record is not None:
+            checkpoint.write_step_record(tmp, *record)
         checkpoint.save_rng(tmp, "controller")
+        checkpoint.write_service_counters(tmp, {service.name: service.counters() for service in self.roles.services})
         checkpoint.write_run_state(tmp, self.state)
         (tmp / "config.toml").write_text(dump_toml(self.config))
         checkpoint.commit(run_dir, tmp, self.state.step, keep=self.config.checkpoint.keep)

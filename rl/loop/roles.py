@@ -14,24 +14,43 @@ share the policy's tokenizer: sequences are passed as token ids.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+import sys
+from pathlib import Path
+from typing import Any, Awaitable, Callable
 
 import monarch.actor
 import monarch.config
+from tqdm import tqdm
 
 from actors.generator import Generator
 from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
 from rl.algorithms.config import POLICY, FrozenModelConfig
 from rl.config import Config, GeneratorConfig, SamplingConfig
+from rl.metrics.actor import gather_states
 from rl.metrics.run_log import RunLog
 from rl.processes.cluster import Placement
 from rl.processes.interrupts import monarch_processes, reap
 from rl.processes.trainer_mesh import spawn_trainer
-from rl.services.replica import local_procs
+from rl.services.gateway import Gateway, open_gateway
 from rl.services.service import Service, after_run_fault_hook
 from rl.weights import sync as weight_sync
 from rollouts.types import Completion, GenerationFailed, GenerationRequest, RolloutGroup, RolloutStatus
+
+
+RESUME_HINT = "resume from the last checkpoint with `rlmesh train --resume RUN_DIR`"
+
+
+class DeadlineMissed(RuntimeError):
+    """A trainer call or the end-of-step metric gathering missed its deadline: the run stops, as on the trainer's death."""
+
+
+async def within(call: Awaitable[Any], what: str, key: str, timeout_s: float) -> Any:
+    """Await an actor call within `timeout_s` (config key `key`); DeadlineMissed, naming both, instead of hanging."""
+    try:
+        return await asyncio.wait_for(call, timeout_s)
+    except asyncio.TimeoutError:
+        raise DeadlineMissed(f"{what} took longer than {key}={timeout_s} s; {RESUME_HINT}") from None
 
 
 def frozen_generator(generator: GeneratorConfig, model: FrozenModelConfig) -> GeneratorConfig:
@@ -47,11 +66,13 @@ class Roles:
         self.config = config
         self.stop_run = stop_run
         self.policy_version = policy_version
-        self.placement = Placement(config.cluster, config.trainer.device, config.trainer.num_procs)
+        self.placement = Placement(config.cluster, config.trainer, config.generator, config.models)
         self.trainer: Any = None
         self.generators: Service | None = None
         self.reward: Service | None = None
         self.frozen: dict[str, Service] = {}
+        self.gateway: Gateway | None = None
+        """Judge reward functions' way to the frozen models' services (`rl.services.gateway`), opened on first use."""
         self.run_log: RunLog | None = None
         self._proc_meshes: list[Any] = []
         self._store_started = False
@@ -89,14 +110,14 @@ class Roles:
         model_paths = {name: model.path for name, model in config.models.items()}
         reward_args = (config.tasks, config.run.reward_concurrency, model_paths, config.generator.eval_sampling)
         self.reward = Service(
-            "reward", RewardActor, lambda replica: reward_args, replicas=config.services.reward.replicas, config=config.services.reward,
+            "reward", RewardActor, lambda replica: (*reward_args, replica), replicas=config.services.reward.replicas, config=config.services.reward,
             spawn_procs=self.placement.replica_procs("reward"), on_fatal=self.stop_run, prepare=self._connect_models,
         )
         for name, model in config.models.items():
             args = (frozen_generator(config.generator, model), model.path, transport, stop_token_ids)
             self.frozen[name] = Service(
                 f"frozen_{name}", Generator, lambda replica, args=args: (*args, replica),
-                replicas=model.replicas, config=config.services.models, spawn_procs=local_procs(), on_fatal=self.stop_run,
+                replicas=model.replicas, config=config.services.models, spawn_procs=self.placement.frozen_procs(name), on_fatal=self.stop_run,
                 config_key="services.models", release="shutdown",
             )
         trainer_started = asyncio.wait_for(self.trainer.initialized, config.services.generator.start_timeout_s)
@@ -118,7 +139,7 @@ class Roles:
             return  # a slow teardown (e.g. vLLM freeing its engine) is not a failure of the run
         if any(service.handle_failure(failure) for service in self.services) or failure.mesh_name.startswith("logger-"):
             return  # a replica: its service replaces it (Monarch's per-process logger mesh fails along with any process)
-        self.stop_run(failure.report() + "\nresume from the last checkpoint with `rlmesh train --resume RUN_DIR`")
+        self.stop_run(failure.report() + "\n" + RESUME_HINT)
 
     async def _load_policy(self, generator: Any) -> None:
         """A replacement generator loads the current policy version through the normal weight path."""
@@ -126,8 +147,11 @@ class Roles:
             await generator.update_weights.call_one(policy_version)
 
     async def _connect_models(self, reward: Any) -> None:
+        """Judge reward functions in `reward` reach the frozen models through the gateway to their services."""
         if self.frozen:
-            await reward.connect_models.call_one(self.frozen_actors)  # for judge reward functions
+            if self.gateway is None:
+                self.gateway = open_gateway(self.frozen)
+            await reward.connect_models.call_one(self.gateway.actor, list(self.frozen))
 
     @property
     def frozen_actors(self) -> dict[str, list[Any]]:
@@ -157,14 +181,37 @@ class Roles:
                 rollout.error = f"reward actor failed: {exc}"
             return group
 
-    async def push_weights(self, policy_version: int, timeout_s: float) -> None:
-        """The trainer publishes its weights as `policy_version`, failing loudly instead of hanging past `timeout_s`."""
-        try:
-            await asyncio.wait_for(self.trainer.push_weights.call_one(policy_version), timeout_s)
-        except asyncio.TimeoutError:
-            raise RuntimeError(
-                f"trainer weight push took longer than run.weight_sync_timeout_s={timeout_s} s (policy version {policy_version})"
-            ) from None
+    async def push_weights(self, policy_version: int) -> None:
+        """The trainer publishes its weights as `policy_version` within `run.weight_sync_timeout_s`."""
+        push = self.trainer.push_weights.call_one(policy_version)
+        timeout_s = self.config.run.weight_sync_timeout_s
+        await within(push, f"trainer weight push (policy version {policy_version})", "run.weight_sync_timeout_s", timeout_s)
+
+    def trainer_call(self, call: Awaitable[Any], what: str) -> Awaitable[Any]:
+        """A trainer call (not the weight push) within `trainer.call_timeout_s`."""
+        return within(call, f"trainer {what}", "trainer.call_timeout_s", self.config.trainer.call_timeout_s)
+
+    async def gather_states(self) -> list[dict[str, Any]]:
+        """The trainer's and reward replicas' metric states (generators record nothing: never wait behind generation),
+        within `run.metrics_timeout_s`: a trainer that misses it stops the run, a reward replica is left out of the step."""
+        trainer, timeout_s = self.trainer, self.config.run.metrics_timeout_s
+        states, missed = await gather_states([trainer, *self.reward.actors()], timeout_s)
+        if any(mesh is trainer for mesh in missed):
+            raise DeadlineMissed(f"gathering the trainer's metric states took longer than run.metrics_timeout_s={timeout_s} s "
+                                 f"(or failed); {RESUME_HINT}")
+        if missed:
+            tqdm.write(f"rlmesh: warning: {len(missed)} reward replica(s) did not hand over their metric states within "
+                       "run.metrics_timeout_s; left out of this step", file=sys.stderr)
+        return states
+
+    async def save_checkpoint(self, path: Path) -> None:
+        """Every actor's part of a checkpoint: the trainer's model, optimizer and RNG, each reward replica's RNG."""
+        save = self.trainer_call(self.trainer.save_checkpoint.call_one(str(path)), "checkpoint save")
+        await asyncio.gather(save, self.reward.save_rng.fanout(str(path), timeout_s=self.config.services.reward.call_timeout_s))
+
+    async def load_checkpoint(self, path: Path) -> None:
+        load = self.trainer_call(self.trainer.load_checkpoint.call_one(str(path)), "checkpoint load")
+        await asyncio.gather(load, self.reward.load_rng.fanout(str(path), timeout_s=self.config.services.reward.call_timeout_s))
 
     async def stop(self) -> None:
         """Stop every actor process and the store; safe after a partial start."""
@@ -178,6 +225,8 @@ class Roles:
         if self._store_started:
             self._store_started = False
             await weight_sync.shutdown_store()
+        if self.gateway is not None:
+            self.gateway.close()
         if self.run_log is not None:
             self.run_log.close()
         if self._previous_fault_hook is not None:

@@ -5,24 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-def fresh_run_dir(run_dir: Path) -> Path:
-    """`run_dir`, or `run_dir-1`, `run_dir-2`, ... if taken: a new run never appends to an old one."""
-    candidate, suffix = run_dir, 0
-    while candidate.exists() and any(candidate.iterdir()):
-        suffix += 1
-        candidate = run_dir.with_name(f"{run_dir.name}-{suffix}")
-    candidate.mkdir(parents=True, exist_ok=True)
-    return candidate
+from rl.run_dir import RunDirLock, claim_fresh
 
 
-def open_run_dir(run_dir: Path, config_toml: str, resume_from: Path | None) -> Path:
-    """A resumed run's own directory (`RUN_DIR/checkpoints/step_N` → `RUN_DIR`), else a fresh one holding the resolved config."""
+def open_run_dir(run_dir: Path, config_toml: str, resume_from: Path | None) -> tuple[Path, RunDirLock | None]:
+    """A resumed run's own directory (`RUN_DIR/checkpoints/step_N` → `RUN_DIR`, locked by the launcher before it
+    repaired the logs), else a fresh one claimed and locked (`rl.run_dir`), holding the resolved config; and its lock."""
     if resume_from is not None:
-        return resume_from.parent.parent
-    run_dir = fresh_run_dir(run_dir)
+        return resume_from.parent.parent, None
+    run_dir, lock = claim_fresh(run_dir)
     (run_dir / "config.toml").write_text(config_toml)
-    return run_dir
+    return run_dir, lock
 
 
 def train_group_id(row_index: int) -> str:

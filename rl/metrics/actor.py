@@ -22,7 +22,17 @@ class MetricsActor(Actor):
         return drain_states()
 
 
-async def gather_states(meshes: list[Any]) -> list[dict[str, State]]:
-    """Drain the accumulators of every process of every actor mesh, concurrently."""
-    replies = await asyncio.gather(*(mesh.metric_states.call() for mesh in meshes))
-    return [states for reply in replies for states in reply.values()]
+async def gather_states(meshes: list[Any], timeout_s: float) -> tuple[list[dict[str, State]], list[Any]]:
+    """Drain the accumulators of every process of every actor mesh, concurrently, each within `timeout_s`.
+
+    Returns the states, and the meshes that did not answer in time or failed (their states are left out)."""
+
+    async def one(mesh: Any) -> Any:
+        try:
+            return await asyncio.wait_for(mesh.metric_states.call(), timeout_s)
+        except Exception:  # a hung or dead process: the caller decides what that means
+            return None
+
+    replies = await asyncio.gather(*(one(mesh) for mesh in meshes))
+    states = [states for reply in replies if reply is not None for states in reply.values()]
+    return states, [mesh for mesh, reply in zip(meshes, replies) if reply is None]

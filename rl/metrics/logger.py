@@ -45,15 +45,26 @@ class MetricsLogger:
 
     def log_step(self, step: int, metrics: dict[str, Any], actor_states: list[dict[str, State]] = ()) -> dict[str, Any]:
         """Merge `metrics` with everything recorded in this process and in `actor_states`; log; return the merged dict."""
+        merged, samples = self.reduce_step(metrics, actor_states)
+        self.write_step(step, merged, samples)
+        return merged
+
+    def reduce_step(
+        self, metrics: dict[str, Any], actor_states: list[dict[str, State]] = ()
+    ) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]]:
+        """The step's record: `metrics` merged with what was recorded in this process and in `actor_states`
+        (drained), and the samples; what a checkpoint commits before the step is logged."""
         recorded, samples = reduce_states([drain_states(), *actor_states])
         clash = sorted(recorded.keys() & metrics.keys())
         if clash:
             raise ValueError(f"metrics {clash} were both recorded with record_metric and set in the step's dict")
-        merged = {**metrics, **recorded}
+        return {**metrics, **recorded}, samples
+
+    def write_step(self, step: int, merged: dict[str, Any], samples: dict[str, list[dict[str, Any]]]) -> None:
+        """Log a reduced record (`reduce_step`) to every backend: samples first, then the metrics."""
         if samples:
             self._fan_out("log_samples", samples, step)
         self._fan_out("log", merged, step)
-        return merged
 
     def _fan_out(self, method: str, payload: dict[str, Any], step: int) -> None:
         for backend in list(self.backends):

@@ -7,7 +7,9 @@
 Monarch cannot respawn one process of a mesh, so every replica owns a one-process mesh. A lost
 replica is known from Monarch's supervision (`handle_failure`, a `SupervisionError` on a call),
 from its process's exit (on this host, checked every `probe_interval_s`), from a call that misses
-`call_timeout_s`, or from an idle replica's unanswered ping. Its requests
+`call_timeout_s`, or from an unanswered ping (busy replicas too: `ping` is a concurrent endpoint, so it
+does not queue behind their work; a process that stops answering is seen within `probe_timeout_s`
+rather than at the end of a long call's deadline). Its requests
 go to healthy replicas (at most `max_attempts` replicas per request); a replacement is spawned,
 runs `prepare` (e.g. loads the current policy weights) and only then takes traffic. Replacements
 beyond `max_restarts` per `restart_window_s`, or fewer than `min_healthy_replicas` replicas healthy
@@ -71,6 +73,8 @@ class Replica:
     healthy: bool = False
     lost: asyncio.Event = field(default_factory=asyncio.Event)
     lost_at: float = 0.0
+    probing: bool = False
+    """A ping is outstanding (the next one waits for it: probes never pile up on a slow replica)."""
 
 
 class Service:
@@ -131,7 +135,7 @@ class Service:
         return ServiceEndpoint(self, name)
 
     async def start(self) -> None:
-        """Spawn every replica (each within `start_timeout_s`), then keep probing the idle ones."""
+        """Spawn every replica (each within `start_timeout_s`), then keep probing them."""
         self._loop = asyncio.get_running_loop()
         self._context = contextvars.copy_context()  # Monarch's actor context: spawning a replacement needs it
         await asyncio.gather(*(self._start_replica(ReplicaId(self.name, index)) for index in range(len(self.replicas))))
@@ -301,14 +305,19 @@ class Service:
                 replica = self.replicas[index]
                 if replica.process is not None and not _alive(replica.process):
                     self.lose(replica, f"its process {replica.pid} exited")
-            idle = [self.replicas[index] for index in self.healthy if self.router.outstanding[index] == 0]
-            await asyncio.gather(*(self._probe(replica) for replica in idle))
+                elif not replica.probing:
+                    replica.probing = True
+                    self._spawn_task(self._probe(replica))
 
     async def _probe(self, replica: Replica) -> None:
+        """Ping `replica`, idle or busy; lose it if the ping fails or goes unanswered for `probe_timeout_s`."""
+        busy = self.router.outstanding[replica.id.index]
         try:
             await asyncio.wait_for(replica.actor.ping.call_one(), self.config.probe_timeout_s)
         except (SupervisionError, asyncio.TimeoutError) as exc:
-            self.lose(replica, f"health probe failed: {exc!r}")
+            self.lose(replica, f"health probe failed ({busy} requests in flight): {exc!r}")
+        finally:
+            replica.probing = False
 
     async def _stop_procs(self, replica: Replica) -> None:
         """Stop the replica's mesh; a process that does not exit in time (a hung one) is killed by pid."""
@@ -338,6 +347,18 @@ class Service:
             replica.healthy = False
         await asyncio.gather(*(self._stop_procs(replica) for replica in replicas), return_exceptions=True)
         self.replicas = [None] * len(self.replicas)
+
+    def counters(self) -> dict[str, Any]:
+        """What `metrics` counts since the run began: a checkpoint saves it, so a resumed run counts on."""
+        return {"restarts": self.restarts, "resubmitted_requests": self.ledger.resubmitted,
+                "failed_requests": self.failed_requests, "served": list(self.router.served)}
+
+    def restore_counters(self, saved: dict[str, Any]) -> None:
+        """Continue from a checkpoint's `counters` (added to what this launcher counted so far, e.g. at start-up)."""
+        self.restarts += saved["restarts"]
+        self.ledger.resubmitted += saved["resubmitted_requests"]
+        self.failed_requests += saved["failed_requests"]
+        self.router.served = [now + before for now, before in zip(self.router.served, saved["served"])]
 
     def metrics(self) -> dict[str, float]:
         """`services/<name>/...`: healthy replicas now; restarts, resubmitted and failed requests so far; requests per replica."""
