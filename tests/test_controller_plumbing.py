@@ -52,7 +52,7 @@ async def test_a_trainer_that_does_not_hand_over_its_metric_states_stops_the_run
     controller.roles.trainer = SimpleNamespace(metric_states=stub_endpoint(never))
     controller.roles.reward = Service("reward", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print)
     with pytest.raises(DeadlineMissed, match=r"gathering the trainer's metric states took longer than run.metrics_timeout_s=0.05 s"):
-        await controller.roles.gather_states()
+        await controller.roles.gather_states(1)
 
 
 def test_run_state_data_cursor_advances_over_consumed_rows_in_any_order():

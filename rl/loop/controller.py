@@ -172,7 +172,7 @@ class Controller:
         for key in ("rollouts/dropped_groups", "rollouts/dropped_zero_adv_groups"):  # the producer's drops and the step's
             step_metrics[key] += metrics[key]
         metrics |= step_metrics | overlap_metrics(wait_seconds, busy)
-        actor_states = await self.roles.gather_states()
+        actor_states = await self.roles.gather_states(self.state.step + 1)
         self.state.mark_rows_done([row_index_of(group.group_id) for group in groups + evicted])
         self.state.step += 1
         return metrics, actor_states
@@ -320,13 +320,9 @@ class Controller:
         await self.admission.set_policy_version(policy_version)
 
     async def restore(self, path: Path) -> None:
-        """Load a checkpoint into every actor and the services' counters; the generators get its weights through the normal sync."""
+        """Load a checkpoint into every role and this process; the generators get its weights through the normal sync."""
         await self.roles.load_checkpoint(path)
         checkpoint.load_rng(path, "controller")
-        saved = checkpoint.read_service_counters(path)
-        for service in self.roles.services:
-            if service.name in saved:
-                service.restore_counters(saved[service.name])
         await self.sync_weights(self.state.policy_version)
 
     async def save_checkpoint(self, run_dir: Path, record: tuple[dict[str, Any], dict[str, Any]] | None = None) -> float:
@@ -338,7 +334,6 @@ class Controller:
         if record is not None:
             checkpoint.write_step_record(tmp, *record)
         checkpoint.save_rng(tmp, "controller")
-        checkpoint.write_service_counters(tmp, {service.name: service.counters() for service in self.roles.services})
         checkpoint.write_run_state(tmp, self.state)
         (tmp / "config.toml").write_text(dump_toml(self.config))
         checkpoint.commit(run_dir, tmp, self.state.step, keep=self.config.checkpoint.keep)

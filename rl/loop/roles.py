@@ -25,6 +25,7 @@ from tqdm import tqdm
 from actors.generator import Generator
 from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
+from rl import checkpoint
 from rl.algorithms.config import POLICY, FrozenModelConfig
 from rl.config import Config, GeneratorConfig, SamplingConfig
 from rl.metrics.actor import gather_states
@@ -191,8 +192,8 @@ class Roles:
         """A trainer call (not the weight push) within `trainer.call_timeout_s`."""
         return within(call, f"trainer {what}", "trainer.call_timeout_s", self.config.trainer.call_timeout_s)
 
-    async def gather_states(self) -> list[dict[str, Any]]:
-        """The trainer's and reward replicas' metric states (generators record nothing: never wait behind generation),
+    async def gather_states(self, step: int) -> list[dict[str, Any]]:
+        """The trainer's and reward replicas' metric states for `step` (generators record nothing: never wait behind generation),
         within `run.metrics_timeout_s`: a trainer that misses it stops the run, a reward replica is left out of the step."""
         trainer, timeout_s = self.trainer, self.config.run.metrics_timeout_s
         states, missed = await gather_states([trainer, *self.reward.actors()], timeout_s)
@@ -201,17 +202,22 @@ class Roles:
                                  f"(or failed); {RESUME_HINT}")
         if missed:
             tqdm.write(f"rlmesh: warning: {len(missed)} reward replica(s) did not hand over their metric states within "
-                       "run.metrics_timeout_s; left out of this step", file=sys.stderr)
+                       f"run.metrics_timeout_s; left out of step {step}", file=sys.stderr)
         return states
 
     async def save_checkpoint(self, path: Path) -> None:
-        """Every actor's part of a checkpoint: the trainer's model, optimizer and RNG, each reward replica's RNG."""
+        """The roles' part of a checkpoint: the trainer's model, optimizer and RNG, each reward replica's RNG, the services' counters."""
         save = self.trainer_call(self.trainer.save_checkpoint.call_one(str(path)), "checkpoint save")
         await asyncio.gather(save, self.reward.save_rng.fanout(str(path), timeout_s=self.config.services.reward.call_timeout_s))
+        checkpoint.write_service_counters(path, {service.name: service.counters() for service in self.services})
 
     async def load_checkpoint(self, path: Path) -> None:
         load = self.trainer_call(self.trainer.load_checkpoint.call_one(str(path)), "checkpoint load")
         await asyncio.gather(load, self.reward.load_rng.fanout(str(path), timeout_s=self.config.services.reward.call_timeout_s))
+        saved = checkpoint.read_service_counters(path)
+        for service in self.services:
+            if service.name in saved:
+                service.restore_counters(saved[service.name])
 
     async def stop(self) -> None:
         """Stop every actor process and the store; safe after a partial start."""
