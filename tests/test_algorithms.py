@@ -8,6 +8,7 @@ import torch
 
 from rl.algorithms.advantages import max_rl_advantages, rloo_advantages, whiten_over_tokens
 from rl.algorithms.config import AlgorithmConfig
+from rl.algorithms.policy_gradient import GRPO
 from rl.algorithms.samples import SampleBuilder
 from rl.config import ConfigError, load_config
 from env_types.renderer import RendererConfig
@@ -288,3 +289,22 @@ def test_task_echo_override_keeps_typed_role_weights():
     assert resolved.echo_role_weights.model_dump() == {"system": 0.0, "user": 0.5, "assistant": 0.0, "tool": 0.1}
     with pytest.raises(ConfigError, match="echo_role_weights.narrator"):
         _config(**{"algorithm.echo_role_weights.narrator": "1.0"})
+
+
+class LengthCredit(GRPO):
+    """A user's algorithm by import path: GRPO's credit, plus 0.25 per completion token (to tell it apart)."""
+
+    def advantages(self, rewards, rollouts):
+        return super().advantages(rewards, rollouts) + 0.25 * torch.tensor([float(r.num_completion_tokens) for r in rollouts])
+
+
+def test_a_users_algorithm_class_by_import_path():
+    config = _config(**{"tasks.0.algorithm": "{type = 'tests.test_algorithms:LengthCredit'}"})
+    resolved = config.algorithm.for_task(config.tasks[0].algorithm)
+    # group-relative like GRPO: [1, 0] -> [0.5, -0.5], plus 0.25 x 2 completion tokens each
+    samples, _ = _build({"t": resolved}, [_group("t", [1.0, 0.0])])
+    assert [s.advantages[-1] for s in samples] == [1.0, 0.0]
+    with pytest.raises(ConfigError, match=r"tasks.0.algorithm.type: 'tests.test_algorithms:doubled' resolves to"):
+        _config(**{"tasks.0.algorithm": "{type = 'tests.test_algorithms:doubled'}"})
+    with pytest.raises(ConfigError, match=r"'ppo' is neither a registered algorithm"):
+        _config(**{"algorithm.type": "'ppo'"})

@@ -1,45 +1,41 @@
-"""`rlmesh report` on a run directory written here: plots, page, and a run that is still writing."""
+"""`rlmesh report` on a real run's files: plots, page, and a run that is still writing."""
 
-import json
-import math
+import shutil
+from pathlib import Path
 
 import matplotlib.image
 
 from rl.cli import main
+from rl.metrics.report import PHASES, read_jsonl
 
 
-def fake_run(run_dir, steps=12, partial_last_line=True):
-    """metrics.jsonl, samples.jsonl and config.toml shaped like a real run's (two tasks)."""
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "main_job_run"
+"""metrics.jsonl, samples.jsonl and config.toml of a real run of the main job (configs/sum_digits_smollm2_cpu.toml,
+14 steps, 2026-11-24), so the report is tested on the keys the loop emits, not on keys a fixture invents."""
+
+
+def real_run(run_dir, partial_last_line=True):
+    """The main job's run files, with a half-written last line as a run still writing has."""
     run_dir.mkdir()
-    (run_dir / "config.toml").write_text('[run]\nname = "fake"\nsteps = 12\n')
-    lines = [json.dumps({"step": 0, "policy_version": 0, "eval/reward/mean": 0.6})]
-    for step in range(1, steps + 1):
-        record = {
-            "step": step, "policy_version": step, "reward/mean": 0.3 + 0.04 * step, "reward/a/mean": 0.2 + 0.05 * step,
-            "reward/b/mean": 0.4 + 0.03 * step, "loss": 0.1 * math.sin(step), "train/pg_loss": 0.05 * math.cos(step),
-            "train/grad_norm": 1.0 / step, "train/mismatch_k3": 0.002 * step, "train/clip_frac_low": 0.01 * step,
-            "train/clip_frac_high": 0.005 * step, "rollouts/completion_tokens_mean": 20 - step,
-            "rollouts/completion_tokens_max": 32, "rollouts/entropy": 2.0 - 0.1 * step, "rollouts/truncation_rate": 0.5 / step, "rollouts/policy_lag_max": step % 2,
-            "rollouts/policy_lag_mean": (step % 2) / 2, "perf/sample_wait_time": 5.0, "time/train_s": 20.0,
-            "time/weight_sync_s": 4.5, "time/step_s": 30.0 + (8.0 if step % 6 == 0 else 0.0),
-        }
-        if step % 6 == 0:
-            record["eval/reward/mean"] = 0.6 + 0.02 * step
-        lines.append(json.dumps(record))
-    text = "\n".join(lines) + "\n" + ('{"step": 13, "reward/me' if partial_last_line else "")
-    (run_dir / "metrics.jsonl").write_text(text)
-    samples = [
-        {"step": step, "key": "reward/samples", "episode_id": step * 10 + i, "reward": reward, "advantage": reward - 0.5,
-         "target": "11", "prompt": f"user: sum the digits of {step}{i}", "response": f"reply {step}-{i}", "status": "completed",
-         "response_len": 4}
-        for step in range(1, steps + 1) for i, reward in enumerate((0.0, 1.0))
-    ]
-    (run_dir / "samples.jsonl").write_text("".join(json.dumps(sample) + "\n" for sample in samples))
+    for name in ("metrics.jsonl", "samples.jsonl", "config.toml"):
+        shutil.copy(FIXTURE / name, run_dir / name)
+    if partial_last_line:
+        with open(run_dir / "metrics.jsonl", "a") as metrics:
+            metrics.write('{"step": 15, "reward/me')
     return run_dir
 
 
+def test_every_phase_the_report_stacks_is_a_key_the_loop_emits():
+    records = read_jsonl(FIXTURE / "metrics.jsonl")
+    steps = [record for record in records if "time/step_s" in record]
+    assert len(steps) == 14
+    for key in PHASES:  # a renamed key would read as 0 and land in "eval + other"
+        assert all(key in record for record in steps), key
+    assert sum(record["perf/sample_wait_time"] for record in steps) > 0
+
+
 def test_report_writes_plots_and_a_page_for_a_run_still_writing(tmp_path, capsys):
-    run_dir = fake_run(tmp_path / "run")
+    run_dir = real_run(tmp_path / "run")
     assert main(["report", str(run_dir)]) == 0
     out = run_dir / "report"
     assert capsys.readouterr().out.strip() == str(out / "index.html")
@@ -49,10 +45,10 @@ def test_report_writes_plots_and_a_page_for_a_run_still_writing(tmp_path, capsys
         assert width > 500 and height > 300, name
     page = (out / "index.html").read_text()
     assert all(f'src="{name}"' in page for name in expected)
-    assert "12 logged steps" not in page and "13 logged steps (last: step 12)" in page  # the half-written line is skipped
+    assert "16 logged steps" not in page and "15 logged steps (last: step 14)" in page  # the half-written line is skipped
     best, worst = page.split("Worst samples")
-    assert "reply 12-1" in best and "reply 10-1" in best and "reply 9-1" not in best  # only the last 3 steps
-    assert "reply 12-0" in worst and "[run]" in page
+    # the last 3 steps' logged samples (steps 12-14): best 4 + 8 = 12 (step 14), worst the step-12 reply
+    assert "4 + 8 = 12" in best and "Three is a multiple of ten" in worst and "[model]" in page
 
 
 def test_report_on_a_directory_without_metrics_fails_cleanly(tmp_path, capsys):

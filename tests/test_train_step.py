@@ -179,3 +179,19 @@ def test_minibatches_are_disjoint_and_fall_back_to_rows():
     assert [[mb["x"][0, 0].item() for mb in group] for group in groups] == [[0, 1], [2, 3], [4]]
     with pytest.raises(ValueError, match="ppo_n_minibatches = 6 but the batch has only 5 packed rows"):
         split_minibatches(list(rows.split(4)), 6)
+
+
+def test_ppo_kl_is_zero_with_one_minibatch_and_positive_once_the_inner_loop_drifts(base_model):
+    # seed 003: train/ppo_kl is the k3 drift of the policy from the step-start snapshot. With K = 1 every token is
+    # scored by the snapshot's own weights (exactly 0, whatever the sampler did); with K = 2 and a real learning
+    # rate the second minibatch meets a moved policy, and k3 >= 0 with equality only where nothing moved.
+    samples = _samples(base_model)
+    micro_batches = split_micro_batches(pack_samples(samples, seq_len=SEQ_LEN, pad_token_id=0), 2)
+    kl = {}
+    for k in (1, 2):
+        model = copy.deepcopy(base_model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+        kl[k] = train_step(model, optimizer, scheduler, micro_batches, AlgorithmConfig(), max_grad_norm=1e9, horizon=SEQ_LEN,
+                           n_minibatches=k)["ppo_kl"]
+    assert kl[1] == 0.0 and kl[2] > 1e-6

@@ -8,14 +8,27 @@ default sample-building algorithm; a task may override the sample-building part 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
 
 from rl.section import Device, DType, Section
 
-AdvantageType = Literal["grpo", "rloo", "max_rl", "reinforce_pp", "reward", "custom", "echo", "sft", "opd", "opsd"]
-"""The algorithm of a task; each names a class in `rl.algorithms.registry`."""
+ALGORITHM_TYPES = ("grpo", "rloo", "max_rl", "reinforce_pp", "reward", "custom", "echo", "sft", "opd", "opsd")
+"""The registered algorithms, each a class in `rl.algorithms.registry`."""
+
+
+def _algorithm_type(value: Any) -> Any:
+    if isinstance(value, str) and value not in ALGORITHM_TYPES and ":" not in value:
+        raise ValueError(
+            f"{value!r} is neither a registered algorithm {list(ALGORITHM_TYPES)} nor an import path "
+            "'package.module:Class' of an rl.algorithms.base.Algorithm subclass"
+        )
+    return value
+
+
+AlgorithmType = Annotated[str, AfterValidator(_algorithm_type)]
+"""A registered algorithm, or `package.module:Class` naming a user's `Algorithm` subclass."""
 POLICY = "policy"
 """The reserved model name of the live, trained policy."""
 
@@ -140,7 +153,7 @@ class EchoRoleWeights(Section):
 class TaskAlgorithmConfig(Section):
     """How a task's scored groups become training samples. Every field left unset comes from `[algorithm]`."""
 
-    type: AdvantageType | None = None
+    type: AlgorithmType | None = None
     normalize_advantage_std: bool | None = None
     drop_constant_reward_groups: bool | None = None
     custom_advantage_fn: str | None = None
@@ -151,7 +164,7 @@ class TaskAlgorithmConfig(Section):
 
 
 class AlgorithmConfig(Section):
-    type: AdvantageType = "grpo"
+    type: AlgorithmType = "grpo"
     """How advantages and loss weights are assigned (see the README's Algorithms section)."""
     group_size: int = Field(8, ge=1)
     normalize_advantage_std: bool = False
@@ -214,7 +227,7 @@ def check_algorithms(config: Any) -> None:
 
     The generic ones are here; what an algorithm needs of its own keys is its class's `check`.
     """
-    from rl.algorithms.registry import ALGORITHMS  # the classes import torch: not at config import time
+    from rl.algorithms.registry import algorithm_class  # the classes import torch: not at config import time
 
     models = config.models
     if POLICY in models:
@@ -231,7 +244,11 @@ def check_algorithms(config: Any) -> None:
             name = getattr(algorithm, key)
             if name is not None and name != POLICY and name not in models:
                 raise ValueError(f"{where}.{key} = {name!r} is not a declared model (known: {sorted(models)} or 'policy')")
-        ALGORITHMS[algorithm.type].check(algorithm, where, config.algorithm.group_size)
+        try:
+            cls = algorithm_class(algorithm.type)
+        except ValueError as exc:
+            raise ValueError(f"{where}.type: {exc}") from None
+        cls.check(algorithm, where, config.algorithm.group_size)
     if config.algorithm.kl_in_reward and config.algorithm.kl_coef == 0:
         raise ValueError("algorithm.kl_in_reward is set but algorithm.kl_coef is 0")
     decide_bypass_mode(config)

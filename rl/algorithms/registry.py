@@ -1,4 +1,5 @@
-"""The algorithm classes by `algorithm.type`, and the one place a task's algorithm object is built."""
+"""The algorithm classes by `algorithm.type` (a registered name, or a user's class by import path), and the one
+place a task's algorithm object is built."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from rl.algorithms.config import AlgorithmConfig
 from rl.algorithms.distillation import OPD, OPSD, SFT
 from rl.algorithms.echo import Echo
 from rl.algorithms.policy_gradient import GRPO, RLOO, Custom, MaxRL, ReinforcePP, Reward
+from rl.registry import import_object
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     "grpo": GRPO,
@@ -24,8 +26,16 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
 }
 
 
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The class of a registered algorithm, or of `package.module:Class` (a user's `Algorithm` subclass)."""
+    cls = ALGORITHMS.get(name) or import_object(name)
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ValueError(f"{name!r} resolves to {cls!r}, which is not an rl.algorithms.base.Algorithm subclass")
+    return cls
+
+
 def build_algorithm(
     config: AlgorithmConfig, task: str, renderer: Any = None, prompt_logprobs: PromptLogprobsFn | None = None
 ) -> Algorithm:
     """Task `task`'s algorithm object from its resolved config."""
-    return ALGORITHMS[config.type](config, task, renderer, prompt_logprobs)
+    return algorithm_class(config.type)(config, task, renderer, prompt_logprobs)
