@@ -84,6 +84,8 @@ class TrainerConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = Field(1.0, gt=0)
+    max_nonfinite_steps: int = Field(3, ge=1)
+    """Steps in a row whose gradient norm is not finite (each skipped, weights unchanged) before the run stops."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     seq_len: int = Field(1024, ge=8)
@@ -124,6 +126,8 @@ class RubricConfig(Section):
     error_reward: float | None = 0.0
     """`"none"` (TOML has no null) grades the partial turns of ERROR / TIMEOUT / ABORTED rollouts instead."""
     timeout_s: float = Field(60.0, gt=0)
+    max_abs_reward: float = Field(1e6, gt=0, le=1e30)
+    """Largest |value| a reward function may return; beyond it (or NaN) the rollout is an ERROR naming the function."""
 
     @field_validator("error_reward", mode="before")
     @classmethod

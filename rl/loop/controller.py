@@ -75,6 +75,7 @@ class Controller:
             rows_per_step=config.run.groups_per_step, policy_version=self.state.policy_version,
         )
         self.breaker = CircuitBreaker(config.services.breaker, on_open=self._stop_run)
+        self.nonfinite_steps_in_row = 0
         self.generation_stats = GenerationStats()
         self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
         self.algorithms = config.task_algorithms()
@@ -302,12 +303,28 @@ class Controller:
         with timer("train"):
             train_metrics = await self.roles.trainer_call(self.roles.trainer.train_step.call_one(micro_batches), "train step")
         metrics.update({key if key == "loss" or "/" in key else f"train/{key}": value for key, value in train_metrics.items()})
+        if metrics.get("train/skipped_nonfinite_steps", 0) >= trainer_config.ppo_n_minibatches:
+            return await self._nonfinite_step(metrics, len(groups))  # the weights did not change: no sync, same version
+        self.nonfinite_steps_in_row = 0
         if "train/mismatch_k3" in metrics and (warning := self.mismatch_watch.check(metrics["train/mismatch_k3"])):
             tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
         with timer("weight_sync"):
             await self.sync_weights(self.state.policy_version + 1)
         if "train/clip_frac_low" in metrics:
             metrics["train/ppo_clip_frac"] = metrics["train/clip_frac_low"] + metrics["train/clip_frac_high"]
+        return metrics
+
+    async def _nonfinite_step(self, metrics: dict[str, float], rows: int) -> dict[str, float]:
+        """A step whose every update was skipped for a non-finite gradient norm (its rows' slots go to other rows,
+        as for a step with nothing to train); too many in a row stop the run."""
+        self.nonfinite_steps_in_row += 1
+        limit = self.config.trainer.max_nonfinite_steps
+        message = (f"step {self.state.step + 1}: gradient norm {metrics.get('train/grad_norm')} is not finite; the update was "
+                   f"skipped ({self.nonfinite_steps_in_row} in a row, trainer.max_nonfinite_steps = {limit})")
+        tqdm.write(f"rlmesh: warning: {message}", file=sys.stderr)
+        if self.nonfinite_steps_in_row >= limit:
+            self._stop_run(f"{message}: stopping the run")
+        await self.admission.release_accepted(rows)
         return metrics
 
     async def sync_weights(self, policy_version: int) -> None:

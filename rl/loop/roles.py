@@ -173,12 +173,13 @@ class Roles:
         return list(await asyncio.gather(*(service.prompt_logprobs.route(ids) for ids in sequences)))
 
     async def score(self, group: RolloutGroup) -> RolloutGroup:
-        """The group scored by a reward actor; a reward actor that fails marks every rollout an ERROR."""
+        """The group scored by a reward actor; a reward actor that fails marks every rollout an ERROR (TIMEOUT when it timed out)."""
         try:
             return await self.reward.score_group.route(group)
         except Exception as exc:
+            status = RolloutStatus.TIMEOUT if getattr(exc, "timed_out", False) else RolloutStatus.ERROR
             for rollout in group.rollouts:
-                rollout.status = RolloutStatus.ERROR
+                rollout.status = status
                 rollout.error = f"reward actor failed: {exc}"
             return group
 
