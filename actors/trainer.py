@@ -32,7 +32,7 @@ from rl.config import TrainerConfig
 from rl.section import DType
 from rl.training.logprobs import token_logprobs
 from rl.metrics.actor import MetricsActor
-from rl.training.precision import TORCH_DTYPES, compute_context
+from rl.precision import TORCH_DTYPES, compute_context
 from rl.training.train_step import train_step
 
 
@@ -54,7 +54,7 @@ def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
 
 def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(path), dtype=TORCH_DTYPES[trainer_config.param_dtype], attn_implementation="sdpa"
+        resolve_model_path(path), dtype=TORCH_DTYPES[trainer_config.param_dtype], attn_implementation=trainer_config.attention
     )
     return model.to(trainer_config.device)
 

@@ -1,7 +1,7 @@
 """The base of every config section, and the words sections share (device, dtype).
 
 A section forbids unknown keys and validates assignments, so a typo fails before any actor starts.
-The torch dtype of a `DType` word is `rl.training.precision.TORCH_DTYPES` (this module stays free of torch).
+The torch dtype of a `DType` word is `rl.precision.TORCH_DTYPES` (this module stays free of torch).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import time
 import torch
 
 from rl.assets import resolve_model_path
-from rl.training.precision import TORCH_DTYPES
+from rl.precision import TORCH_DTYPES
 
 
 def report(**fields) -> None:

@@ -33,7 +33,7 @@ from rl import checkpoint
 from rl.algorithms.config import POLICY
 from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
-from rl.batching import pack_samples, split_micro_batches, trim_padding
+from rl.batching import split_micro_batches
 from rl.config import Config, SamplingConfig, dump_toml
 from rl.loop.admission import Admission
 from rl.loop.buffer import RolloutBuffer
@@ -46,8 +46,9 @@ from rl.metrics.logger import MetricsLogger
 from rl.metrics.generation import GenerationStats, batch_metrics, overlap_metrics
 from rl.metrics.samples import SampleLogger
 from rl.metrics.standard import reward_metrics
+from rl.prefix_packing import pack_batch, packing_metrics
 from rl.services.breaker import CircuitBreaker, group_failure
-from rl.training.precision import MismatchWatch
+from rl.precision import MismatchWatch
 from rollouts.fanout import RolloutContext, RolloutFn, rollout_group
 from rollouts.types import RolloutGroup, mark_frozen
 from tasks.build import BuiltTask, build_task
@@ -297,8 +298,12 @@ class Controller:
             metrics["train/skipped"] = 1
             await self.admission.release_accepted(len(groups))
             return metrics
-        batch = trim_padding(pack_samples(samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id))  # [R, L' <= L]
-        metrics["train/packing_efficiency"] = float((batch["sequence_ids"] >= 0).float().mean())  # real / all tokens
+        batch = pack_batch(  # [R, L]: rows as wide as the widest, a multiple of the trainer's ranks
+            samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id, prefix_sharing=trainer_config.prefix_sharing,
+            rows_multiple_of=trainer_config.num_procs * trainer_config.num_hosts,
+            min_rows=trainer_config.num_procs * trainer_config.num_hosts * trainer_config.ppo_n_minibatches,
+        )
+        metrics.update(packing_metrics(batch))
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         with timer("train"):
             train_metrics = await self.roles.trainer_call(self.roles.trainer.train_step.call_one(micro_batches), "train step")

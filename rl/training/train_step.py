@@ -23,7 +23,7 @@ from rl.training.losses import compute_loss, kl_estimate
 from rl.batching import COMPONENTS, component_counts, segment_sum, segments
 from rl.metrics.reduce import StepStats, merge_all, step_metrics
 from rl.training.distributed import Ranks
-from rl.training.logprobs import token_logprobs
+from rl.training.logprobs import packed_logprobs
 
 SPREAD = ("ratio",)
 """Trainer metrics logged with _mean/_std/_min/_max."""
@@ -68,12 +68,12 @@ def prepare(
         if not old_pass and reference is None:
             continue
         with torch.no_grad(), compute():
-            ids, positions, trained = micro_batch["input_ids"], micro_batch["position_ids"], trained_positions(micro_batch)
+            trained = trained_positions(micro_batch)
             if reference is not None:
-                micro_batch["kl_ref_logprobs"] = token_logprobs(reference, ids, positions, mask=trained)  # [B,L]
+                micro_batch["kl_ref_logprobs"] = packed_logprobs(reference, micro_batch, mask=trained)  # [B,L]
             if not old_pass:
                 continue
-            old = token_logprobs(model, ids, positions, mask=trained)  # [B,L] π_old
+            old = packed_logprobs(model, micro_batch, mask=trained)  # [B,L] π_old
         micro_batch["snapshot_logprobs"] = old  # the step-start policy: train/ppo_kl measures the drift from it
         mask = micro_batch["rl_weights"] != 0
         index, count = segments(micro_batch)
@@ -170,8 +170,8 @@ def train_step(
         optimizer.zero_grad(set_to_none=True)
         for micro_batch in minibatch:
             with compute():
-                logprobs, entropy = token_logprobs(  # [B,L]; the output layer runs only where a logprob is trained
-                    model, micro_batch["input_ids"], micro_batch["position_ids"], mask=trained_positions(micro_batch), return_entropy=True
+                logprobs, entropy = packed_logprobs(  # [B,L]; the output layer runs only where a logprob is trained
+                    model, micro_batch, mask=trained_positions(micro_batch), return_entropy=True
                 )
             stats.add("entropy", entropy[micro_batch["rl_weights"] != 0])
             stats.add("ref_kl/entropy", entropy[micro_batch["ref_kl_weights"] != 0])
