@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rl.config import Config
-from rl.training import precision
+from rl import precision
 from rl.precision import MismatchWatch, compute_context, resolve_compute_dtype
 
 
