@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rl import checkpoint
-from rl.loop.controller import row_index_of
+from rl.loop.state import row_index_of
 from tests.test_interrupt import Launch
 
 pytestmark = pytest.mark.e2e
