@@ -2,8 +2,8 @@
 (each of these ended the rollout as an ERROR before issue 19)."""
 
 from env_types.message_env import ResetOutput, StepOutput
-from env_types.renderer_env import Completion, RendererEnvConfig
-from rollouts.types import RolloutStatus
+from rollouts.renderer_env import RendererEnvConfig
+from rollouts.types import Completion, RolloutStatus
 from tasks.sum_digits import SumDigitsTask
 from tasks.testing import play
 from tools.tool import Tool, ToolEnv
