@@ -52,7 +52,7 @@ def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
 
 def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(path), dtype=TORCH_DTYPES[trainer_config.param_dtype], attn_implementation="sdpa"
+        resolve_model_path(path), dtype=TORCH_DTYPES[trainer_config.param_dtype], attn_implementation=trainer_config.attention
     )
     return model.to(trainer_config.device)
 

@@ -25,7 +25,9 @@ template is opaque, so `next_turn_prompt` falls back to a full re-render.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import re
 from typing import TYPE_CHECKING
 
 import renderers
@@ -102,11 +104,50 @@ def stop_token_ids(renderer: Renderer) -> list[int]:
     return sorted(set(renderer.get_stop_token_ids()))
 
 
+_ZERO_WIDTH_SPACE = "\u200b"
+
+
+@functools.lru_cache(maxsize=16)
+def _control_text(tokenizer: PreTrainedTokenizerBase) -> re.Pattern[str] | None:
+    """A pattern matching every added token's text (`<|im_end|>`, `<tool_response>`, ...), longest first."""
+    texts = sorted((text for text in tokenizer.get_added_vocab() if len(text) > 1), key=len, reverse=True)
+    return re.compile("|".join(map(re.escape, texts))) if texts else None
+
+
+def escape_control_text(tokenizer: PreTrainedTokenizerBase, text: str) -> str:
+    """`text` with a zero-width space after the first character of each added token's text in it.
+
+    Tokenizers match added-token text anywhere in what they encode, so `<|im_end|>` written by a
+    tool, a dataset row or the policy would become a real control token: a forged turn, a forged
+    tool result, a judge's forged verdict. Escaped, it tokenizes as ordinary text. Text without
+    such strings is returned unchanged (and tokenizes exactly as before).
+    """
+    pattern = _control_text(tokenizer)
+    if pattern is None or not isinstance(text, str):
+        return text
+    return pattern.sub(lambda match: match.group()[0] + _ZERO_WIDTH_SPACE + match.group()[1:], text)
+
+
+def _escaped(renderer: Renderer, messages: list[Message]) -> list[Message]:
+    """Copies of the non-assistant messages with control text escaped in their content (assistant turns are
+    the model's own tokens, re-rendered as sampled)."""
+    tokenizer = getattr(renderer, "_tokenizer", None)  # where the renderers package's renderers keep it
+    if tokenizer is None:
+        return messages
+    escaped = []
+    for message in messages:
+        content = message.get("content")
+        if message.get("role") != "assistant" and isinstance(content, str):
+            message = {**message, "content": escape_control_text(tokenizer, content)}
+        escaped.append(message)
+    return escaped
+
+
 def render_prompt(
     renderer: Renderer, messages: list[Message], *, tools: list[ToolSpec] | None = None
 ) -> list[int]:
-    """Prompt token ids for the next assistant turn after `messages`."""
-    return renderer.render_ids(messages, tools=tools, add_generation_prompt=True)
+    """Prompt token ids for the next assistant turn after `messages` (control text in their content stays text)."""
+    return renderer.render_ids(_escaped(renderer, messages), tools=tools, add_generation_prompt=True)
 
 
 def parse_completion(
@@ -123,7 +164,11 @@ def parse_completion(
     malformed ones (bad JSON, an unclosed block, no name) go to `invalid_tool_calls` as
     `{"raw", "error"}` so they are never lost (chat templates ignore the key).
     """
-    parsed = renderer.parse_response(completion_ids, prompt_ids=prompt_ids, tools=tools)
+    try:
+        parsed = renderer.parse_response(completion_ids, prompt_ids=prompt_ids, tools=tools)
+    except ValueError:  # e.g. a 5000-digit integer in a tool call's JSON (int parsing limit)
+        text = renderer._tokenizer.decode(completion_ids, skip_special_tokens=True)
+        return {"role": "assistant", "content": text, "invalid_tool_calls": [{"raw": text[:2000], "error": "invalid_json"}]}
     message: Message = {"role": "assistant", "content": parsed.content}
     if parsed.reasoning_content is not None:
         message["reasoning_content"] = parsed.reasoning_content
@@ -166,7 +211,7 @@ def next_turn_prompt(
     result starts with `prompt_ids + completion_ids` (up to the end-of-turn token); otherwise
     re-renders `messages + new_messages`, which may not extend them (check the prefix).
     """
-    bridged = renderer.bridge_to_next_turn(prompt_ids, completion_ids, new_messages, tools=tools)
+    bridged = renderer.bridge_to_next_turn(prompt_ids, completion_ids, _escaped(renderer, new_messages), tools=tools)
     if bridged is not None:
         return list(bridged.token_ids)
     return render_prompt(renderer, [*messages, *new_messages], tools=tools)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
 from env_types.renderer import invalid_tool_call_errors, next_turn_prompt, parse_completion, render_prompt
 from rollouts.types import Message, Rollout, RolloutStatus, RolloutTurn
+from rubrics.reward_value import checked_reward
 
 
 class RendererEnvConfig(BaseModel):
@@ -152,7 +153,8 @@ class RendererEnv:
         _check_type(env_step, StepOutput, "step")
         turn.env_messages = list(env_step.messages)
         turn.reward_components = dict(env_step.reward_components)
-        turn.reward = env_step.reward
+        if env_step.reward is not None:
+            turn.reward = checked_reward(env_step.reward, f"{type(self.env).__name__}.step")
         turn.tool_call_errors = [*turn.tool_call_errors, *env_step.tool_call_errors]
         if env_step.done:
             return await self._finish(RolloutStatus.COMPLETED)

@@ -13,6 +13,9 @@ from tensordict import TensorDict
 COMPONENTS = ("rl", "ce", "ref_kl")
 """The three loss components: policy gradient, cross-entropy, reverse KL to a reference/teacher."""
 
+FORWARD_PREFIX = "fwd_"
+"""Keys of the prefix-shared forward layout (`rl.prefix_packing`): their own width, not the logical rows'."""
+
 FLOAT_STREAMS = ("sampling_logprobs", "advantages", "rl_weights", "ce_weights", "ref_kl_weights", "ref_logprobs")
 
 
@@ -91,7 +94,14 @@ def pack_samples(samples: list[TrainSample], *, seq_len: int, pad_token_id: int)
         rows[row].append(i)
         free[row] -= n
 
-    shape = (len(rows), seq_len)
+    batch = lay_out(samples, rows, width=seq_len, pad_token_id=pad_token_id)
+    check_packing(batch, samples)
+    return batch
+
+
+def lay_out(samples: list[TrainSample], rows: list[list[int]], *, width: int, pad_token_id: int) -> TensorDict:
+    """The logical layout: row r holds the samples `rows[r]` one after the other, padded to `width` tokens."""
+    shape = (len(rows), width)
     tensors = {
         "input_ids": torch.full(shape, pad_token_id, dtype=torch.long),
         "position_ids": torch.zeros(shape, dtype=torch.long),
@@ -113,9 +123,7 @@ def pack_samples(samples: list[TrainSample], *, seq_len: int, pad_token_id: int)
             for name in FLOAT_STREAMS:
                 tensors[name][r, start:end] = torch.tensor(getattr(sample, name), dtype=torch.float32)
             start = end
-    batch = TensorDict(tensors, batch_size=[len(rows)])
-    check_packing(batch, samples)
-    return batch
+    return TensorDict(tensors, batch_size=[len(rows)])
 
 
 def check_packing(batch: TensorDict, samples: list[TrainSample]) -> None:
@@ -126,6 +134,8 @@ def check_packing(batch: TensorDict, samples: list[TrainSample]) -> None:
     """
     seq_len = batch["input_ids"].shape[1]
     for key, value in batch.items():
+        if key.startswith(FORWARD_PREFIX):
+            continue
         if tuple(value.shape) != (batch.batch_size[0], seq_len):
             raise AssertionError(f"packed stream {key!r} has shape {tuple(value.shape)}, expected {(batch.batch_size[0], seq_len)}")
     sequence_ids = batch["sequence_ids"]
@@ -195,9 +205,10 @@ def trim_padding(batch: TensorDict) -> TensorDict:
     """The batch without the padding columns every row ends with: [R, L] -> [R, L'], L' = longest row's real length.
 
     Position ids restart for every sample, so the real tokens' logits do not change; the trainer just
-    stops computing on columns that are padding in every row.
+    stops computing on columns that are padding in every row. The forward layout of prefix-shared packing (`fwd_*` keys) is built without padding columns and kept as it is.
     """
     real = batch["sequence_ids"] >= 0  # [R, L]
     columns = real.any(dim=0).nonzero()
     length = int(columns[-1]) + 1 if len(columns) else 1
-    return TensorDict({key: value[:, :length] for key, value in batch.items()}, batch_size=batch.batch_size)
+    trimmed = {key: value if key.startswith(FORWARD_PREFIX) else value[:, :length] for key, value in batch.items()}
+    return TensorDict(trimmed, batch_size=batch.batch_size)

@@ -79,8 +79,10 @@ class GeneratorConfig(Section):
 
 class TrainerConfig(Section):
     device: Device = "cpu"
-    dtype: DType = "float32"
-    """Compute dtype: below `param_dtype` the forward/backward runs under autocast over fp32 master weights."""
+    dtype: DType | Literal["auto"] = "auto"
+    """Compute dtype: below `param_dtype` the forward/backward runs under autocast over fp32 master weights.
+    "auto": bf16 where the device runs bf16 matmuls natively (CUDA; a CPU with AVX512-BF16/AMX), else
+    `param_dtype`; resolved when the config is validated. Explicit "bfloat16" on a CPU without it is refused."""
     param_dtype: DType = "float32"
     """Dtype of the parameters and optimizer state. Below fp32 only with `pure_low_precision = true`."""
     pure_low_precision: bool = False
@@ -89,10 +91,19 @@ class TrainerConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     max_grad_norm: float = Field(1.0, gt=0)
+    max_nonfinite_steps: int = Field(3, ge=1)
+    """Steps in a row whose gradient norm is not finite (each skipped, weights unchanged) before the run stops."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     seq_len: int = Field(1024, ge=8)
     """Row length L of packed `[B, L]` training batches; a longer rollout is dropped."""
+    prefix_sharing: bool = True
+    """Pack samples as prefix trees (`rl.prefix_packing`): a prefix shared by several samples (a group's prompt) is
+    forwarded once per row, under a mask that gives every token exactly its own prefix (same logprobs and
+    gradients as independent sequences, to fp32 rounding). False: samples side by side, each whole."""
+    attention: Literal["sdpa", "flex_attention"] = "sdpa"
+    """The trainer's attention kernel: "sdpa" takes the prefix-tree mask as a dense [L, L] bool mask per row;
+    "flex_attention" as a block-sparse BlockMask (compiled; the path for GPUs and long rows)."""
     micro_batch_size: int = Field(8, ge=1)
     """Rows per forward/backward; gradients accumulate over the micro-batches of a step."""
     ppo_n_minibatches: int = Field(1, ge=1)
@@ -129,6 +140,8 @@ class RubricConfig(Section):
     error_reward: float | None = 0.0
     """`"none"` (TOML has no null) grades the partial turns of ERROR / TIMEOUT / ABORTED rollouts instead."""
     timeout_s: float = Field(60.0, gt=0)
+    max_abs_reward: float = Field(1e6, gt=0, le=1e30)
+    """Largest |value| a reward function may return; beyond it (or NaN) the rollout is an ERROR naming the function."""
 
     @field_validator("error_reward", mode="before")
     @classmethod
@@ -383,7 +396,18 @@ class Config(Section):
             raise ValueError("trainer and generators on different hosts: set weight_sync.transport = 'torchstore' (shared memory is one host's)")
 
     def _check_precision(self) -> None:
+        from rl.training.precision import native_bf16, resolve_compute_dtype
+
         trainer = self.trainer
+        checkable = trainer.device == "cuda" or self.cluster.hosts.trainer == 0  # a CPU elsewhere cannot be asked from here
+        native = native_bf16(trainer.device) if checkable else False
+        trainer.dtype = resolve_compute_dtype(trainer.dtype, trainer.param_dtype, native)
+        if trainer.dtype == "bfloat16" and trainer.device == "cpu" and checkable and not native:
+            raise ValueError(
+                "trainer.dtype = 'bfloat16' on a CPU without native bf16 matmuls (torch.ops.mkldnn._is_mkldnn_bf16_supported() "
+                "is False: no AVX512-BF16/AMX): PyTorch falls back to its reference GEMM, measured >20x slower than fp32 "
+                "(the main job's first bf16 step had not finished after 6 min; fp32 takes ~15 s). Use 'auto' or 'float32'"
+            )
         if trainer.param_dtype != "float32" and not trainer.pure_low_precision:
             raise ValueError(
                 f"trainer.param_dtype = {trainer.param_dtype!r}: low-precision parameters barely train at RL learning "

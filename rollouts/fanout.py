@@ -21,6 +21,8 @@ from typing import Any, Awaitable, Callable
 
 from env_types.renderer_env import Completion, GenerationRequest, RendererEnv, RendererEnvConfig
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus
+from rubrics.reward_value import MAX_ABS_REWARD, InvalidReward, checked_reward
+from rubrics.rubric import fn_name
 from tasks.task import Task
 
 
@@ -69,11 +71,24 @@ async def run_sample(rollout_fn: RolloutFn, row: dict[str, Any], context: Rollou
         result = await rollout_fn(copy.deepcopy(row), context)
         if result is not None and not isinstance(result, Rollout):
             raise TypeError(f"rollout_fn returned {type(result).__name__}, expected Rollout or None")
+        if result is not None and result.reward is not None:
+            _check_own_reward(result, rollout_fn, context.task)
         return result
     except Exception as exc:
         failed = context.new_rollout()
         failed.fail(RolloutStatus.ERROR, "".join(traceback.format_exception(exc))[-4000:])
         return failed
+
+
+def _check_own_reward(rollout: Rollout, rollout_fn: RolloutFn, task: Task) -> None:
+    """A reward the rollout_fn set itself gets the rubric's checks; a bad one makes the rollout an ERROR."""
+    rubric = getattr(task, "rubric", None)
+    bound = rubric.max_abs_reward if rubric is not None else MAX_ABS_REWARD
+    try:
+        rollout.reward = checked_reward(rollout.reward, f"rollout_fn {fn_name(rollout_fn)!r}", bound)
+    except InvalidReward as exc:
+        rollout.status, rollout.error = RolloutStatus.ERROR, str(exc)
+        rollout.reward = rubric.error_reward if rubric is not None and rubric.error_reward is not None else 0.0
 
 
 def join_by_row(row_id: str, task_name: str, row: dict[str, Any], results: list[tuple[int, Rollout | None]]) -> RolloutGroup:

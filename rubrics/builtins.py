@@ -34,9 +34,23 @@ def last_boxed(text: str) -> str | None:
     return None
 
 
+def tag_contents(text: str, tag: str = "answer") -> list[str]:
+    """Contents of the `<tag>...</tag>` blocks, left to right (what `re.findall(r"<tag>(.*?)</tag>")` finds),
+    in one linear pass: that regex is quadratic in the length of a reply full of unclosed `<tag>`s."""
+    opening, closing = f"<{tag}>", f"</{tag}>"
+    contents, position = [], 0
+    while (start := text.find(opening, position)) != -1:
+        end = text.find(closing, start + len(opening))
+        if end == -1:
+            break
+        contents.append(text[start + len(opening):end])
+        position = end + len(closing)
+    return contents
+
+
 def last_tag(text: str, tag: str = "answer") -> str | None:
     """Content of the last `<tag>...</tag>`, None if there is none."""
-    matches = re.findall(rf"<{tag}>(.*?)</{tag}>", text, flags=re.DOTALL)
+    matches = tag_contents(text, tag)
     return matches[-1] if matches else None
 
 
@@ -96,8 +110,9 @@ def math_verify(rollout: Rollout, example: dict[str, Any], *, answer_key: str = 
     r"""1 when `math-verify` finds the reply's final answer (`\boxed{}` first, else the last expression)
     mathematically equal to the reference (`1/2` = `0.5` = `\frac{1}{2}`), else 0.
 
-    math-verify's own signal-based timeouts only work on the main thread, so they are off here;
-    the rubric's `timeout_s` bounds the call instead.
+    math-verify's own signal-based timeouts are off (they only work on a main thread, and a big-int
+    operation does not see the signal until it ends): the rubric runs this in a worker process and
+    kills it at `timeout_s`.
     """
     from math_verify import parse, verify
 
@@ -112,7 +127,7 @@ def math_verify(rollout: Rollout, example: dict[str, Any], *, answer_key: str = 
 
 def answer_tag_format(rollout: Rollout, example: dict[str, Any], *, tag: str = "answer") -> float:
     """1 when the reply has exactly one non-empty `<tag>...</tag>` block, else 0."""
-    matches = re.findall(rf"<{tag}>(.*?)</{tag}>", rollout.last_assistant_text(), flags=re.DOTALL)
+    matches = tag_contents(rollout.last_assistant_text(), tag)
     return float(len(matches) == 1 and bool(matches[0].strip()))
 
 

@@ -6,14 +6,17 @@ whole group -- and returns one number per rollout (ranks, pairwise preferences, 
 bonus). The rubric runs all functions of all rollouts of a group concurrently, combines them
 with weights normalized to sum to 1, and never lets one failing function take the group down:
 that rollout gets the rubric's `error_reward` and the exception text, the others are scored
-normally (a failing group function fails every rollout it was to score).
+normally (a failing group function fails every rollout it was to score). Sync functions run in
+worker processes (`rubrics.workers`), so one that spins past `timeout_s` is killed there (the
+rollout becomes TIMEOUT) instead of freezing the scoring process's event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
-import math
+import logging
+import pickle
 import threading
 import traceback
 from dataclasses import dataclass
@@ -22,6 +25,10 @@ from typing import Any, Awaitable, Callable
 from pydantic import BaseModel, ConfigDict, Field
 
 from rollouts.types import Rollout, RolloutStatus
+from rubrics import workers
+from rubrics.reward_value import MAX_ABS_REWARD, InvalidReward, checked_reward
+
+logger = logging.getLogger(__name__)
 
 RewardFnType = Callable[[Rollout, dict[str, Any]], "float | Awaitable[float]"]
 GroupRewardFnType = Callable[[list[Rollout], dict[str, Any]], "list[float] | Awaitable[list[float]]"]
@@ -80,6 +87,8 @@ class Rubric:
     the reward of a rollout whose reward function failed, and of a PROMPT_OVERFLOW rollout when
     `truncation_reward` is None (0.0 for both when `error_reward` is None too). `timeout_s`:
     longest one reward function may take on one rollout (a group function: on the group).
+    `max_abs_reward`: bound on what a function may return (`rubrics.reward_value`); anything
+    else (NaN, 1e39, a string) fails that rollout with an error naming the function.
     """
 
     def __init__(
@@ -89,6 +98,7 @@ class Rubric:
         truncation_reward: float | None = None,
         error_reward: float | None = 0.0,
         timeout_s: float = 60.0,
+        max_abs_reward: float = MAX_ABS_REWARD,
     ):
         if not reward_fns:
             raise ValueError("a Rubric needs at least one reward function")
@@ -103,6 +113,7 @@ class Rubric:
         self.truncation_reward = truncation_reward
         self.error_reward = error_reward
         self.timeout_s = timeout_s
+        self.max_abs_reward = max_abs_reward
 
     @property
     def _fallback_reward(self) -> float:
@@ -161,7 +172,7 @@ class Rubric:
 
     async def _call(self, reward_fn: RewardFn, rollout: Rollout, example: dict[str, Any]) -> float:
         value = await self._guarded(reward_fn, rollout, example)
-        return _finite(reward_fn, value)
+        return self._checked(reward_fn, value)
 
     async def _call_group(
         self, reward_fn: RewardFn, rollouts: list[Rollout], example: dict[str, Any]
@@ -173,26 +184,35 @@ class Rubric:
                 raise RewardFunctionError(
                     f"group reward function {reward_fn.key!r} returned {values!r}, not a list of {len(rollouts)} numbers"
                 )
-            return [_finite(reward_fn, value) for value in values]
+            return [self._checked(reward_fn, value) for value in values]
         except RewardFunctionError as exc:
             return exc
 
+    def _checked(self, reward_fn: RewardFn, value: Any) -> float:
+        try:
+            return checked_reward(value, f"reward function {reward_fn.key!r}", self.max_abs_reward)
+        except InvalidReward as exc:
+            raise RewardFunctionError(str(exc)) from None
+
     async def _guarded(self, reward_fn: RewardFn, *args: Any) -> Any:
         try:
+            if not _is_async(reward_fn.fn):
+                try:
+                    return await workers.pool().call(reward_fn.fn, args, self.timeout_s)
+                except (pickle.PicklingError, TypeError, AttributeError) as exc:
+                    _warn_thread_fallback(reward_fn.key, exc)
             return await asyncio.wait_for(_call_off_loop(reward_fn.fn, *args), self.timeout_s)
-        except asyncio.TimeoutError:
+        except (asyncio.TimeoutError, workers.WorkerTimeout):
             raise RewardFunctionError(
                 f"reward function {reward_fn.key!r} took longer than {self.timeout_s} s", timed_out=True
             ) from None
+        except workers.FunctionRaised as exc:
+            raise RewardFunctionError(f"reward function {reward_fn.key!r} raised: {exc}") from None
         except Exception as exc:
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             raise RewardFunctionError(f"reward function {reward_fn.key!r} raised: {detail}") from exc
 
 
-def _finite(reward_fn: RewardFn, value: Any) -> float:
-    if not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RewardFunctionError(f"reward function {reward_fn.key!r} returned {value!r}, not a finite number")
-    return float(value)
 
 
 def _settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> None:
@@ -205,13 +225,28 @@ def _settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> No
         future.set_result(value)
 
 
-async def _call_off_loop(fn: Callable[..., Any], *args: Any) -> Any:
-    """Await an async reward function; run a sync one in a daemon thread.
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
 
-    A sync function that blocks (a slow check, a hang) then neither stalls the other groups nor,
-    being a daemon, keeps the process alive after its timeout.
+
+_WARNED: set[str] = set()
+
+
+def _warn_thread_fallback(key: str, exc: BaseException) -> None:
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    logger.warning("reward function %r cannot be sent to a worker process (%s); it runs in a thread, where a call "
+                   "past its deadline cannot be stopped and holds the event loop while it holds the GIL", key, exc)
+
+
+async def _call_off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    """Await an async reward function; run a sync one that cannot go to a worker process in a daemon thread.
+
+    Such a function that blocks (a slow check, a hang) then does not stall the other groups unless it
+    holds the GIL, and, being a daemon, does not keep the process alive after its timeout.
     """
-    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None)):
+    if _is_async(fn):
         return await fn(*args)
     loop = asyncio.get_running_loop()
     result: asyncio.Future = loop.create_future()

@@ -11,7 +11,7 @@ from rl.config import RubricConfig, TaskConfig
 from rl.registry import REWARD_FNS, TASKS, import_object, resolve
 from rollouts.fanout import RolloutFn, task_rollout
 from rubrics.rubric import RewardFn, Rubric
-from tasks.datasets import load_file_rows
+from tasks.datasets import check_rows, load_file_rows
 from tasks.task import Split, Task
 
 
@@ -34,6 +34,7 @@ def build_rubric(rubric_config: RubricConfig) -> Rubric:
         truncation_reward=rubric_config.truncation_reward,
         error_reward=rubric_config.error_reward,
         timeout_s=rubric_config.timeout_s,
+        max_abs_reward=rubric_config.max_abs_reward,
     )
 
 
@@ -49,12 +50,16 @@ class BuiltTask:
     """One trajectory per call: the config's `rollout_fn`, else the task's environment (`task_rollout`)."""
 
     def load_rows(self, split: Split) -> list[dict[str, Any]]:
-        """A split's rows: from the file the config names for it, else from the task."""
+        """A split's rows: from the file the config names for it, else from the task; a row lacking one of the
+        task's `row_fields` fails here, naming the task, the row and the field."""
         data = self.config.data
         path = getattr(data, split) if data is not None else None
         if path is None:
-            return self.task.load_dataset(split)
-        return load_file_rows(path, data.columns, required=self.task.row_fields)
+            rows, source = self.task.load_dataset(split), "load_dataset"
+        else:
+            rows, source = load_file_rows(path, data.columns, required=self.task.row_fields), path
+        check_rows(rows, self.task.row_fields, f"task {self.name!r}, {split} split ({source})")
+        return rows
 
 
 def build_task(task_config: TaskConfig) -> BuiltTask:

@@ -36,7 +36,26 @@ def load_file_rows(path: str, columns: dict[str, str], required: tuple[str, ...]
         raise ValueError(f"{path}: no column(s) {absent}; the file has {table.column_names}")
     renamed = {column: field for field, column in columns.items()}
     rows = [{renamed.get(key, key): value for key, value in row.items()} for row in table]
-    missing = sorted(field for field in required if rows and field not in rows[0])
+    available = {renamed.get(column, column) for column in table.column_names}
+    missing = sorted(field for field in required if field not in available)
     if missing:
         raise ValueError(f"{path}: rows need field(s) {missing}; map them with data.columns (the file has {table.column_names})")
     return rows
+
+
+def check_rows(rows: list[Any], fields: tuple[str, ...], where: str) -> None:
+    """Raise ValueError naming `where` (task, split, source), the row and the field when a row is not a dict
+    or lacks one of `fields` (absent or None: files give None for a key a row lacks, and a reward that
+    compares with `str(None)` would then pay the answer "None")."""
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: row {index} is a {type(row).__name__}, not a dict")
+        for field in fields:
+            if row.get(field) is None:
+                state = "null" if field in row else "missing"
+                raise ValueError(f"{where}: row {index} has field {field!r} {state}: {_preview(row)}")
+
+
+def _preview(row: dict[str, Any]) -> str:
+    text = repr(row)
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -1,8 +1,11 @@
 """Trainer precision: autocast over fp32 master weights, and the sampler-mismatch warning."""
 
+import pytest
 import torch
 
-from rl.training.precision import MismatchWatch, compute_context
+from rl.config import Config
+from rl.training import precision
+from rl.training.precision import MismatchWatch, compute_context, resolve_compute_dtype
 
 
 def test_bf16_compute_keeps_fp32_master_weights_and_small_updates():
@@ -40,3 +43,22 @@ def test_mismatch_watch_floor_ignores_noise_of_an_exact_sampler():
     assert watch.check(1e-9) is None
     assert watch.check(1e-6) is None  # 1000x the first value, far below the floor
     assert watch.check(2e-3) is not None
+
+
+def test_auto_compute_dtype_is_bf16_only_where_bf16_is_native():
+    assert resolve_compute_dtype("auto", "float32", native=True) == "bfloat16"
+    assert resolve_compute_dtype("auto", "float32", native=False) == "float32"
+    assert resolve_compute_dtype("auto", "bfloat16", native=False) == "bfloat16"  # pure low precision stays as it is
+    assert resolve_compute_dtype("float32", "float32", native=True) == "float32"  # an explicit dtype is kept
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_validation_resolves_auto_and_refuses_bf16_on_a_cpu_without_it(monkeypatch, native):
+    monkeypatch.setattr(precision, "native_bf16", lambda device: native)
+    assert Config().trainer.dtype == ("bfloat16" if native else "float32")
+    assert Config().generator.dtype == "float32"  # the sampler follows the trainer's exact (fp32) weights
+    if native:
+        assert Config(trainer={"dtype": "bfloat16"}).trainer.dtype == "bfloat16"
+    else:
+        with pytest.raises(ValueError, match="_is_mkldnn_bf16_supported"):
+            Config(trainer={"dtype": "bfloat16"})

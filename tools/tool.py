@@ -69,7 +69,7 @@ def _is_type(value: Any, kind: str) -> bool:
 
 def tool_message(content: str, call: dict[str, Any] | None = None) -> Message:
     message: Message = {"role": "tool", "content": content}
-    if call is not None:
+    if call is not None and isinstance(call["function"]["name"], str):
         message["name"] = call["function"]["name"]
         if "id" in call:
             message["tool_call_id"] = call["id"]
@@ -118,6 +118,9 @@ class ToolEnv(MessageEnv):
     async def call_tool(self, call: dict[str, Any]) -> tuple[str, ToolCallError | None]:
         """The tool message text for one parsed call, and the error record if it did not run."""
         name, arguments = call["function"]["name"], call["function"].get("arguments", {})
+        if not isinstance(name, str):
+            detail = f"the tool name must be a string, got {json.dumps(name)[:100]}"
+            return f"Error: {detail}.", ToolCallError(kind="bad_arguments", detail=detail)
         tool = self.tools.get(name)
         if tool is None:
             detail = f"unknown tool {name!r}; available tools: {', '.join(sorted(self.tools)) or 'none'}"

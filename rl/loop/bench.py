@@ -5,7 +5,10 @@ One invocation, one config (same model, prompts and sampling throughout):
      per-step generation and training times are "generation alone" and "training alone";
   2. the async loop with staleness budgets 1 and 2;
   3. the in-process floor of a weight sync of the same state dict (cast, copy into shared
-     memory, vLLM reload) and the trainer dtype's matmul peak.
+     memory, vLLM reload of an engine built with the generator's own engine arguments) and the
+     machine's matmul peak in each dtype (fp32, bf16: a CPU without native bf16 shows it here).
+Trained tokens per second are counted both ways: tokens forwarded (a prefix shared by a group's
+samples once per row) and the samples' logical tokens; their ratio is the prefix-sharing gain.
 Writes `bench.json` and `bench.md` (a markdown table) into `<run.output_dir>/<run.name>-bench/`.
 The first step of every loop is left out of the averages (start-up, nothing to overlap yet).
 """
@@ -23,8 +26,7 @@ import torch
 
 from rl.assets import resolve_model_path
 from rl.config import Config
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from rl.training.precision import TORCH_DTYPES, native_bf16
 
 
 def matmul_peak_gflops(dtype: torch.dtype, cpus: list[int] | None, size: int = 2048, repeats: int = 5) -> float:
@@ -57,9 +59,11 @@ def weight_sync_floor(config: Config) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
     from vllm import LLM
 
+    from actors.generator import engine_args
+
     path = resolve_model_path(config.model.path)
-    state_dict = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.trainer.param_dtype]).state_dict()
-    dtype = _DTYPES[config.generator.dtype]
+    state_dict = AutoModelForCausalLM.from_pretrained(path, dtype=TORCH_DTYPES[config.trainer.param_dtype]).state_dict()
+    dtype = TORCH_DTYPES[config.generator.dtype]
     cast_s = min(_timed(lambda: {name: tensor.to(dtype) for name, tensor in state_dict.items()}) for _ in range(3))
     cast = {name: tensor.to(dtype) for name, tensor in state_dict.items()}
     shared = {name: torch.empty_like(tensor).share_memory_() for name, tensor in cast.items()}
@@ -69,8 +73,7 @@ def weight_sync_floor(config: Config) -> dict[str, float]:
             shared[name].copy_(tensor)
 
     copy_s = min(_timed(copy) for _ in range(3))  # the first copy also faults the pages in
-    llm = LLM(model=path, skip_tokenizer_init=True, dtype=config.generator.dtype, enforce_eager=True,
-              max_model_len=config.generator.max_model_len, seed=0)
+    llm = LLM(model=path, **engine_args(config.generator))  # the engine the loop's generators run
 
     def reload() -> None:
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(shared.items())})
@@ -105,9 +108,13 @@ async def run_loop(config: Config, staleness: int, name: str) -> dict[str, float
         return statistics.fmean(step[key] for step in steps)
 
     seconds = sum(step["time/step_s"] for step in steps)
+    train_seconds = sum(step["time/train_s"] for step in steps)
     return {
         "s_per_step": seconds / len(steps),
         "trained_tokens_per_s": sum(step["train/num_loss_tokens"] for step in steps) / seconds,
+        "train_forward_tokens_per_s": sum(step["train/forward_tokens"] for step in steps) / train_seconds,
+        "train_logical_tokens_per_s": sum(step["train/logical_tokens"] for step in steps) / train_seconds,
+        "prefix_sharing_gain": sum(step["train/logical_tokens"] for step in steps) / sum(step["train/forward_tokens"] for step in steps),
         "generation_s": mean("time/generation_s"),
         "train_s": mean("time/train_s"),
         "weight_sync_s": mean("time/weight_sync_s"),
@@ -122,11 +129,13 @@ async def run_loop(config: Config, staleness: int, name: str) -> dict[str, float
 
 def table(results: dict[str, Any]) -> str:
     sync, loops = results["loops"]["sync"], results["loops"]
+    peaks = ", ".join(f"{dtype} {gflops:.0f}" for dtype, gflops in results["matmul_peak_gflops"].items())
     rows = [
         ("generation alone (tokens/s)", f"{sync['generation_tokens_per_s']:.0f}"),
-        ("training alone (tokens/s)", f"{sync['train_tokens_per_s']:.0f}"),
-        (f"training, share of {results['trainer_dtype']} matmul peak ({results['matmul_peak_gflops']:.0f} GFLOP/s)",
-         f"{results['trainer_peak_fraction']:.2f}"),
+        ("training alone: forwarded, logical tokens/s", f"{sync['train_forward_tokens_per_s']:.0f}, {sync['train_logical_tokens_per_s']:.0f}"),
+        ("prefix-sharing gain (logical / forwarded tokens)", f"{sync['prefix_sharing_gain']:.2f}"),
+        (f"matmul peak, GFLOP/s ({results['native_bf16']})", peaks),
+        (f"training, share of the {results['trainer_dtype']} matmul peak (forwarded tokens)", f"{results['trainer_peak_fraction']:.2f}"),
     ]
     for name, loop in loops.items():
         rows.append((f"{name} loop: s/step, trained tokens/s", f"{loop['s_per_step']:.2f}, {loop['trained_tokens_per_s']:.1f}"))
@@ -136,7 +145,7 @@ def table(results: dict[str, Any]) -> str:
     rows += [
         ("sync s/step vs generation + training + sync alone", f"{results['ratios']['sync_vs_phases']:.2f}"),
         ("weight sync s (loop) vs in-process floor", f"{sync['weight_sync_s']:.2f} vs {results['weight_sync_floor']['total_s']:.2f}"),
-        ("packing efficiency (real / all tokens in batches)", f"{sync['packing_efficiency']:.2f}"),
+        ("packing efficiency (real / all forwarded positions)", f"{sync['packing_efficiency']:.2f}"),
     ]
     lines = [f"`rlmesh bench` on {results['model']} ({results['machine']})", "", "| measure | value |", "|---|---|"]
     return "\n".join(lines + [f"| {name} | {value} |" for name, value in rows]) + "\n"
@@ -145,19 +154,24 @@ def table(results: dict[str, Any]) -> str:
 async def bench(config: Config) -> dict[str, Any]:
     out = Path(config.run.output_dir) / f"{config.run.name}-bench"
     out.mkdir(parents=True, exist_ok=True)
-    trainer_dtype = _DTYPES[config.trainer.dtype]
+    native = native_bf16(config.trainer.device)
     results: dict[str, Any] = {
         "model": config.model.path,
         "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start",
         "trainer_dtype": config.trainer.dtype,
-        "matmul_peak_gflops": matmul_peak_gflops(trainer_dtype, config.trainer.cpus),
+        "native_bf16": f"native bf16: {'yes' if native else 'no'}",
+        "matmul_peak_gflops": {  # a bf16 matmul without native support runs PyTorch's reference GEMM: a smaller one suffices
+            name: matmul_peak_gflops(TORCH_DTYPES[name], config.trainer.cpus, size=2048 if native or name == "float32" else 512)
+            for name in dict.fromkeys(("float32", "bfloat16", config.trainer.dtype))
+        },
         "loops": {},
     }
     for staleness, name in ((0, "sync"), (1, "async_1"), (2, "async_2")):
         results["loops"][name] = await run_loop(config, staleness, f"{config.run.name}-bench-{name}")
     results["weight_sync_floor"] = weight_sync_floor(config)  # last: its in-process engine holds memory until exit
     sync = results["loops"]["sync"]
-    results["trainer_peak_fraction"] = 6 * parameter_count(config) * sync["train_tokens_per_s"] / (results["matmul_peak_gflops"] * 1e9)
+    peak = results["matmul_peak_gflops"][config.trainer.dtype]
+    results["trainer_peak_fraction"] = 6 * parameter_count(config) * sync["train_forward_tokens_per_s"] / (peak * 1e9)
     results["ratios"] = {
         "async_1_vs_sync": results["loops"]["async_1"]["trained_tokens_per_s"] / sync["trained_tokens_per_s"],
         "async_2_vs_sync": results["loops"]["async_2"]["trained_tokens_per_s"] / sync["trained_tokens_per_s"],

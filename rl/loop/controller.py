@@ -32,7 +32,8 @@ from rl.loop.admission import Admission
 from rl.algorithms.config import POLICY
 from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
-from rl.batching import pack_samples, split_micro_batches, trim_padding
+from rl.batching import split_micro_batches
+from rl.prefix_packing import pack_batch, packing_metrics
 from rl.loop.buffer import RolloutBuffer, is_frozen_sampled
 from rl.processes.cluster import Placement
 from rl.config import Config, SamplingConfig, dump_toml
@@ -156,6 +157,7 @@ class Controller:
             policy_version=self.state.policy_version,
         )
         self.breaker = CircuitBreaker(config.services.breaker, on_open=self._stop_run)
+        self.nonfinite_steps_in_row = 0
         self.generation_stats = GenerationStats()
         self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
         self.algorithms = task_algorithms(config)
@@ -356,8 +358,9 @@ class Controller:
         try:
             return await self.reward.call("score_group", group)
         except Exception as exc:
+            status = RolloutStatus.TIMEOUT if getattr(exc, "timed_out", False) else RolloutStatus.ERROR
             for rollout in group.rollouts:
-                rollout.status = RolloutStatus.ERROR
+                rollout.status = status
                 rollout.error = f"reward actor failed: {exc}"
             return group
 
@@ -417,12 +420,19 @@ class Controller:
             metrics["train/skipped"] = 1
             await self.admission.release_accepted(len(groups))
             return metrics
-        batch = trim_padding(pack_samples(samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id))  # [R, L' <= L]
-        metrics["train/packing_efficiency"] = float((batch["sequence_ids"] >= 0).float().mean())  # real / all tokens
+        batch = pack_batch(  # [R, L]: rows as wide as the widest, a multiple of the trainer's ranks
+            samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id, prefix_sharing=trainer_config.prefix_sharing,
+            rows_multiple_of=trainer_config.num_procs * trainer_config.num_hosts,
+            min_rows=trainer_config.num_procs * trainer_config.num_hosts * trainer_config.ppo_n_minibatches,
+        )
+        metrics.update(packing_metrics(batch))
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         with timer("train"):
             train_metrics = await self._trainer_call(self.trainer.train_step.call_one(micro_batches), "train step")
         metrics.update({key if key == "loss" or "/" in key else f"train/{key}": value for key, value in train_metrics.items()})
+        if metrics.get("train/skipped_nonfinite_steps", 0) >= trainer_config.ppo_n_minibatches:
+            return await self._nonfinite_step(metrics, len(groups))  # the weights did not change: no sync, same version
+        self.nonfinite_steps_in_row = 0
         if "train/mismatch_k3" in metrics and (warning := self.mismatch_watch.check(metrics["train/mismatch_k3"])):
             tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
 
@@ -430,6 +440,19 @@ class Controller:
             await self.sync_weights(self.state.policy_version + 1)
         if "train/clip_frac_low" in metrics:
             metrics["train/ppo_clip_frac"] = metrics["train/clip_frac_low"] + metrics["train/clip_frac_high"]
+        return metrics
+
+    async def _nonfinite_step(self, metrics: dict[str, float], rows: int) -> dict[str, float]:
+        """A step whose every update was skipped for a non-finite gradient norm (its rows' slots go to other rows,
+        as for a step with nothing to train); too many in a row stop the run."""
+        self.nonfinite_steps_in_row += 1
+        limit = self.config.trainer.max_nonfinite_steps
+        message = (f"step {self.state.step + 1}: gradient norm {metrics.get('train/grad_norm')} is not finite; the update was "
+                   f"skipped ({self.nonfinite_steps_in_row} in a row, trainer.max_nonfinite_steps = {limit})")
+        tqdm.write(f"rlmesh: warning: {message}", file=sys.stderr)
+        if self.nonfinite_steps_in_row >= limit:
+            self._stop_run(f"{message}: stopping the run")
+        await self.admission.release_accepted(rows)
         return metrics
 
     async def sync_weights(self, policy_version: int) -> None:

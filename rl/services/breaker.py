@@ -9,9 +9,12 @@ from rl.services.config import BreakerConfig
 from rollouts.types import RolloutGroup, RolloutStatus
 
 
+_FAILED = (RolloutStatus.ERROR, RolloutStatus.TIMEOUT, RolloutStatus.ABORTED)
+
+
 def group_failure(group: RolloutGroup) -> tuple[bool, str]:
-    """(failed, cause): a group failed when every rollout of it is an ERROR."""
-    errors = [rollout.error or "" for rollout in group.rollouts if rollout.status == RolloutStatus.ERROR]
+    """(failed, cause): a group failed when every rollout of it is an ERROR, TIMEOUT or ABORTED."""
+    errors = [rollout.error or rollout.status.value for rollout in group.rollouts if rollout.status in _FAILED]
     return bool(errors) and len(errors) == len(group.rollouts), (errors[0] if errors else "")[-500:]
 
 

@@ -40,8 +40,16 @@ from rl.services.router import Router
 _SERVICES = itertools.count()
 
 
+_DIED, _DEADLINE = "its replica died", "its replica missed the call's deadline"
+
+
 class RequestFailed(RuntimeError):
-    """A request was lost on `max_attempts` replicas, or no replica became healthy in time."""
+    """A request was lost on `max_attempts` replicas (or twice the same way: a poison request), or no replica
+    became healthy in time. `timed_out`: its last replica missed the call's deadline."""
+
+    def __init__(self, message: str, *, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out
 
 
 @dataclass
@@ -148,40 +156,48 @@ class Service:
     async def call(self, endpoint: str, *args: Any, key: str | None = None) -> Any:
         """`endpoint(*args)` on one replica; resubmitted to another if that one is lost before answering.
 
-        Exceptions the endpoint raises itself are the caller's; `RequestFailed` after `max_attempts` lost replicas.
+        Exceptions the endpoint raises itself are the caller's; `RequestFailed` after `max_attempts` lost replicas,
+        or as soon as two replicas in a row were lost the same way on it (both died, or both missed the deadline):
+        a poison request (one model reply that kills whatever scores it) is not handed to a third replica.
         """
         request = self.ledger.open()
+        causes: list[str] = []
         try:
             while True:
                 index = self.router.pick(await self._wait_healthy(), key)
                 attempt = self.ledger.assign(request, index)
                 try:
-                    lost, result = await self._attempt(self.replicas[index], endpoint, args)
+                    cause, result = await self._attempt(self.replicas[index], endpoint, args)
                 finally:
                     self.router.done(index)
-                if not lost:
+                if cause is None:
                     return result
-                if attempt >= self.config.max_attempts:
+                causes.append(cause)
+                poison = len(causes) >= 2 and causes[-1] == causes[-2]
+                if poison or attempt >= self.config.max_attempts:
                     self.failed_requests += 1
-                    raise RequestFailed(f"{self.name}.{endpoint}: lost on {attempt} replicas ({self.config_key}.max_attempts)")
+                    why = f"the same way twice ({cause}): a poison request, not retried" if poison else f"({self.config_key}.max_attempts)"
+                    raise RequestFailed(f"{self.name}.{endpoint}: lost on {attempt} replicas {why}", timed_out=cause == _DEADLINE)
         finally:
             self.ledger.close(request)
 
-    async def _attempt(self, replica: Replica, endpoint: str, args: tuple) -> tuple[bool, Any]:
-        """(lost, result) of one call on `replica`, within `call_timeout_s`; a replica lost meanwhile ends it early."""
+    async def _attempt(self, replica: Replica, endpoint: str, args: tuple) -> tuple[str | None, Any]:
+        """(how the replica was lost or None, result) of one call on `replica`, within `call_timeout_s`; a replica
+        lost meanwhile ends it early."""
         call = asyncio.ensure_future(getattr(replica.actor, endpoint).call_one(*args))
         lost = asyncio.ensure_future(replica.lost.wait())
         try:
             done, _ = await asyncio.wait({call, lost}, timeout=self.config.call_timeout_s, return_when=asyncio.FIRST_COMPLETED)
             if call in done:
                 try:
-                    return False, call.result()
+                    return None, call.result()
                 except SupervisionError as exc:
                     self.lose(replica, str(exc))
-                    return True, None
+                    return _DIED, None
             if lost not in done:
                 self.lose(replica, f"{endpoint} missed its deadline ({self.config_key}.call_timeout_s = {self.config.call_timeout_s})")
-            return True, None
+                return _DEADLINE, None
+            return _DIED, None
         finally:
             for future in (call, lost):
                 future.cancel()

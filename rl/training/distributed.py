@@ -89,10 +89,12 @@ def pad_row(batch: TensorDict) -> TensorDict:
     """One all-padding row shaped like `batch`'s rows: no weight, so it adds nothing but keeps collectives in step."""
     row = batch[:1].clone()
     for key, value in row.items():
-        if key == "sequence_ids" or key == "policy_version":
+        if key in ("sequence_ids", "policy_version", "fwd_parent"):
             value.fill_(-1)
-        elif key == "input_ids":
+        elif key in ("input_ids", "fwd_input_ids"):
             value.fill_(_pad_token(batch))
+        elif key == "fwd_subtree_end":  # a prefix-tree row of padding: every node a root that sees only itself
+            value.copy_(torch.arange(1, value.shape[1] + 1))
         else:
             value.zero_()
     return row

@@ -1,6 +1,7 @@
-"""Per-token log-probabilities of a causal LM on (possibly packed) rows of token ids."""
+"""Per-token log-probabilities of a causal LM on packed rows of token ids: sequences side by side, or prefix trees."""
 
 import torch
+from tensordict import TensorDict
 from torch.utils.checkpoint import checkpoint
 
 
@@ -35,6 +36,8 @@ def token_logprobs(
     position_ids: torch.Tensor,
     *,
     mask: torch.Tensor | None = None,
+    parents: torch.Tensor | None = None,
+    subtree_end: torch.Tensor | None = None,
     chunk_size: int = 512,
     return_entropy: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -43,6 +46,9 @@ def token_logprobs(
     Rows may pack several sequences: each restarts its position ids at 0, and with attention_mask=None
     transformers turns the position ids into a block-diagonal causal mask. use_cache=False matters: with a
     cache object the packed-sequence detection is skipped and sequences would attend to each other.
+    Rows may instead hold prefix trees (`rl.prefix_packing`): `parents` [B,L] (the column whose output
+    predicts each token, -1 for none) and `subtree_end` [B,L] (the tree attention mask, built for the model's
+    attention implementation by `tree_attention_mask`); by default a token's parent is the column before it.
     With `mask` ([B,L] bool, e.g. the trained tokens) only the tokens where it is True get a logprob (0.0
     elsewhere): the output layer and the float32 log-softmax run on those positions alone, which saves
     most of their cost when prompts are long or rows are padded. They run over `chunk_size` positions at
@@ -51,12 +57,17 @@ def token_logprobs(
     distribution of each token [B,L], 0.0 where position_ids == 0 or outside `mask`.
     """
     if isinstance(model, LogprobsModel):  # sharded: the forward must run through the root unit
-        return model(input_ids, position_ids, mask=mask, return_entropy=return_entropy)
+        return model(input_ids, position_ids, mask=mask, parents=parents, subtree_end=subtree_end, return_entropy=return_entropy)
     # input_ids, position_ids: [B,L]
-    hidden = model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False).last_hidden_state  # [B,L,H]
-    used = torch.ones_like(input_ids[:, 1:], dtype=torch.bool) if mask is None else mask[:, 1:]  # [B,L-1]: positions t whose next token is used
-    picked_hidden = hidden[:, :-1][used]  # [N,H]
-    picked_targets = input_ids[:, 1:][used]  # [N]: token t+1 is predicted by the output at t
+    columns = torch.arange(input_ids.shape[1], device=input_ids.device)  # [L]
+    if parents is None:
+        parents = torch.where(position_ids > 0, columns - 1, -1)  # [B,L]
+    tree = {} if subtree_end is None else {"attention_mask": tree_attention_mask(model, subtree_end)}
+    hidden = model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False, **tree).last_hidden_state  # [B,L,H]
+    used = parents >= 0 if mask is None else mask & (parents >= 0)  # [B,L]: tokens whose logprob is computed
+    rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None].expand_as(parents)  # [B,L]
+    picked_hidden = hidden[rows[used], parents[used]]  # [N,H]: token t is predicted by its parent's output
+    picked_targets = input_ids[used]  # [N]
     lm_head = model.get_output_embeddings()
     recompute = torch.is_grad_enabled() and picked_hidden.requires_grad
     chunks, entropies = [], []
@@ -68,19 +79,57 @@ def token_logprobs(
             picked, entropy = _head_log_softmax(lm_head, chunk_hidden, chunk_targets, return_entropy)
         chunks.append(picked)
         entropies.append(entropy)
-    first = torch.zeros(input_ids.shape[0], 1, dtype=torch.float32, device=input_ids.device)  # [B,1]
 
     def scatter(values: list[torch.Tensor]) -> torch.Tensor:
         """[N] values at the used positions -> [B,L], 0.0 elsewhere."""
-        flat = torch.cat(values)
-        shifted = torch.zeros(used.shape, dtype=torch.float32, device=input_ids.device).masked_scatter(used, flat)  # [B,L-1]
-        # A sequence's first token has no prefix; in a packed row the output before it belongs to another sequence.
-        return torch.where(position_ids == 0, 0.0, torch.cat([first, shifted], dim=1))  # [B,L]
+        return torch.zeros(used.shape, dtype=torch.float32, device=input_ids.device).masked_scatter(used, torch.cat(values))
 
     logprobs = scatter(chunks)
     if not return_entropy:
         return logprobs
     return logprobs, scatter(entropies)
+
+
+def tree_attention_mask(model: torch.nn.Module, subtree_end: torch.Tensor) -> torch.Tensor | object:
+    """The prefix-tree mask: query q attends to key k iff k <= q < subtree_end[k] (its own prefix, itself included).
+
+    subtree_end: [B,L]. For "sdpa" a [B,1,L,L] bool mask (True = attend), which transformers passes to
+    torch's SDPA as it is; for "flex_attention" a BlockMask built from the same rule (its GPU path).
+    """
+    implementation = model.config._attn_implementation
+    batch, length = subtree_end.shape
+    if implementation == "flex_attention":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        def tree(b, h, q, k):
+            return (k <= q) & (q < subtree_end[b, k])
+
+        return create_block_mask(tree, batch, None, length, length, device=subtree_end.device)
+    if implementation != "sdpa":
+        raise ValueError(f"prefix-tree attention needs attn_implementation 'sdpa' or 'flex_attention', not {implementation!r}")
+    columns = torch.arange(length, device=subtree_end.device)
+    return ((columns[None, :] <= columns[:, None]) & (columns[:, None] < subtree_end[:, None, :]))[:, None]  # [B,1,L(q),L(k)]
+
+
+def packed_logprobs(
+    model: torch.nn.Module, micro_batch: TensorDict, *, mask: torch.Tensor, return_entropy: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """`token_logprobs` of a packed micro-batch's logical tokens [B,L], through its prefix-tree layout when it has one.
+
+    The tree forward gives each node's logprob [B,F]; every logical token takes its node's (a gather, whose
+    backward sums the gradients of the samples sharing a node). `mask` [B,L] selects the logical tokens needed.
+    """
+    if "fwd_input_ids" not in micro_batch.keys():
+        return token_logprobs(model, micro_batch["input_ids"], micro_batch["position_ids"], mask=mask, return_entropy=return_entropy)
+    index = micro_batch["fwd_index"]  # [B,L] forward column of each logical token
+    node_mask = torch.zeros_like(micro_batch["fwd_input_ids"], dtype=torch.int8).scatter_reduce(1, index, mask.to(torch.int8), "amax") > 0  # [B,F]
+    out = token_logprobs(
+        model, micro_batch["fwd_input_ids"], micro_batch["fwd_position_ids"], mask=node_mask,
+        parents=micro_batch["fwd_parent"], subtree_end=micro_batch["fwd_subtree_end"], return_entropy=return_entropy,
+    )
+    start = micro_batch["position_ids"] == 0  # [B,L]: first tokens and padding have no logprob
+    logical = [torch.where(start | ~mask, 0.0, values.gather(1, index)) for values in (out if return_entropy else (out,))]
+    return tuple(logical) if return_entropy else logical[0]
 
 
 class LogprobsModel(torch.nn.Module):
@@ -91,6 +140,12 @@ class LogprobsModel(torch.nn.Module):
         self.lm = lm
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None = None, return_entropy: bool = False
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        parents: torch.Tensor | None = None,
+        subtree_end: torch.Tensor | None = None,
+        return_entropy: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs(self.lm, input_ids, position_ids, mask=mask, return_entropy=return_entropy)
+        return token_logprobs(self.lm, input_ids, position_ids, mask=mask, parents=parents, subtree_end=subtree_end, return_entropy=return_entropy)

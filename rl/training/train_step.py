@@ -10,6 +10,7 @@ there is no extra forward pass: this is the plain PPO update against the sampler
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from typing import Callable, ContextManager
 
@@ -22,7 +23,7 @@ from rl.training.losses import compute_loss, kl_estimate
 from rl.batching import COMPONENTS, component_counts, segment_sum, segments
 from rl.metrics.reduce import StepStats, merge_all, step_metrics
 from rl.training.distributed import Ranks
-from rl.training.logprobs import token_logprobs
+from rl.training.logprobs import packed_logprobs
 
 SPREAD = ("ratio",)
 """Trainer metrics logged with _mean/_std/_min/_max."""
@@ -67,12 +68,12 @@ def prepare(
         if not old_pass and reference is None:
             continue
         with torch.no_grad(), compute():
-            ids, positions, trained = micro_batch["input_ids"], micro_batch["position_ids"], trained_positions(micro_batch)
+            trained = trained_positions(micro_batch)
             if reference is not None:
-                micro_batch["kl_ref_logprobs"] = token_logprobs(reference, ids, positions, mask=trained)  # [B,L]
+                micro_batch["kl_ref_logprobs"] = packed_logprobs(reference, micro_batch, mask=trained)  # [B,L]
             if not old_pass:
                 continue
-            old = token_logprobs(model, ids, positions, mask=trained)  # [B,L] π_old
+            old = packed_logprobs(model, micro_batch, mask=trained)  # [B,L] π_old
         micro_batch["snapshot_logprobs"] = old  # the step-start policy: train/ppo_kl measures the drift from it
         mask = micro_batch["rl_weights"] != 0
         index, count = segments(micro_batch)
@@ -151,7 +152,8 @@ def train_step(
     `compute()` is entered around every forward pass (the trainer's bf16 autocast); losses stay float32.
     `horizon` is the constant normalizer of seq-mean-token-sum-norm (trainer.seq_len). Metrics: loss,
     pg_loss / ce_loss / ref_kl_loss, entropy (rl tokens) / ce_entropy / ref_kl/entropy, clip fractions, ratio_mean/_std/_min/_max, mismatch_k3, kl, grad_norm
-    (before clipping; the mean over the K steps), lr, token counts per component, nonfinite_logprob_tokens,
+    (before clipping; the mean over the K steps), skipped_nonfinite_steps (of the K, those whose gradient norm was
+    not finite: no optimizer or LR-schedule step, the weights unchanged), lr, token counts per component, nonfinite_logprob_tokens,
     train_tokens_per_s, and the `rollout_corr/*` diagnostics.
     With several `ranks`, `micro_batches` are this rank's share: token counts and metrics are summed or merged
     over all ranks, so every rank returns the metrics of the whole batch.
@@ -162,14 +164,14 @@ def train_step(
     stats.add_total("nonfinite_logprob_tokens", sum(sanitize(micro_batch) for micro_batch in micro_batches))
     diagnosed = prepare(micro_batches, model, reference, algorithm, n_minibatches, stats, compute, ranks)
     counts_all = ranks.sum(component_counts(micro_batches))
-    grad_norms = []
+    grad_norms, skipped = [], 0
     for minibatch in split_minibatches(micro_batches, n_minibatches):
         counts = ranks.sum(component_counts(minibatch))  # [3, 2] over every rank's share of the minibatch
         optimizer.zero_grad(set_to_none=True)
         for micro_batch in minibatch:
             with compute():
-                logprobs, entropy = token_logprobs(  # [B,L]; the output layer runs only where a logprob is trained
-                    model, micro_batch["input_ids"], micro_batch["position_ids"], mask=trained_positions(micro_batch), return_entropy=True
+                logprobs, entropy = packed_logprobs(  # [B,L]; the output layer runs only where a logprob is trained
+                    model, micro_batch, mask=trained_positions(micro_batch), return_entropy=True
                 )
             stats.add("entropy", entropy[micro_batch["rl_weights"] != 0])
             stats.add("ref_kl/entropy", entropy[micro_batch["ref_kl_weights"] != 0])
@@ -181,6 +183,10 @@ def train_step(
             loss.backward()
             stats.add_total("loss", loss.detach().double() / n_minibatches)
         grad_norms.append(grad_norm(model, max_grad_norm))
+        if not math.isfinite(grad_norms[-1]):  # NaN/inf gradients would make every weight NaN: skip this update
+            optimizer.zero_grad(set_to_none=True)
+            skipped += 1
+            continue
         optimizer.step()
         scheduler.step()
     tokens = ranks.sum(torch.tensor(float(sum(int((mb["sequence_ids"] >= 0).sum()) for mb in micro_batches)), dtype=torch.float64))
@@ -193,6 +199,7 @@ def train_step(
             metrics[name] /= n_minibatches
     metrics.update(
         grad_norm=sum(grad_norms) / len(grad_norms),
+        skipped_nonfinite_steps=float(skipped),
         lr=scheduler.get_last_lr()[0],
         num_loss_tokens=float(counts_all[0, 0]),
         num_ce_tokens=float(counts_all[1, 0]),

@@ -1,0 +1,185 @@
+"""The security review's sandbox payloads against the real `Sandbox` (each one got through before issue 19).
+
+Every test is bounded by the sandbox: the flood, fork and memory payloads are stopped by its output
+cap, its cgroup or its timeout, never by the test. The backend is whatever this machine has (bubblewrap
+when installed, else `unshare`); `RLMESH_SANDBOX_BACKEND=unshare` runs the same tests on the fallback.
+"""
+
+import asyncio
+import glob
+import json
+import os
+import resource
+import socket
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+from tools import cgroup
+from tools.sandbox import Sandbox, SandboxError, SandboxLimits
+
+LIMITS = SandboxLimits(timeout_s=60.0, cpu_s=10, memory_mb=256, max_processes=16, scratch_mb=32)
+"""Generous wall clock for a loaded machine: the payloads are stopped by the other limits."""
+needs_cgroup = pytest.mark.skipif(cgroup.available() is None, reason="no writable cgroup here: memory is capped per process only")
+
+
+async def run(fn, limits=LIMITS, isolate=True, **arguments):
+    return await Sandbox(limits, isolate=isolate).run(f"tests.adversarial.sandbox_payloads:{fn}", arguments)
+
+
+async def listdir(path):
+    return json.loads(await run("listdir", path=path))
+
+
+async def test_host_unix_sockets_are_out_of_reach(tmp_path):
+    path = str(tmp_path / "monarch.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen()
+    server.settimeout(10)
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(_accept(server)), daemon=True).start()
+    try:
+        with pytest.raises(SandboxError, match="FileNotFoundError"):
+            await run("connect_unix", path=path)
+        assert await listdir("/tmp") == []  # the host's /tmp (Monarch, vLLM, wandb sockets) is not there
+        for hidden in ("/run", "/var/run", "/var", "/home"):
+            with pytest.raises(SandboxError, match="FileNotFoundError"):
+                await listdir(hidden)
+    finally:
+        server.close()
+    assert accepted in ([], [None])
+
+
+def _accept(server):
+    try:
+        connection, _ = server.accept()
+        connection.sendall(b"HOST-SIDE-SERVER")
+        return "connected"
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize("fd", [1, 2])
+async def test_an_output_flood_is_drained_capped_and_stopped(fd):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if fd == 1:
+        with pytest.raises(SandboxError, match="the tool wrote more than 1 MiB of output and was stopped"):
+            await run("flood", fd=1, megabytes=400)
+    else:
+        assert await run("flood", fd=2, megabytes=400) == "flooded"  # stderr: only its last 4 KiB is kept
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert grown_mb < 100  # was +800 MB: the controller buffered all of it
+
+
+@needs_cgroup
+async def test_memory_is_capped_for_the_whole_sandbox():
+    with pytest.raises(SandboxError, match=r"ran out of memory \(the sandbox's limit is 256 MB\)"):
+        await run("memory_fanout", children=4, megabytes=200)  # 800 MB in 4 processes under memory_mb = 256
+
+
+@needs_cgroup
+async def test_processes_are_capped_for_the_whole_sandbox():
+    result = await run("forks", count=200)
+    started = int(result.split()[1].rstrip(","))
+    assert started < LIMITS.max_processes + 4 and "Resource temporarily unavailable" in result
+
+
+@needs_cgroup
+async def test_a_fork_bomb_is_bounded_and_leaves_nothing_behind():
+    with pytest.raises(SandboxError, match="took longer than 3 s"):
+        await run("fork_bomb", limits=SandboxLimits(timeout_s=3.0, cpu_s=10, max_processes=16))
+    assert _leftover_cgroups() == []
+
+
+def _leftover_cgroups():
+    parents = cgroup.available()
+    return [path for parent in {parents.memory, parents.pids} for path in glob.glob(str(parent / "rlmesh-sandbox-*"))]
+
+
+def _segments():
+    return Path("/proc/sysvipc/shm").read_text().splitlines()[1:]
+
+
+async def test_sysv_shared_memory_dies_with_the_call():
+    before = _segments()
+    assert (await run("sysv_shm", key=0x5EC19, megabytes=8)).startswith("segment")
+    assert _segments() == before
+
+
+async def test_devices_are_a_minimal_set():
+    assert await listdir("/dev") == sorted(
+        set(await listdir("/dev")) & {"null", "zero", "full", "random", "urandom", "tty", "shm", "pts", "ptmx",
+                                                  "fd", "stdin", "stdout", "stderr", "core", "console"})
+    with pytest.raises(SandboxError, match="FileNotFoundError"):
+        await run("open_device", path="/dev/kvm")
+    assert await run("open_device", path="/dev/null") == "opened /dev/null"
+
+
+async def test_a_module_written_by_one_call_never_shadows_the_next():
+    sandbox = Sandbox(LIMITS)
+    assert await sandbox.run("tests.adversarial.sandbox_payloads:write_module", {"name": "json"}) == "written"
+    assert await sandbox.run("tests.sandbox_tools:add", {"a": 1, "b": 2}) == "3"
+    path = json.loads(await sandbox.run("tests.adversarial.sandbox_payloads:import_path", {}))
+    assert "/tmp" not in path[:1] and "" not in path
+
+
+async def test_secrets_data_and_other_rollouts_are_not_in_the_tree(tmp_path):
+    secret = tmp_path / ".netrc"
+    secret.write_text("machine api.wandb.ai password FAKE-SECRET")
+    secret.chmod(0o600)
+    with pytest.raises(SandboxError, match="FileNotFoundError"):
+        await run("read_file", path=str(secret))
+    home = Path.home()
+    visible = await listdir("/")
+    assert "home" not in visible and "var" not in visible and "etc" in visible
+    if home != Path("/"):
+        inside = await asyncio.gather(listdir(str(home)), return_exceptions=True)
+        assert isinstance(inside[0], SandboxError) or set(inside[0]) <= {".pyenv", ".local", ".cache", ".venv"}
+    # two rollouts' calls at once: neither sees the other's files
+    writer = asyncio.ensure_future(run("write_and_wait", name="mine.txt", seconds=3))
+    await asyncio.sleep(1.5)
+    assert "mine.txt" not in await listdir("/tmp")
+    assert await writer == "done"
+
+
+async def test_scratch_has_a_quota():
+    with pytest.raises(SandboxError, match="No space left on device"):
+        await run("fill_disk", files=6, megabytes=16)  # 96 MB into a 32 MB scratch
+
+
+@pytest.mark.parametrize("isolate", [True, False])
+async def test_a_cancelled_call_leaves_no_scratch_process_or_cgroup(isolate, tmp_path, monkeypatch):
+    host_tmp = tmp_path / "host-tmp"  # where the sandbox would make host directories (the unshare root, isolate=False scratch)
+    host_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(host_tmp))
+    call = asyncio.ensure_future(run("write_and_wait", isolate=isolate, name="big", seconds=30))
+    await asyncio.sleep(2)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert list(host_tmp.iterdir()) == []
+    if cgroup.available() is not None:
+        assert _leftover_cgroups() == []
+
+
+@needs_cgroup
+async def test_without_isolation_daemons_die_with_the_call():
+    pid = int(await run("daemon", isolate=False, seconds=60))
+    assert not _alive(pid)
+
+
+def _alive(pid):
+    try:
+        state = Path(f"/proc/{pid}/status").read_text().split("State:")[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+async def test_malformed_tool_output_is_a_tool_error():
+    with pytest.raises(SandboxError, match="the tool's output is malformed"):
+        await run("not_an_object")
+    assert await run("surrogate") == "x ? y"
