@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from monarch.actor import concurrent_endpoint
 
-from env_types.renderer_env import Completion, GenerationRequest
+from rollouts.types import Completion, GenerationFailed, GenerationRequest
 from rl.weights import sync as weight_sync
 from rl.processes.affinity import pin_process
 from rl.assets import resolve_model_path
-from rl.config import Config, GeneratorConfig, SamplingConfig
+from rl.config import GeneratorConfig, SamplingConfig
 from rl.engine_loop import EngineLoop
 from rl.metrics.actor import MetricsActor
 from rl.processes.titles import name_process
@@ -52,13 +52,16 @@ def engine_args(generator_config: GeneratorConfig) -> dict[str, Any]:
 class Generator(MetricsActor, ServiceReplica):
     """One vLLM engine serving one copy of the policy (one replica of the generator service)."""
 
-    def __init__(self, config: Config, stop_token_ids: list[int], replica: ReplicaId | None = None):
-        if config.generator.tensor_parallel_size == 1:
+    def __init__(
+        self, generator_config: GeneratorConfig, model_path: str, weight_transport: str, stop_token_ids: list[int],
+        replica: ReplicaId | None = None,
+    ):
+        """`model_path`: the policy's (or a frozen model's) weights; `weight_transport`: `weight_sync.transport`."""
+        if generator_config.tensor_parallel_size == 1:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-        if config.generator.device == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.generator.cpu_kv_cache_gib))
-        generator_config = config.generator
+        if generator_config.device == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(generator_config.cpu_kv_cache_gib))
         self.replica = replica
         cpus = pin_process(generator_config.cpus, rank=replica.index if replica else 0, of=generator_config.num_replicas)
         if cpus:
@@ -67,10 +70,10 @@ class Generator(MetricsActor, ServiceReplica):
 
         self.stop_token_ids = stop_token_ids
         self.policy_version = 0
-        self.llm = LLM(model=resolve_model_path(config.model.path), **engine_args(generator_config))
+        self.llm = LLM(model=resolve_model_path(model_path), **engine_args(generator_config))
         self.engine = EngineLoop(self.llm.llm_engine)
         self.on_weight_update = generator_config.on_weight_update
-        self.weights = weight_sync.WeightReceiver(config.weight_sync.transport)
+        self.weights = weight_sync.WeightReceiver(weight_transport)
         name_process(str(replica) if replica else "generator")
 
     def _sampling_params(self, sampling: SamplingConfig, request: GenerationRequest) -> Any:
@@ -104,18 +107,18 @@ class Generator(MetricsActor, ServiceReplica):
         )
 
     @concurrent_endpoint
-    async def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[Completion | str]:
-        """One completion per request; a request the engine rejects yields its error text instead.
+    async def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[Completion | GenerationFailed]:
+        """One completion per request; a request the engine rejects yields a `GenerationFailed` in its place.
 
         Requests enter the engine one by one and batch there with every other caller's.
         """
         await test_only_hang(self.replica)
 
-        async def one(request: GenerationRequest) -> Completion | str:
+        async def one(request: GenerationRequest) -> Completion | GenerationFailed:
             try:
                 return await self._generate_one(request, sampling)
             except Exception as exc:
-                return f"generation failed: {exc!r}"
+                return GenerationFailed(f"generation failed: {exc!r}")
 
         return list(await asyncio.gather(*(one(request) for request in requests)))
 

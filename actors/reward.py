@@ -15,7 +15,7 @@ from monarch.actor import concurrent_endpoint, endpoint
 
 from rl import checkpoint
 from rl.assets import resolve_model_path
-from rl.config import Config
+from rl.config import SamplingConfig, TaskConfig
 from rl.metrics import timer
 from rl.metrics.actor import MetricsActor
 from env_types.renderer import RendererConfig
@@ -28,20 +28,26 @@ from tasks.build import build_task
 
 
 class RewardActor(MetricsActor, ServiceReplica):
-    def __init__(self, config: Config, replica: ReplicaId | None = None):
-        self.config = config
+    def __init__(
+        self, tasks: list[TaskConfig], concurrency: int, model_paths: dict[str, str], judge_sampling: SamplingConfig,
+        replica: ReplicaId | None = None,
+    ):
+        """`concurrency`: `run.reward_concurrency`; `model_paths`: each frozen model's path (`[models.<name>]`), for
+        rendering what `judge` reward functions send it; `judge_sampling`: how judges sample (`generator.eval_sampling`)."""
         self.rng_name = f"reward_{replica.index}" if replica is not None else "reward"
         """This replica's RNG file in a checkpoint (each replica draws its own numbers)."""
         name_process(str(replica) if replica else "reward")
-        self.tasks = {task.name: task.task for task in map(build_task, config.tasks)}
-        self.limit = asyncio.Semaphore(config.run.reward_concurrency)
+        self.tasks = {task.name: task.task for task in map(build_task, tasks)}
+        self.limit = asyncio.Semaphore(concurrency)
+        self.model_paths = model_paths
+        self.judge_sampling = judge_sampling
 
     @endpoint
     async def connect_models(self, gateway: Any, names: list[str]) -> None:
         """The frozen models (`[models.<name>]`) that `judge` reward functions may call, through the controller's
         gateway to their services (`rl.services.gateway`)."""
-        renderers = {name: RendererConfig().build(resolve_model_path(self.config.models[name].path)) for name in names}
-        connect_frozen_models(gateway, renderers, self.config.generator.eval_sampling)
+        renderers = {name: RendererConfig().build(resolve_model_path(self.model_paths[name])) for name in names}
+        connect_frozen_models(gateway, renderers, self.judge_sampling)
 
     @concurrent_endpoint
     async def score_group(self, group: RolloutGroup) -> RolloutGroup:

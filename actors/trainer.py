@@ -27,10 +27,12 @@ from rl.weights import sync as weight_sync
 from rl.processes.affinity import pin_process
 from rl.processes.titles import name_process
 from rl.assets import resolve_model_path
-from rl.config import Config, TrainerConfig
+from rl.algorithms.config import AlgorithmConfig
+from rl.config import TrainerConfig
+from rl.section import DType
 from rl.training.logprobs import token_logprobs
 from rl.metrics.actor import MetricsActor
-from rl.training.precision import TORCH_DTYPES, compute_context
+from rl.precision import TORCH_DTYPES, compute_context
 from rl.training.train_step import train_step
 
 
@@ -60,49 +62,55 @@ def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
 class PolicyTrainer(MetricsActor):
     """Owns the trainable policy (and the frozen reference when a KL term is configured)."""
 
-    def __init__(self, config: Config, total_steps: int | None = None):
-        trainer_config = config.trainer
+    def __init__(
+        self, trainer_config: TrainerConfig, algorithm: AlgorithmConfig, model_path: str, total_steps: int, *,
+        weight_transport: str, wire_dtype: DType,
+    ):
+        """`total_steps`: optimizer steps the LR schedule is sized for; `weight_transport`: `weight_sync.transport`;
+        `wire_dtype`: the dtype pushed weights travel in (the generators' weights dtype)."""
         world = trainer_config.num_procs * trainer_config.num_hosts
         pin_process(trainer_config.cpus, rank=current_rank().rank % trainer_config.num_procs, of=trainer_config.num_procs)
         torch.manual_seed(trainer_config.seed)
         name_process(f"trainer/{current_rank().rank}")
-        self.config = config
+        self.trainer_config = trainer_config
+        self.algorithm = algorithm
+        self.wire_dtype = TORCH_DTYPES[wire_dtype]
         self.device = torch.device(trainer_config.device)
         self.ranks = distributed.init_process_group(trainer_config.device) if world > 1 else distributed.Ranks.single()
-        self.lm = load_causal_lm(config.model.path, trainer_config)
+        self.lm = load_causal_lm(model_path, trainer_config)
         """The transformers model (sharded in place when there are several ranks): its state dict is the policy's."""
         if trainer_config.gradient_checkpointing:
             self.lm.gradient_checkpointing_enable(**({"gradient_checkpointing_kwargs": {"use_reentrant": False}} if world > 1 else {}))
         self.lm.train()
         self.model = self.shard(self.lm)
         self.reference = None
-        if config.algorithm.kl_coef > 0:
-            self.reference = self.shard(load_causal_lm(config.model.path, trainer_config).eval().requires_grad_(False))
+        if algorithm.kl_coef > 0:
+            self.reference = self.shard(load_causal_lm(model_path, trainer_config).eval().requires_grad_(False))
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=trainer_config.lr, betas=trainer_config.betas, weight_decay=trainer_config.weight_decay
         )
-        steps = (total_steps or config.run.steps) * trainer_config.ppo_n_minibatches  # one LR step per optimizer step
+        steps = total_steps * trainer_config.ppo_n_minibatches  # one LR step per optimizer step
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, steps))
         self.policy_version = 0
-        self.publisher = weight_sync.WeightPublisher(config.weight_sync.transport)
+        self.publisher = weight_sync.WeightPublisher(weight_transport)
 
     def shard(self, model: torch.nn.Module) -> torch.nn.Module:
         """FSDP2 over the ranks (mixed precision on GPU), or the model itself with one rank."""
         if self.ranks.world == 1:
             return model
-        trainer_config = self.config.trainer
+        trainer_config = self.trainer_config
         param_dtype = TORCH_DTYPES[trainer_config.dtype] if self.mixed_precision else None
         return distributed.shard(model, device=trainer_config.device, param_dtype=param_dtype)
 
     @property
     def mixed_precision(self) -> bool:
         """Sharded on GPU with a lower compute dtype: FSDP2 gathers the weights in it (no autocast)."""
-        trainer_config = self.config.trainer
+        trainer_config = self.trainer_config
         return self.ranks.world > 1 and trainer_config.device == "cuda" and trainer_config.dtype != trainer_config.param_dtype
 
     def compute(self):
         """Forward passes run in `trainer.dtype` (autocast, or FSDP2's mixed precision) over the `trainer.param_dtype` weights."""
-        trainer_config = self.config.trainer
+        trainer_config = self.trainer_config
         if self.mixed_precision:
             return contextlib.nullcontext()
         return compute_context(trainer_config.device, trainer_config.param_dtype, trainer_config.dtype)
@@ -110,11 +118,11 @@ class PolicyTrainer(MetricsActor):
     @endpoint
     async def train_step(self, micro_batches: list[TensorDict]) -> dict[str, float]:
         """K optimizer steps over the batch's micro-batches (see `rl.training.train_step`); returns loss and diagnostics."""
-        trainer_config = self.config.trainer
+        trainer_config = self.trainer_config
         if self.ranks.world > 1:
             micro_batches = distributed.rank_rows(micro_batches, self.ranks, trainer_config.micro_batch_size)
         return train_step(
-            self.model, self.optimizer, self.scheduler, micro_batches, self.config.algorithm,
+            self.model, self.optimizer, self.scheduler, micro_batches, self.algorithm,
             max_grad_norm=trainer_config.max_grad_norm, horizon=trainer_config.seq_len,
             n_minibatches=trainer_config.ppo_n_minibatches, reference=self.reference, device=self.device, compute=self.compute,
             ranks=self.ranks,
@@ -126,7 +134,7 @@ class PolicyTrainer(MetricsActor):
         start = time.perf_counter()
         # sent in the generators' dtype: half the bytes when they run bf16
         state_dict = self.lm.state_dict(keep_vars=self.ranks.world > 1)  # sharded: the DTensor parameters themselves (ties by identity)
-        await self.publisher.publish(state_dict, policy_version, TORCH_DTYPES[self.config.generator.dtype], self.ranks)
+        await self.publisher.publish(state_dict, policy_version, self.wire_dtype, self.ranks)
         self.policy_version = policy_version
         return time.perf_counter() - start
 

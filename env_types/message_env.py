@@ -6,7 +6,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollouts.types import Message, ToolCallError
+from env_types.messages import Message, ToolCallError
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ from renderers import Message, Renderer, ToolCall, ToolCallParseStatus, ToolSpec
 from renderers.base import MODEL_RENDERER_MAP
 
 from rl.assets import resolve_model_path
-from rollouts.types import ToolCallError
+from env_types.messages import ToolCallError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase

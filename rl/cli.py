@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(config: Config, resume_from: Path | None, interruptible: InterruptibleRun) -> int:
     """Run the controller; the exit code (0, 1: the run stopped on a fault, 2: set-up refused, 130: interrupted)."""
-    from rl.loop.controller import Controller, DeadlineMissed
+    from rl.loop.controller import Controller
+    from rl.loop.roles import DeadlineMissed
     from rl.processes.interrupts import EXIT_INTERRUPTED
 
     try:

@@ -13,21 +13,16 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer, model_validator
+from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
 
-from env_types.renderer_env import RendererEnvConfig
+from rollouts.renderer_env import RendererEnvConfig
 from rl.algorithms.config import AlgorithmConfig, FrozenModelConfig, TaskAlgorithmConfig, check_algorithms
 from env_types.renderer import RendererConfig
+from rl.section import Device, DType, Section
 from rl.services.config import ServicesConfig
 
-Device = Literal["cpu", "cuda"]
-DType = Literal["float32", "bfloat16", "float16"]
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
 _PRECISION_BITS = {"float32": 24, "bfloat16": 8, "float16": 11}
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class ModelConfig(Section):
@@ -396,7 +391,7 @@ class Config(Section):
             raise ValueError("trainer and generators on different hosts: set weight_sync.transport = 'torchstore' (shared memory is one host's)")
 
     def _check_precision(self) -> None:
-        from rl.training.precision import native_bf16, resolve_compute_dtype
+        from rl.precision import native_bf16, resolve_compute_dtype
 
         trainer = self.trainer
         checkable = trainer.device == "cuda" or self.cluster.hosts.trainer == 0  # a CPU elsewhere cannot be asked from here
@@ -424,6 +419,10 @@ class Config(Section):
     @property
     def run_dir(self) -> Path:
         return Path(self.run.output_dir) / self.run.name
+
+    def task_algorithms(self) -> dict[str, AlgorithmConfig]:
+        """Each task's resolved algorithm (`[algorithm]` with the task's override applied)."""
+        return {task.name: self.algorithm.for_task(task.algorithm) for task in self.tasks}
 
 
 class ConfigError(ValueError):

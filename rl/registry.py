@@ -54,3 +54,9 @@ def resolve(name_or_path: str, registry: dict[str, str], kind: str) -> Any:
     if ":" in name_or_path or "." in name_or_path:
         return import_object(name_or_path)
     raise ValueError(f"unknown {kind} {name_or_path!r}: registered {kind}s are {sorted(registry)}, or give 'package.module:Name'")
+
+
+def fn_name(fn: Any) -> str:
+    """A callable's name; a `functools.partial` is named after the function it wraps."""
+    fn = getattr(fn, "func", fn)
+    return getattr(fn, "__name__", type(fn).__name__)

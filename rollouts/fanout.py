@@ -17,13 +17,19 @@ import asyncio
 import copy
 import traceback
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Protocol
 
-from env_types.renderer_env import Completion, GenerationRequest, RendererEnv, RendererEnvConfig
-from rollouts.types import Rollout, RolloutGroup, RolloutStatus
-from rubrics.reward_value import MAX_ABS_REWARD, InvalidReward, checked_reward
-from rubrics.rubric import fn_name
-from tasks.task import Task
+from env_types.message_env import MessageEnv
+from rollouts.renderer_env import RendererEnv, RendererEnvConfig
+from rl.registry import fn_name
+from rollouts.reward_value import MAX_ABS_REWARD, InvalidReward, checked_reward
+from rollouts.types import Completion, GenerationRequest, Rollout, RolloutGroup, RolloutStatus
+
+
+class EnvMaker(Protocol):
+    """What `task_rollout` needs of a task (`tasks.task.Task` is one): a fresh environment per row."""
+
+    def make_env(self, example: dict[str, Any]) -> MessageEnv: ...
 
 
 @dataclass
@@ -33,7 +39,7 @@ class RolloutContext:
     row_id: str
     sample_index: int
     task_name: str
-    task: Task
+    task: EnvMaker
     renderer: Any
     env_config: RendererEnvConfig
     generate: Callable[[GenerationRequest], Awaitable[Completion]]
@@ -80,7 +86,7 @@ async def run_sample(rollout_fn: RolloutFn, row: dict[str, Any], context: Rollou
         return failed
 
 
-def _check_own_reward(rollout: Rollout, rollout_fn: RolloutFn, task: Task) -> None:
+def _check_own_reward(rollout: Rollout, rollout_fn: RolloutFn, task: EnvMaker) -> None:
     """A reward the rollout_fn set itself gets the rubric's checks; a bad one makes the rollout an ERROR."""
     rubric = getattr(task, "rubric", None)
     bound = rubric.max_abs_reward if rubric is not None else MAX_ABS_REWARD

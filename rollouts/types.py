@@ -7,19 +7,13 @@ round-trips through JSON losslessly, so a run's rollouts file is a faithful debu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Message = dict[str, Any]
-"""A chat message as the `renderers` package types it (`renderers.Message`, a TypedDict)."""
-
-
-def message_text(message: Message) -> str:
-    """A message's text: its string content, or the text parts of a multi-part content joined."""
-    content = message.get("content") or ""
-    return content if isinstance(content, str) else "".join(part.get("text", "") for part in content if isinstance(part, dict))
+from env_types.messages import Message, ToolCallError, message_text
 
 
 class RolloutStatus(StrEnum):
@@ -49,24 +43,36 @@ class RolloutStatus(StrEnum):
         return new
 
 
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to ask the generator for next."""
+
+    prompt_token_ids: list[int]
+    max_new_tokens: int
+    seed: int | None = None
+    """Per-request sampling seed (None: the engine's own random state)."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion as the generator returns it."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    policy_version: int
+
+
+class GenerationFailed(Exception):
+    """A generator could not complete one request (e.g. its engine rejected it).
+
+    A batched `generate` returns it in that request's place (as `asyncio.gather(..., return_exceptions=True)`
+    would) so the batch's other requests still get their completions; a single-request caller raises it.
+    """
+
+
 class _Record(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ToolCallError(_Record):
-    """A tool call that did not run as the model asked; the model is told why in a tool message."""
-
-    kind: str
-    """One of `invalid_json`, `unclosed_block`, `missing_name`, `malformed_structure` (from the
-    renderer's parser), `unknown_tool`, `bad_arguments` (checked against the tool's schema),
-    `tool_failed` (the tool raised, timed out or hit a sandbox limit)."""
-    detail: str
-    tool: str | None = None
-
-    @property
-    def is_malformed(self) -> bool:
-        """The call itself was wrong (as opposed to a well-formed call whose tool failed)."""
-        return self.kind != "tool_failed"
 
 
 class RolloutTurn(_Record):
@@ -150,3 +156,15 @@ class RolloutGroup(_Record):
         """Oldest policy version that sampled any token of the group (staleness is measured from it)."""
         versions = [v for rollout in self.rollouts for v in rollout.policy_versions]
         return min(versions) if versions else 0
+
+
+def mark_frozen(groups: list[RolloutGroup], sampler: str) -> None:
+    """Record who sampled the groups' rollouts: frozen model `sampler` (`[models.<name>]`), not the policy."""
+    for group in groups:
+        for rollout in group.rollouts:
+            rollout.metadata["sampler"] = sampler
+
+
+def is_frozen_sampled(group: RolloutGroup) -> bool:
+    """Sampled by a frozen model: its sampler never changes, so it never goes stale (buffer, policy lag)."""
+    return bool(group.rollouts) and all(r.metadata.get("sampler", "policy") != "policy" for r in group.rollouts)

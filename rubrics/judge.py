@@ -21,13 +21,13 @@ import re
 import string
 from typing import Any, Awaitable, Callable
 
-from env_types.renderer_env import Completion, GenerationRequest
+from rollouts.types import Completion, GenerationFailed, GenerationRequest
 from rl.registry import import_object
 from env_types.renderer import parse_completion, render_prompt
 from rollouts.types import Rollout
 
-GenerateFn = Callable[[list[GenerationRequest]], Awaitable[list["Completion | str"]]]
-"""A generator's batch call: one completion per request, or the error text of a request that failed."""
+GenerateFn = Callable[[list[GenerationRequest]], Awaitable[list["Completion | GenerationFailed"]]]
+"""A generator's batch call: one completion per request, or a `GenerationFailed` for a request that failed."""
 
 DEFAULT_TEMPLATE = (
     "You grade answers. Question:\n{prompt}\n\nReference answer: {answer}\n\nAnswer to grade:\n{response}\n\n"
@@ -128,14 +128,14 @@ class Judge:
         try:
             results = await asyncio.wait_for(self.generate([request for request, _ in batch]), self.timeout_s)
         except asyncio.TimeoutError:
-            results = [f"judge call took longer than {self.timeout_s:g} s"] * len(batch)
+            results = [GenerationFailed(f"judge call took longer than {self.timeout_s:g} s")] * len(batch)
         except Exception as exc:  # noqa: BLE001 - every waiting rollout gets the failure
-            results = [f"judge call failed: {exc!r}"] * len(batch)
+            results = [GenerationFailed(f"judge call failed: {exc!r}")] * len(batch)
         for (_, future), result in zip(batch, results):
             if future.done():
                 continue
-            if isinstance(result, str):
-                future.set_exception(JudgeError(result))
+            if isinstance(result, GenerationFailed):
+                future.set_exception(JudgeError(str(result)))
             else:
                 future.set_result(result)
 

@@ -26,18 +26,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollouts.types import Rollout, RolloutStatus
 from rubrics import workers
-from rubrics.reward_value import MAX_ABS_REWARD, InvalidReward, checked_reward
+from rl.registry import fn_name
+from rollouts.reward_value import MAX_ABS_REWARD, InvalidReward, checked_reward
 
 logger = logging.getLogger(__name__)
 
 RewardFnType = Callable[[Rollout, dict[str, Any]], "float | Awaitable[float]"]
 GroupRewardFnType = Callable[[list[Rollout], dict[str, Any]], "list[float] | Awaitable[list[float]]"]
-
-
-def fn_name(fn: Any) -> str:
-    """A callable's name; a `functools.partial` is named after the function it wraps."""
-    fn = getattr(fn, "func", fn)
-    return getattr(fn, "__name__", type(fn).__name__)
 
 
 @dataclass(frozen=True)
@@ -87,7 +82,7 @@ class Rubric:
     the reward of a rollout whose reward function failed, and of a PROMPT_OVERFLOW rollout when
     `truncation_reward` is None (0.0 for both when `error_reward` is None too). `timeout_s`:
     longest one reward function may take on one rollout (a group function: on the group).
-    `max_abs_reward`: bound on what a function may return (`rubrics.reward_value`); anything
+    `max_abs_reward`: bound on what a function may return (`rollouts.reward_value`); anything
     else (NaN, 1e39, a string) fails that rollout with an error naming the function.
     """
 

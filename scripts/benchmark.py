@@ -16,8 +16,7 @@ import time
 import torch
 
 from rl.assets import resolve_model_path
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from rl.precision import TORCH_DTYPES
 
 
 def report(**fields) -> None:
@@ -50,7 +49,7 @@ def bench_trainer(model_path: str, dtype: str, rows: int, seq_len: int, steps: i
 
     from rl.training.logprobs import token_logprobs
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype], attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=TORCH_DTYPES[dtype], attn_implementation="sdpa")
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
     generator = torch.Generator().manual_seed(0)
     input_ids = torch.randint(0, model.config.vocab_size, (rows, seq_len), generator=generator)  # [B,L]
@@ -71,7 +70,7 @@ async def bench_weight_sync(model_path: str, dtype: str) -> None:
 
     from rl import weight_sync
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=DTYPES[dtype])
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=TORCH_DTYPES[dtype])
     state_dict = {name: tensor.detach() for name, tensor in model.state_dict().items()}
     megabytes = sum(t.numel() * t.element_size() for t in state_dict.values()) / 2**20
     await weight_sync.initialize_store()

@@ -25,7 +25,7 @@ async def measure(config_path: str) -> None:
         await controller.setup()
         try:
             training = asyncio.ensure_future(controller.train())
-            generators = controller.generators
+            generators = controller.roles.generators
             while not (controller.state.step >= 1 and generators.ledger.on(0)):  # replica 0 holds requests of step 2
                 await asyncio.sleep(0.002)
             os.kill(generators.replicas[0].pid, signal.SIGKILL)

@@ -3,8 +3,8 @@
 Not a test: `python scripts/soak.py --steps 150` runs the main job's config (SmolLM2-135M, checkpoints
 every 10 steps, sample logging and rollout logging on, as `scripts/run.sh` runs it) and prints, at step
 1, at the end of warm-up (`--warmup`) and every `--every` steps after: the RSS of each process by its
-role (`launcher`, `trainer/0`, `generator/0#0`, `reward/0#0`, ...: the titles `rl.processes.titles`
-gives them; a child process counts under its parent's role), the run directory's bytes by part, and
+role (`launcher`, `trainer/0`, `generator/0#0`, `reward/0#0`, ...: the names `rl.processes.titles`
+gives them, cut to 15 bytes; a child process counts under its parent's role), the run directory's bytes by part, and
 the load average. At the end: RSS per role at warm-up and every `--every` steps after, and its growth
 per 100 steps after warm-up (least-squares slope), with the same for the run directory's parts.
 """
@@ -31,19 +31,19 @@ MARKER_ENV = "RLMESH_SOAK_MARKER"
 
 
 def role(process: psutil.Process, launcher_pid: int) -> str:
-    """`launcher`, the title's role, or the nearest titled ancestor's role with this process's name."""
+    """`launcher`, the role the process named itself (`rl.processes.titles`), or the nearest named ancestor's role
+    with this process's name."""
     if process.pid == launcher_pid:
         return "launcher"
-    found = role_of(process.cmdline())
-    if found is not None:
-        return found
+    name = role_of(process.pid)
+    if "/" in name:  # every role has one: trainer/0, generator/0#0, reward/1#0, frozen_<model>/0#0
+        return name
     for parent in process.parents():
         if parent.pid == launcher_pid:
-            return f"launcher>{process.name()}"
-        parent_role = role_of(parent.cmdline())
-        if parent_role is not None:
-            return f"{parent_role}>{process.name()}"
-    return f"other:{process.name()}"
+            return f"launcher>{name}"
+        if "/" in (parent_role := role_of(parent.pid)):
+            return f"{parent_role}>{name}"
+    return f"other:{name}"
 
 
 def rss_by_role(marker: str, launcher_pid: int) -> dict[str, float]:
@@ -55,7 +55,7 @@ def rss_by_role(marker: str, launcher_pid: int) -> dict[str, float]:
                 continue
             name = role(process, launcher_pid)
             rss[name] = rss.get(name, 0.0) + process.memory_info().rss / 2**20
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, FileNotFoundError):
             continue
     return rss
 

@@ -12,15 +12,16 @@ import asyncio
 import copy
 from typing import Any, Awaitable, Callable
 
-from env_types.renderer_env import Completion, GenerationRequest, RendererEnv, RendererEnvConfig
+from rollouts.renderer_env import RendererEnv, RendererEnvConfig
+from rollouts.types import Completion, GenerationFailed, GenerationRequest
 from rl.assets import resolve_model_path
 from env_types.renderer import RendererConfig, stop_token_ids
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus
 from rubrics.rubric import apply_reward
 from tasks.task import Task
 
-BatchGenerate = Callable[[list[GenerationRequest]], Awaitable[list["Completion | str"]]]
-"""One completion per request, or the error text of a request that failed."""
+BatchGenerate = Callable[[list[GenerationRequest]], Awaitable[list["Completion | GenerationFailed"]]]
+"""One completion per request, or a `GenerationFailed` for a request that failed."""
 
 
 async def play(task: Task, row: dict[str, Any], renderer: Any, env_config: RendererEnvConfig, generate: BatchGenerate,
@@ -32,8 +33,8 @@ async def play(task: Task, row: dict[str, Any], renderer: Any, env_config: Rende
     request = await env.start()
     while request is not None:
         [completion] = await generate([request])
-        if isinstance(completion, str):
-            await env.abort(RolloutStatus.ERROR, completion)
+        if isinstance(completion, GenerationFailed):
+            await env.abort(RolloutStatus.ERROR, str(completion))
             break
         request = await env.step(completion)
     return rollout
@@ -75,7 +76,7 @@ def transformers_generate(model_path: str, renderer: Any, *, temperature: float 
                     break
         return Completion(token_ids=ids[len(request.prompt_token_ids) :], logprobs=logprobs, finish_reason=finish_reason, policy_version=0)
 
-    async def generate(requests: list[GenerationRequest]) -> list[Completion | str]:
+    async def generate(requests: list[GenerationRequest]) -> list[Completion | GenerationFailed]:
         return [await asyncio.to_thread(sample, request) for request in requests]
 
     return generate

@@ -26,6 +26,6 @@ class FakeJudgeModel(ServiceReplica):
 
     @endpoint
     async def generate(self, requests, sampling):
-        from env_types.renderer_env import Completion
+        from rollouts.types import Completion
 
         return [Completion(token_ids=[9707, 151645], logprobs=[-0.1, -0.1], finish_reason="stop", policy_version=0) for _ in requests]

@@ -152,7 +152,7 @@ def qwen3_renderer():
 
 def _demonstration_group(algorithm, renderer, row):
     """sft's rows through the fan-out with its own rollout function; a generator call fails the test."""
-    from env_types.renderer_env import RendererEnvConfig
+    from rollouts.renderer_env import RendererEnvConfig
     from rollouts.fanout import RolloutContext, rollout_group
     from tasks.sum_digits import SumDigitsTask
 
@@ -258,7 +258,7 @@ def test_bad_algorithm_configs_fail_naming_the_keys(overrides, message):
 
 def test_sft_from_a_frozen_sampler_trains_its_tokens_and_never_goes_stale():
     from rl.loop.buffer import RolloutBuffer
-    from rl.loop.frozen_models import mark_frozen
+    from rollouts.types import mark_frozen
 
     group = _group("t", [0.0, 1.0])
     mark_frozen([group], "big")

@@ -43,7 +43,7 @@ def built_job(config_name: str) -> dict:
     """The monarch job a shipped config builds, described from a subprocess (building one switches monarch's transport to TCP)."""
     script = (
         "import json, sys; from rl.config import load_config; from rl.processes.cluster import Placement; "
-        f"job = Placement(load_config({str(CONFIGS / config_name)!r})).job; "
+        f"c = load_config({str(CONFIGS / config_name)!r}); job = Placement(c.cluster, c.trainer, c.generator, c.models).job; "
         "print(json.dumps({'type': type(job).__name__, 'active': job.active, 'meshes': getattr(job, '_meshes', None), "
         "'gpus_per_node': getattr(job, '_gpus_per_node', None), 'partition': getattr(job, '_partition', None)}))"
     )
@@ -134,7 +134,7 @@ def test_service_replicas_go_round_robin_over_their_hosts_each_on_its_own_gpus()
         CONFIGS / "tiny_qwen3_e2e.toml",
         {"trainer.device": "cuda", "generator.device": "cuda", "generator.num_replicas": "4", "generator.tensor_parallel_size": "2"},
     )
-    placement = Placement(config)
+    placement = Placement(config.cluster, config.trainer, config.generator, config.models)
     spawned: list = []
     placement.hosts = {"generator": FakeHosts(2, spawned)}
     spawn = placement.replica_procs("generator", gpus_per_proc=2)
@@ -149,7 +149,7 @@ def test_frozen_model_replicas_go_on_the_models_hosts_after_the_models_declared_
         {"models.teacher.path": "tiny-qwen3", "models.teacher.device": "cuda", "models.teacher.replicas": "2",
          "models.judge.path": "tiny-qwen3", "models.judge.device": "cuda", "models.judge.replicas": "2"},
     )
-    placement = Placement(config)
+    placement = Placement(config.cluster, config.trainer, config.generator, config.models)
     spawned: list = []
     placement.hosts = {"models": FakeHosts(2, spawned)}
     for name in ("teacher", "judge"):
@@ -167,7 +167,7 @@ def test_frozen_model_replicas_on_the_launchers_host_take_the_gpus_after_the_tra
     )
     spawned: list = []
     monkeypatch.setattr("rl.processes.cluster.this_host", lambda: FakeHosts(1, spawned, host=0))
-    spawn = Placement(config).frozen_procs("judge")
+    spawn = Placement(config.cluster, config.trainer, config.generator, config.models).frozen_procs("judge")
     for index in range(2):
         spawn(index)
     assert spawned == [(0, 1, "3"), (0, 1, "4")]  # trainer: GPU 0, generators: 1 and 2

@@ -5,7 +5,10 @@ from types import SimpleNamespace
 import pytest
 
 from rl.config import load_config
-from rl.loop.controller import Controller, DeadlineMissed, RunState
+from rl.loop.controller import Controller
+from rl.loop.roles import DeadlineMissed
+from rl.loop.state import RunState
+from rl.metrics.generation import GenerationStats, batch_metrics
 from rl.services.config import ServiceConfig
 from rl.services.service import Service
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
@@ -24,8 +27,8 @@ async def test_weight_push_that_hangs_fails_loudly():
     async def never(version):
         await asyncio.sleep(3600)
 
-    controller.generators = Service("generator", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print)
-    controller.trainer = SimpleNamespace(push_weights=stub_endpoint(never))
+    controller.roles.generators = Service("generator", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print)
+    controller.roles.trainer = SimpleNamespace(push_weights=stub_endpoint(never))
     with pytest.raises(DeadlineMissed, match=r"trainer weight push \(policy version 1\) took longer than run.weight_sync_timeout_s=0.05 s; "
                                              r"resume from the last checkpoint with `rlmesh train --resume RUN_DIR`"):
         await controller.sync_weights(1)
@@ -38,7 +41,7 @@ async def never(*args, **kwargs):
 
 async def test_a_hung_train_step_stops_the_run_at_its_deadline():
     controller = Controller(load_config(CONFIGS / "tiny_qwen3_e2e.toml", {"trainer.call_timeout_s": "0.05"}))
-    controller.trainer = SimpleNamespace(train_step=stub_endpoint(never))
+    controller.roles.trainer = SimpleNamespace(train_step=stub_endpoint(never))
     groups = [scored_group(f"train/row={row}", "sum_digits", {}, 4, 0) for row in range(2)]
     with pytest.raises(DeadlineMissed, match=r"trainer train step took longer than trainer.call_timeout_s=0.05 s; resume from the last"):
         await controller.train_step(groups)
@@ -46,10 +49,10 @@ async def test_a_hung_train_step_stops_the_run_at_its_deadline():
 
 async def test_a_trainer_that_does_not_hand_over_its_metric_states_stops_the_run_at_the_deadline():
     controller = Controller(load_config(CONFIGS / "tiny_qwen3_e2e.toml", {"run.metrics_timeout_s": "0.05"}))
-    controller.trainer = SimpleNamespace(metric_states=stub_endpoint(never))
-    controller.reward = Service("reward", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print)
+    controller.roles.trainer = SimpleNamespace(metric_states=stub_endpoint(never))
+    controller.roles.reward = Service("reward", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print)
     with pytest.raises(DeadlineMissed, match=r"gathering the trainer's metric states took longer than run.metrics_timeout_s=0.05 s"):
-        await controller._gather_states()
+        await controller.roles.gather_states(1)
 
 
 def test_run_state_data_cursor_advances_over_consumed_rows_in_any_order():
@@ -114,5 +117,5 @@ def test_version_offsets_count_only_policy_sampled_rollouts():
     frozen = scored_group("train/row=1", "sum_digits", {}, 2, version=0)
     for rollout in frozen.rollouts:
         rollout.metadata["sampler"] = "teacher"
-    metrics = controller._rollout_metrics([policy, frozen], evicted=0, wait_seconds=0.0)
+    metrics = batch_metrics([policy, frozen], evicted=0, stats=GenerationStats(), policy_version=controller.state.policy_version, wait_seconds=0.0)
     assert metrics["async/version_offset_mean"] == 1.0 and metrics["async/version_offset_max"] == 1

@@ -52,14 +52,14 @@ async def trained(tmp_path_factory):
     probe = renderer.render_ids(
         [{"role": "user", "content": "Sum the digits of 47."}, {"role": "assistant", "content": FIXED_COMPLETION}]
     )
-    before = await controller.trainer.logprobs.call_one(probe)
+    before = await controller.roles.trainer.logprobs.call_one(probe)
     try:
         console = io.StringIO()
         with contextlib.redirect_stdout(console):
             summary = await asyncio.wait_for(controller.train(), DEADLINE_S)
-        after_trainer = await controller.trainer.logprobs.call_one(probe)
-        after_generator = await controller.generators.call("prompt_logprobs", probe)
-        generator_version = await controller.generators.call("version")
+        after_trainer = await controller.roles.trainer.logprobs.call_one(probe)
+        after_generator = await controller.roles.generators.call("prompt_logprobs", probe)
+        generator_version = await controller.roles.generators.call("version")
         children = [p for p in psutil.Process().children(recursive=True) if "monarch" in " ".join(p.cmdline())]
     finally:
         await controller.shutdown()

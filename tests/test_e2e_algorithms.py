@@ -27,12 +27,12 @@ async def run(tmp_path_factory):
     probe = controller.renderers["sum_digits"].render_ids(
         [{"role": "user", "content": "Sum the digits of 47."}, {"role": "assistant", "content": "11"}]
     )
-    [teacher] = controller.frozen.actors["teacher"]
+    [teacher] = controller.roles.frozen_actors["teacher"]
     teacher_before = await teacher.prompt_logprobs.call_one(probe)
     try:
         summary = await controller.train()
         teacher_after = await teacher.prompt_logprobs.call_one(probe)
-        policy_after = await controller.trainer.logprobs.call_one(probe)
+        policy_after = await controller.roles.trainer.logprobs.call_one(probe)
         teacher_version = await teacher.version.call_one()
     finally:
         await controller.shutdown()

@@ -33,18 +33,18 @@ async def test_two_hosts_train_two_steps_and_the_generator_runs_the_trainers_wei
     async def sync_and_compare(policy_version: int) -> None:
         await sync_weights(policy_version)
         trainer, generator = await asyncio.gather(
-            controller.trainer.logprobs.call_one(probe), controller.generators.call("prompt_logprobs", probe)
+            controller.roles.trainer.logprobs.call_one(probe), controller.roles.generators.call("prompt_logprobs", probe)
         )
         parity.append((policy_version, max(abs(a - b) for a, b in zip(trainer, generator))))
 
     controller.sync_weights = sync_and_compare
     try:
         await asyncio.wait_for(controller.setup(), DEADLINE_S)
-        hosts = dict(controller.placement.hosts)
-        trainer_extent = dict(controller.trainer.mesh.extent)
-        before = await controller.trainer.logprobs.call_one(probe)
+        hosts = dict(controller.roles.placement.hosts)
+        trainer_extent = dict(controller.roles.trainer.mesh.extent)
+        before = await controller.roles.trainer.logprobs.call_one(probe)
         summary = await asyncio.wait_for(controller.train(), DEADLINE_S)
-        after = await controller.trainer.logprobs.call_one(probe)
+        after = await controller.roles.trainer.logprobs.call_one(probe)
         workers = [p for p in psutil.Process().children(recursive=True) if "run_worker_loop_forever" in " ".join(p.cmdline())]
     finally:
         await controller.shutdown()

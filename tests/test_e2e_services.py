@@ -17,7 +17,8 @@ import pytest
 
 from rl import checkpoint
 from rl.config import load_config
-from rl.loop.controller import Controller, row_index_of
+from rl.loop.controller import Controller
+from rl.loop.state import row_index_of
 from rl.services.replica import TEST_ONLY_HANG_ENV
 
 pytestmark = pytest.mark.e2e
@@ -67,7 +68,7 @@ async def test_a_killed_generator_replica_is_replaced_and_no_row_is_lost(tmp_pat
     await asyncio.wait_for(controller.setup(), DEADLINE_S)
     try:
         training = asyncio.ensure_future(controller.train())
-        generators = controller.generators
+        generators = controller.roles.generators
         while not (controller.state.step >= 1 and generators.ledger.on(0)):  # replica 0 holds requests of step 2
             assert not training.done()
             await asyncio.sleep(0.002)
@@ -104,7 +105,7 @@ async def test_a_hung_generator_replica_misses_its_deadline_and_the_other_serves
         summary = await asyncio.wait_for(controller.train(), DEADLINE_S)
     finally:
         await controller.shutdown()
-    generators = controller.generators
+    generators = controller.roles.generators
     assert generators.losses[0].startswith("generator/0#0: generate missed its deadline (services.generator.call_timeout_s = 20.0)")
     metrics = read_jsonl(Path(summary["run_dir"]) / "metrics.jsonl")
     assert metrics[-1]["services/generator/restarts"] >= 1 and metrics[-1]["services/generator/resubmitted_requests"] >= 1

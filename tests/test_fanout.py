@@ -2,7 +2,7 @@
 
 import asyncio
 
-from env_types.renderer_env import RendererEnvConfig
+from rollouts.renderer_env import RendererEnvConfig
 from rl.config import TaskConfig
 from rollouts.fanout import RolloutContext, rollout_group
 from rollouts.types import RolloutStatus, RolloutTurn

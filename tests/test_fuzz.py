@@ -16,7 +16,8 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from env_types.renderer_env import Completion, RendererEnv, RendererEnvConfig
+from rollouts.renderer_env import RendererEnv, RendererEnvConfig
+from rollouts.types import Completion
 from rl.cli import main
 from rl.config import Config
 from env_types.renderer import RendererConfig

@@ -57,7 +57,8 @@ async def test_a_judge_in_a_reward_actor_grades_through_the_gateway_to_the_froze
     try:
         await service.start()
         gateway = open_gateway({"judge": service})  # keyed by model name, as the controller opens it
-        reward = reward_procs.spawn("reward", RewardActor, config)
+        model_paths = {name: model.path for name, model in config.models.items()}
+        reward = reward_procs.spawn("reward", RewardActor, config.tasks, config.run.reward_concurrency, model_paths, config.generator.eval_sampling)
         await reward.connect_models.call_one(gateway.actor, ["judge"])
         turn = RolloutTurn(prompt_messages=[{"role": "user", "content": "What is the sum of the digits of 17?"}], prompt_token_ids=[1, 2],
                            completion_token_ids=[3], completion_logprobs=[-0.5], policy_version=0)

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from env_types.renderer_env import Completion
+from rollouts.types import Completion, GenerationFailed
 from rl.config import RubricConfig
 from rollouts.types import Rollout, RolloutStatus, RolloutTurn
 from rubrics.judge import Judge, JudgeError, connect_model, parse_score_0_10, parse_yes_no
@@ -31,7 +31,7 @@ class ScriptedJudgeModel:
             prompt = self.tokenizer.decode(request.prompt_token_ids)
             self.prompts.append(prompt)
             if index == self.fail_index:
-                results.append("generation failed: out of memory")
+                results.append(GenerationFailed("generation failed: out of memory"))
                 continue
             reference = prompt.split("Reference: ")[1].split("\n")[0]
             graded = prompt.split("Answer: ")[1].split("\nCorrect?")[0]

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from rl.config import load_config
-from rl.metrics import MetricsLogger, Reduce, record_metric, timer
+from rl.metrics import Reduce, record_metric, timer
+from rl.metrics.logger import MetricsLogger
 from rl.metrics.backends import ConsoleBackend, JsonlBackend
 from rl.metrics.reduce import MetricCollector, drain_states, reduce_states
 
@@ -113,7 +114,7 @@ def config():
 
 def test_logger_merges_recorded_and_plain_metrics_and_writes_jsonl(tmp_path, config, capsys):
     drain_states()
-    logger = MetricsLogger(config, tmp_path, backends=[JsonlBackend(tmp_path / "metrics.jsonl", tmp_path / "samples.jsonl"), ConsoleBackend()])
+    logger = MetricsLogger(tmp_path, log_rollouts=config.run.log_rollouts, backends=[JsonlBackend(tmp_path / "metrics.jsonl", tmp_path / "samples.jsonl"), ConsoleBackend()])
     record_metric("reward/mean", 0.25)
     record_metric("reward/samples", {"episode_id": 0, "reward": 0.25}, Reduce.SAMPLE)
     actor = MetricCollector()
@@ -131,7 +132,7 @@ def test_logger_merges_recorded_and_plain_metrics_and_writes_jsonl(tmp_path, con
 
 def test_a_key_both_recorded_and_in_the_plain_dict_is_an_error(tmp_path, config):
     drain_states()
-    logger = MetricsLogger(config, tmp_path, backends=[])
+    logger = MetricsLogger(tmp_path, log_rollouts=config.run.log_rollouts, backends=[])
     record_metric("loss", 1.0)
     with pytest.raises(ValueError, match=r"\['loss'\] were both recorded"):
         logger.log_step(1, {"loss": 2.0})
@@ -141,7 +142,7 @@ def test_a_key_both_recorded_and_in_the_plain_dict_is_an_error(tmp_path, config)
 def test_a_failing_backend_warns_once_and_the_others_go_on(tmp_path, config, capsys):
     full_disk = JsonlBackend(Path("/dev/full"), Path("/dev/full"))  # every flush fails with ENOSPC
     healthy = JsonlBackend(tmp_path / "metrics.jsonl", tmp_path / "samples.jsonl")
-    logger = MetricsLogger(config, tmp_path, backends=[full_disk, healthy])
+    logger = MetricsLogger(tmp_path, log_rollouts=config.run.log_rollouts, backends=[full_disk, healthy])
     for step in (1, 2, 3):
         logger.log_step(step, {"loss": float(step)})
     logger.close()
@@ -155,7 +156,7 @@ def test_wandb_backend_logs_scalars_and_a_samples_table_per_step(tmp_path):
     from tests.wandb_records import history
 
     config = load_config(CONFIGS / "tiny_qwen3_e2e.toml", {"wandb.mode": "offline"})
-    backend = WandbBackend(config, tmp_path)
+    backend = WandbBackend(config.wandb, tmp_path, config.model_dump(mode="json"))
     backend.log_samples({"reward/samples": [{"episode_id": 0, "target": None, "reward": 1.0}, {"episode_id": 1, "target": "3", "reward": 0.5}]}, 1)
     backend.log({"loss": 0.5}, 1)
     backend.close()

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from rl.config import Config
-from rl.training import precision
-from rl.training.precision import MismatchWatch, compute_context, resolve_compute_dtype
+from rl import precision
+from rl.precision import MismatchWatch, compute_context, resolve_compute_dtype
 
 
 def test_bf16_compute_keeps_fp32_master_weights_and_small_updates():

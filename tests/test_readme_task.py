@@ -7,7 +7,8 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from env_types.renderer_env import Completion, RendererEnvConfig
+from rollouts.renderer_env import RendererEnvConfig
+from rollouts.types import Completion
 from rl.assets import resolve_model_path
 from env_types.renderer import RendererConfig
 from rollouts.fanout import RolloutContext, rollout_group, task_rollout

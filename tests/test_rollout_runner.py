@@ -5,7 +5,8 @@ import asyncio
 import pytest
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
-from env_types.renderer_env import Completion, RendererEnvConfig
+from rollouts.renderer_env import RendererEnvConfig
+from rollouts.types import Completion, GenerationFailed
 
 from rollouts.fanout import RolloutContext, rollout_group, task_rollout
 from rollouts.types import RolloutStatus
@@ -21,7 +22,7 @@ def scripted_generator(tokenizer, reply: str, *, finish_reason="stop", fail_when
         results = []
         for request in requests:
             if fail_when is not None and fail_when(request):
-                results.append("generation failed: boom")
+                results.append(GenerationFailed("generation failed: boom"))
                 continue
             ids = tokenizer.encode(reply, add_special_tokens=False) + ([IM_END] if finish_reason == "stop" else [])
             results.append(Completion(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason=finish_reason, policy_version=7))
@@ -39,8 +40,8 @@ async def collect_groups(specs, group_size, generate):
 
     async def one(request):
         [result] = await generate([request])
-        if isinstance(result, str):
-            raise RuntimeError(result)
+        if isinstance(result, GenerationFailed):
+            raise result
         return result
 
     async def group(spec):
@@ -183,7 +184,7 @@ async def test_multi_turn_done_with_env_reward(renderer, tokenizer):
 
 
 async def test_each_sample_gets_its_own_sampling_seed(renderer, tokenizer):
-    from env_types.renderer_env import sampling_seed
+    from rollouts.renderer_env import sampling_seed
 
     task = SumDigitsTask(num_digits=2, num_validation=4)
     calls = []

@@ -120,6 +120,14 @@ def test_sample_record_has_the_seed_fields():
     }
 
 
+def run_sample_logger(config, targets, reference_logprobs=None):
+    """The SampleLogger a run with `config` builds (as the controller does)."""
+    return SampleLogger(
+        config.sample_logging, targets, seed=config.run.seed,
+        episodes_per_step=config.run.groups_per_step * config.algorithm.group_size, reference_logprobs=reference_logprobs,
+    )
+
+
 async def test_sample_logger_records_the_chosen_samples_of_a_trained_batch():
     config = load_config(overrides={"run.groups_per_step": "1", "algorithm.group_size": "4"})
     group = RolloutGroup(group_id="train/row=7", task_name="sum_digits", example={"answer": 11}, rollouts=[
@@ -128,7 +136,7 @@ async def test_sample_logger_records_the_chosen_samples_of_a_trained_batch():
     for r, advantage in zip(group.rollouts, [0.5, -0.5, None, 0.0]):  # as SampleBuilder.assign credited them
         r.advantage = advantage
     drain_states()
-    await SampleLogger(config, {"sum_digits": lambda example: str(example["answer"])}).record([group], step=3)
+    await run_sample_logger(config, {"sum_digits": lambda example: str(example["answer"])}).record([group], step=3)
     logged = drain_states()["reward/samples"]["samples"]
     # default filters: the best and the worst of the step; episode ids continue from 2 steps x 4 rollouts
     assert [(s["episode_id"], s["reward"], s["advantage"], s["target"]) for s in logged] == [(8, 1.0, 0.5, "11"), (9, 0.0, -0.5, "11")]
@@ -138,7 +146,7 @@ async def test_disabled_sample_logging_records_nothing():
     config = load_config(overrides={"sample_logging.enabled": "false"})
     group = RolloutGroup(group_id="g", task_name="sum_digits", example={}, rollouts=[rollout(0, 1.0), rollout(1, 0.0)])
     drain_states()
-    await SampleLogger(config, {"sum_digits": lambda example: None}).record([group], step=1)
+    await run_sample_logger(config, {"sum_digits": lambda example: None}).record([group], step=1)
     assert drain_states() == {}
 
 
@@ -156,6 +164,6 @@ async def test_ref_logprobs_is_the_mean_reference_logprob_of_the_sampled_tokens(
     config = load_config(overrides={"run.groups_per_step": "1", "algorithm.group_size": "2"})
     group = RolloutGroup(group_id="g", task_name="sum_digits", example={}, rollouts=[rollout(0, 1.0, completion=(5, 6)), rollout(1, 0.0)])
     drain_states()
-    await SampleLogger(config, {"sum_digits": lambda example: None}, reference_logprobs=reference).record([group], step=1)
+    await run_sample_logger(config, {"sum_digits": lambda example: None}, reference_logprobs=reference).record([group], step=1)
     logged = drain_states()["reward/samples"]["samples"]
     assert [s["ref_logprobs"] for s in logged] == [pytest.approx(-0.55), pytest.approx(-0.55)]  # mean of -0.5, -0.6

@@ -230,6 +230,17 @@ async def test_the_run_stops_when_the_restart_budget_leaves_too_few_replicas():
     await service.stop()
 
 
+async def test_endpoints_are_typed_handles_that_route_to_one_replica_or_fan_out_to_all():
+    service = make_service(FakeHost())
+    service.actor_class = type("DeclaredEndpoints", (), {"generate": None, "update": None})  # what the actor class declares
+    await service.start()
+    assert await service.generate.route(1, key="row=0") == ("generator_0_0", 1)
+    assert await service.update.fanout(3, timeout_s=1.0) == [3, 3]
+    with pytest.raises(AttributeError, match="DeclaredEndpoints has no endpoint 'genrate'"):
+        service.genrate.route(1)
+    await service.stop()
+
+
 async def test_broadcast_loses_a_hung_replica_instead_of_hanging():
     host = FakeHost({"generator_1_0": {"update": "hang"}})
     service = make_service(host)

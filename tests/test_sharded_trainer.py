@@ -61,7 +61,11 @@ def config(num_procs: int):
 
 async def start(num_procs: int):
     cfg = config(num_procs)
-    trainer, procs = await spawn_trainer(Placement(cfg).spawn_procs, cfg, PolicyTrainer, cfg, 4)
+    placement = Placement(cfg.cluster, cfg.trainer, cfg.generator, cfg.models)
+    trainer, procs = await spawn_trainer(
+        placement.spawn_procs, cfg.trainer, PolicyTrainer, cfg.trainer, cfg.algorithm, cfg.model.path, 4,
+        weight_transport=cfg.weight_sync.transport, wire_dtype=cfg.generator.dtype,
+    )
     await trainer.initialized
     return trainer, procs
 

@@ -3,7 +3,8 @@ turns, per-turn rewards and rubric totals checked against hand-computed values."
 
 import pytest
 
-from env_types.renderer_env import Completion, RendererEnvConfig
+from rollouts.renderer_env import RendererEnvConfig
+from rollouts.types import Completion
 from rl.config import TaskConfig
 from rollouts.types import RolloutStatus
 from tasks.alphabet_sort import AlphabetSortTask, reply_names

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from env_types.message_env import ResetOutput, StepOutput
-from env_types.renderer_env import Completion, RendererEnvConfig
+from rollouts.renderer_env import RendererEnvConfig
+from rollouts.types import Completion
 from rl.algorithms.samples import rollout_to_samples
 from rollouts.types import RolloutStatus
 from tasks.sum_digits import SumDigitsTask

@@ -74,6 +74,8 @@ _UNSHARE_SETUP = r"""
 set -eu
 R="$RLMESH_ROOT"
 mount -t tmpfs -o size=1m,mode=755 rlmesh-root "$R"
+mkdir -p "$R/tmp"
+mount -t tmpfs -o "size=$RLMESH_SCRATCH_BYTES,mode=1777" rlmesh-scratch "$R/tmp"  # first: binds under /tmp land on it
 IFS='
 '
 for p in $RLMESH_BINDS; do
@@ -82,7 +84,7 @@ for p in $RLMESH_BINDS; do
     mount -o remount,bind,ro "$R$p"
 done
 for link in $RLMESH_LINKS; do ln -s "${link#*=}" "$R${link%%=*}"; done
-mkdir -p "$R/dev" "$R/proc" "$R/tmp"
+mkdir -p "$R/dev" "$R/proc"
 mount -t tmpfs -o size=64k,mode=755 rlmesh-dev "$R/dev"
 for device in null zero full random urandom; do : > "$R/dev/$device"; mount --bind "/dev/$device" "$R/dev/$device"; done
 ln -s /proc/self/fd "$R/dev/fd"
@@ -91,7 +93,6 @@ mkdir "$R/dev/shm"
 mount -t tmpfs -o "size=$RLMESH_SCRATCH_BYTES,mode=1777" rlmesh-shm "$R/dev/shm"
 mount -o remount,ro,bind "$R/dev"
 mount -t proc proc "$R/proc"
-mount -t tmpfs -o "size=$RLMESH_SCRATCH_BYTES,mode=1777" rlmesh-scratch "$R/tmp"
 mount -o remount,ro,bind "$R"
 cd "$R"
 pivot_root . .
@@ -230,14 +231,16 @@ class Sandbox:
             env.update(HOME=_SCRATCH, TMPDIR=_SCRATCH)
             binds, links = _tree(fn_path.partition(":")[0])
             if _backend() == "bwrap":
-                command = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+                scratch = str(self.limits.scratch_mb << 20)
+                # scratch first: a checkout or venv under /tmp is bound on top of it, not hidden by it
+                command = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+                           "--size", scratch, "--tmpfs", _SCRATCH]
                 for path in binds:
                     command += ["--ro-bind", path, path]
                 for link, target in links:
                     command += ["--symlink", target, link]
-                scratch = str(self.limits.scratch_mb << 20)
                 command += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--size", scratch, "--tmpfs", "/dev/shm",
-                            "--size", scratch, "--tmpfs", _SCRATCH, "--remount-ro", "/", "--chdir", _SCRATCH, "--", *runner]
+                            "--remount-ro", "/", "--chdir", _SCRATCH, "--", *runner]
             else:
                 root = tempfile.mkdtemp(prefix="rlmesh-sandbox-root-")  # an empty mount point, never written on the host
                 host_dirs.append(root)

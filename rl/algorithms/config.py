@@ -10,7 +10,9 @@ from __future__ import annotations
 import warnings
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
+
+from rl.section import Device, DType, Section
 
 ALGORITHM_TYPES = ("grpo", "rloo", "max_rl", "reinforce_pp", "reward", "custom", "echo", "sft", "opd", "opsd")
 """The registered algorithms, each a class in `rl.algorithms.registry`."""
@@ -31,17 +33,13 @@ POLICY = "policy"
 """The reserved model name of the live, trained policy."""
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class FrozenModelConfig(_Section):
+class FrozenModelConfig(Section):
     """A model that is served but never trained: a teacher, or a sampler of demonstrations."""
 
     path: str
     """HF folder, hub id, or a built-in offline asset ("tiny-qwen3", ...)."""
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: DType = "float32"
+    device: Device = "cpu"
     replicas: int = Field(1, ge=1)
 
 
@@ -66,7 +64,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
-class RolloutCorrectionConfig(_Section):
+class RolloutCorrectionConfig(Section):
     """Correction of the gap between the sampler (π_rollout) and the trainer, after verl's rollout correction.
 
     With every mechanism off (the default) only the `rollout_corr/` diagnostics are logged, at no extra
@@ -143,7 +141,7 @@ class RolloutCorrectionConfig(_Section):
         return self.rollout_is is not None or self.rollout_rs is not None or self.rollout_token_veto_threshold is not None
 
 
-class EchoRoleWeights(_Section):
+class EchoRoleWeights(Section):
     """echo: cross-entropy weight of environment tokens by the role of the message they render."""
 
     system: float = Field(0.0, ge=0)
@@ -152,7 +150,7 @@ class EchoRoleWeights(_Section):
     tool: float = Field(0.1, ge=0)
 
 
-class TaskAlgorithmConfig(_Section):
+class TaskAlgorithmConfig(Section):
     """How a task's scored groups become training samples. Every field left unset comes from `[algorithm]`."""
 
     type: AlgorithmType | None = None
@@ -165,7 +163,7 @@ class TaskAlgorithmConfig(_Section):
     echo_role_weights: EchoRoleWeights | None = None
 
 
-class AlgorithmConfig(_Section):
+class AlgorithmConfig(Section):
     type: AlgorithmType = "grpo"
     """How advantages and loss weights are assigned (see the README's Algorithms section)."""
     group_size: int = Field(8, ge=1)

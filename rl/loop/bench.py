@@ -26,7 +26,7 @@ import torch
 
 from rl.assets import resolve_model_path
 from rl.config import Config
-from rl.training.precision import TORCH_DTYPES, native_bf16
+from rl.precision import TORCH_DTYPES, native_bf16
 
 
 def matmul_peak_gflops(dtype: torch.dtype, cpus: list[int] | None, size: int = 2048, repeats: int = 5) -> float:

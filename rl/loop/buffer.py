@@ -10,17 +10,12 @@ from __future__ import annotations
 
 import asyncio
 
-from rollouts.types import RolloutGroup
+from rollouts.types import RolloutGroup, is_frozen_sampled
 
 
 def is_fresh(group_policy_version: int, trainer_policy_version: int, max_staleness: int) -> bool:
     """Whether a group sampled at `group_policy_version` may train the policy at `trainer_policy_version`."""
     return trainer_policy_version - group_policy_version <= max_staleness
-
-
-def is_frozen_sampled(group: RolloutGroup) -> bool:
-    """Sampled by a frozen model (`[models.<name>]`): its sampler never changes, so it never goes stale."""
-    return bool(group.rollouts) and all(r.metadata.get("sampler", "policy") != "policy" for r in group.rollouts)
 
 
 class RolloutBuffer:

@@ -10,7 +10,11 @@ from __future__ import annotations
 import copy
 import math
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rl.config import RunConfig
+    from tasks.build import BuiltTask
 
 
 def row_limit(rows_by_task: dict[str, list[dict[str, Any]]], *, epochs: float | None, max_rows: int | None) -> int | None:
@@ -75,3 +79,13 @@ class RowStream:
             raise ValueError(f"cannot seek back from row {self.cursor} to {cursor}")
         while self.cursor < cursor:
             self.next()
+
+
+def training_stream(tasks: dict[str, BuiltTask], run: RunConfig, cursor: int) -> tuple[RowStream, int]:
+    """The tasks' training rows mixed by weight, continuing from row `cursor`, and the optimizer steps the run
+    plans: `run.steps`, or fewer when `run.epochs` / `run.max_rows` leave rows for fewer steps."""
+    train_rows = {name: task.load_rows("train") for name, task in tasks.items()}
+    limit = row_limit(train_rows, epochs=run.epochs, max_rows=run.max_rows)
+    stream = RowStream(train_rows, {name: task.config.weight for name, task in tasks.items()}, seed=run.seed, limit=limit)
+    stream.seek(cursor)
+    return stream, run.steps if limit is None else min(run.steps, limit // run.groups_per_step)

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from rl.config import Config
+from rl.config import WandbConfig
 
 CONSOLE_KEYS = ("reward/mean", "eval/reward/mean", "loss", "rollouts/completion_tokens_mean", "time/step_s")
 
@@ -96,18 +96,13 @@ class WandbBackend:
 
     name = "wandb"
 
-    def __init__(self, config: Config, run_dir: Path):
+    def __init__(self, config: WandbConfig, run_dir: Path, run_config: dict[str, Any]):
+        """`run_config`: the resolved run config (JSON), recorded with the run, which is named after its `run.name`."""
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(
-            project=config.wandb.project,
-            name=config.run.name,
-            dir=str(run_dir),
-            mode=config.wandb.mode,
-            config=config.model_dump(mode="json"),
-        )
+        self.run = wandb.init(project=config.project, name=run_config["run"]["name"], dir=str(run_dir), mode=config.mode, config=run_config)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)

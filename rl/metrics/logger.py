@@ -14,23 +14,27 @@ from typing import Any, Iterable
 
 from tqdm import tqdm
 
-from rl.config import Config
+from rl.config import WandbConfig
 from rl.metrics.backends import Backend, ConsoleBackend, JsonlBackend, WandbBackend
 from rl.metrics.reduce import State, drain_states, reduce_states
 from rollouts.types import RolloutGroup
 
 
 class MetricsLogger:
-    def __init__(self, config: Config, run_dir: Path, backends: list[Backend] | None = None):
+    def __init__(
+        self, run_dir: Path, *, log_rollouts: bool, wandb: WandbConfig | None = None, run_config: dict[str, Any] | None = None,
+        backends: list[Backend] | None = None,
+    ):
+        """`log_rollouts`: `run.log_rollouts`; `wandb` (None = off) with `run_config`, the resolved config wandb records."""
         self.run_dir = run_dir
         self.console = ConsoleBackend()
         if backends is None:
             # metrics.jsonl first: a step is on disk before the console shows it (a kill right after sees it saved)
             backends = [JsonlBackend(run_dir / "metrics.jsonl", run_dir / "samples.jsonl"), self.console]
-            if config.wandb.enabled and config.wandb.mode != "disabled":
-                backends.append(WandbBackend(config, run_dir))
+            if wandb is not None and wandb.enabled and wandb.mode != "disabled":
+                backends.append(WandbBackend(wandb, run_dir, run_config or {}))
         self.backends = backends
-        self.rollouts_file = open(run_dir / "rollouts.jsonl", "a") if config.run.log_rollouts else None
+        self.rollouts_file = open(run_dir / "rollouts.jsonl", "a") if log_rollouts else None
 
     def progress(self, first: int, steps: int) -> Iterable[int]:
         """Steps `first`..`steps`-1 (a resumed run starts past 0) behind a live bar: ETA, and the last

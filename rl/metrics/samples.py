@@ -11,7 +11,7 @@ import random
 from typing import Any, Awaitable, Callable
 
 from rl.algorithms.streams import rollout_to_samples
-from rl.config import Config, SampleFilters
+from rl.config import SampleFilters, SampleLoggingConfig
 from rl.metrics.reduce import Reduce, record_metric
 from rl.registry import import_object
 from rollouts.types import Rollout, RolloutGroup, message_text
@@ -115,14 +115,19 @@ class SampleLogger:
 
     def __init__(
         self,
-        config: Config,
+        config: SampleLoggingConfig,
         targets: dict[str, Callable[[dict[str, Any]], str | None]],
+        *,
+        seed: int,
+        episodes_per_step: int,
         reference_logprobs: ReferenceLogprobs | None = None,
     ):
+        """`seed`: `run.seed`; `episodes_per_step`: rollouts a step trains (`run.groups_per_step` x `algorithm.group_size`)."""
         self.config = config
         self.targets = targets
+        self.episodes_per_step = episodes_per_step
         self.reference_logprobs = reference_logprobs
-        self.filter = SampleFilter(config.sample_logging.filters, seed=config.run.seed)
+        self.filter = SampleFilter(config.filters, seed=seed)
 
     async def record(self, groups: list[RolloutGroup], step: int) -> None:
         """Record the chosen samples of the batch trained at `step` (episode ids count trained rollouts from 0).
@@ -130,10 +135,9 @@ class SampleLogger:
         With `reference_logprobs` (runs with `algorithm.kl_coef > 0`) each chosen sample gets `ref_logprobs`,
         the mean reference logprob of its sampled tokens: one reference forward per logged sample.
         """
-        if not self.config.sample_logging.enabled or not self.filter.wants_step(step):
+        if not self.config.enabled or not self.filter.wants_step(step):
             return
-        config = self.config
-        episode_id = (step - 1) * config.run.groups_per_step * config.algorithm.group_size
+        episode_id = (step - 1) * self.episodes_per_step
         samples, rollouts = [], {}
         for group in groups:
             target = self.targets[group.task_name](group.example)

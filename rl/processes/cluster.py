@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from monarch.actor import HostMesh, default_bootstrap_cmd, this_host
 
-from rl.config import ClusterConfig, Config
+from rl.config import ClusterConfig, FrozenModelConfig, GeneratorConfig, TrainerConfig
 
 def bootstrap_command(env: dict[str, str], device: str, first_gpu: int, gpus_per_proc: int) -> Callable[[Any], Any] | None:
     """Per-process bootstrap: `env`, plus on GPU the `gpus_per_proc` GPUs of the process's slot on its host.
@@ -74,9 +74,13 @@ class Placement:
     switches this process's transport to TCP, which the root client must be created with.
     """
 
-    def __init__(self, config: Config):
-        self.config = config
-        cluster = config.cluster
+    def __init__(self, cluster: ClusterConfig, trainer: TrainerConfig, generator: GeneratorConfig, models: dict[str, FrozenModelConfig]):
+        """The roles' sections say how many processes and GPUs each takes: on the launcher's host the trainer's
+        `num_procs` take the first GPUs, the generator replicas the next, the frozen models (`[models.<name>]`) the rest."""
+        self.cluster = cluster
+        self.trainer = trainer
+        self.generator = generator
+        self.models = models
         self.job: Any = make_job(cluster) if cluster.scheduler != "local" and cluster.hosts.allocated() else None
         self.hosts: dict[str, HostMesh] = {}
 
@@ -85,7 +89,7 @@ class Placement:
         if self.job is not None and not self.hosts:
             try:
                 state = self.job.state(cached_path=None)
-                self.hosts = {role: getattr(state, role) for role in self.config.cluster.hosts.allocated()}
+                self.hosts = {role: getattr(state, role) for role in self.cluster.hosts.allocated()}
             except BaseException:
                 self.release()
                 raise
@@ -101,9 +105,9 @@ class Placement:
         `trainer.num_procs` GPUs and other roles follow it.
         """
         if first_gpu is None:
-            first_gpu = 0 if role in self.hosts or role == "trainer" else self.config.trainer.num_procs
-        env = self.config.cluster.env if role in self.hosts else {}
-        device = self.config.trainer.device
+            first_gpu = 0 if role in self.hosts or role == "trainer" else self.trainer.num_procs
+        env = self.cluster.env if role in self.hosts else {}
+        device = self.trainer.device
         return self.host_mesh(role).spawn_procs(
             per_host=per_host, bootstrap_command=bootstrap_command(env, device, first_gpu, gpus_per_proc)
         )
@@ -122,8 +126,8 @@ class Placement:
             if num_hosts > 1:
                 host = host.slice(hosts=slot % num_hosts)
             first_gpu = 0 if role in self.hosts else self._first_local_gpu(role)
-            env = self.config.cluster.env if role in self.hosts else {}
-            command = bootstrap_command(env, device or self.config.trainer.device, first_gpu + (slot // num_hosts) * gpus_per_proc, gpus_per_proc)
+            env = self.cluster.env if role in self.hosts else {}
+            command = bootstrap_command(env, device or self.trainer.device, first_gpu + (slot // num_hosts) * gpus_per_proc, gpus_per_proc)
             return host.spawn_procs(per_host={"procs": 1}, bootstrap_command=command)
 
         return spawn
@@ -131,17 +135,17 @@ class Placement:
     def frozen_procs(self, name: str) -> Callable[[int], Any]:
         """Replica index -> a proc mesh for frozen model `name`'s replica: on the `models` hosts of `[cluster]` (round-robin,
         after the replicas of the models declared before it), else on the launcher's host after the generators' GPUs."""
-        models = list(self.config.models)
-        offset = sum(self.config.models[other].replicas for other in models[: models.index(name)])
-        model = self.config.models[name]
-        gpus = self.config.generator.tensor_parallel_size if model.device == "cuda" else 0
+        models = list(self.models)
+        offset = sum(self.models[other].replicas for other in models[: models.index(name)])
+        model = self.models[name]
+        gpus = self.generator.tensor_parallel_size if model.device == "cuda" else 0
         return self.replica_procs("models", gpus_per_proc=gpus, offset=offset, device=model.device)
 
     def _first_local_gpu(self, role: str) -> int:
         """On the launcher's host the trainer takes the first GPUs, the generator replicas the next, frozen models the rest."""
-        first = self.config.trainer.num_procs
-        if role == "models" and "generator" not in self.hosts and self.config.generator.device == "cuda":
-            first += self.config.generator.num_replicas * self.config.generator.tensor_parallel_size
+        first = self.trainer.num_procs
+        if role == "models" and "generator" not in self.hosts and self.generator.device == "cuda":
+            first += self.generator.num_replicas * self.generator.tensor_parallel_size
         return first
 
     def release(self) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from monarch.spmd import setup_torch_elastic_env_async
 
-from rl.config import Config
+from rl.config import TrainerConfig
 
 
 class SpmdEndpoint:
@@ -46,10 +46,11 @@ class SpmdActor:
         return SpmdEndpoint(getattr(self.mesh, name))
 
 
-async def spawn_trainer(spawn_procs: Any, config: Config, trainer_cls: type, *args: Any) -> tuple[SpmdActor, Any]:
+async def spawn_trainer(
+    spawn_procs: Any, trainer_config: TrainerConfig, trainer_cls: type, *args: Any, **kwargs: Any
+) -> tuple[SpmdActor, Any]:
     """The trainer actor over its ranks and their proc mesh; `spawn_procs` is `rl.processes.cluster.Placement.spawn_procs`."""
-    trainer_config = config.trainer
     procs = spawn_procs("trainer", per_host={"procs": trainer_config.num_procs}, gpus_per_proc=1)
     if trainer_config.num_procs * trainer_config.num_hosts > 1:
         await setup_torch_elastic_env_async(procs)
-    return SpmdActor(procs.spawn("trainer", trainer_cls, *args)), procs
+    return SpmdActor(procs.spawn("trainer", trainer_cls, *args, **kwargs)), procs

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from rl.section import Section
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ServiceConfig(_Section):
+class ServiceConfig(Section):
     """How one role's replicas are called, watched and replaced."""
 
     call_timeout_s: float = Field(600.0, gt=0)
@@ -34,7 +32,7 @@ class RewardServiceConfig(ServiceConfig):
     """RewardActor processes; groups go to the one with the fewest outstanding."""
 
 
-class BreakerConfig(_Section):
+class BreakerConfig(Section):
     """Stop the run instead of training on a trickle of survivors (a group fails when all its rollouts are errors)."""
 
     max_consecutive_failed_groups: int = Field(16, ge=1)
@@ -43,7 +41,7 @@ class BreakerConfig(_Section):
     max_failure_rate: float = Field(0.5, gt=0, le=1)
 
 
-class ServicesConfig(_Section):
+class ServicesConfig(Section):
     generator: ServiceConfig = ServiceConfig()
     """The policy generators (`generator.num_replicas`)."""
     models: ServiceConfig = ServiceConfig()

@@ -52,6 +52,24 @@ class RequestFailed(RuntimeError):
         self.timed_out = timed_out
 
 
+class ServiceEndpoint:
+    """One endpoint of a service's actors, reached through the service (as forge's `ServiceEndpoint`).
+
+    `route(*args, key=...)`: one replica answers (least outstanding, sticky by `key`), and the call is
+    resubmitted if that replica is lost first; `fanout(*args, timeout_s=...)`: every healthy replica
+    answers, and one that fails or misses `timeout_s` is lost, not the call.
+    """
+
+    def __init__(self, service: Service, name: str):
+        self.service, self.name = service, name
+
+    async def route(self, *args: Any, key: str | None = None) -> Any:
+        return await self.service.call(self.name, *args, key=key)
+
+    async def fanout(self, *args: Any, timeout_s: float) -> list[Any]:
+        return await self.service.broadcast(self.name, *args, timeout_s=timeout_s)
+
+
 @dataclass
 class Replica:
     id: ReplicaId
@@ -116,6 +134,13 @@ class Service:
         self._context: contextvars.Context | None = None
         self._by_mesh: dict[str, Replica] = {}  # every replica ever spawned (old ones too), by actor mesh name
         self._serial = next(_SERVICES)  # in mesh names: a late report about an earlier run's replica never matches a live one
+
+    def __getattr__(self, name: str) -> ServiceEndpoint:
+        """`service.generate`: the endpoint `generate` of the service's actor class; a name it lacks is an AttributeError here."""
+        actor_class = self.__dict__.get("actor_class")
+        if name.startswith("_") or not hasattr(actor_class, name):
+            raise AttributeError(f"{type(self).__name__} {self.__dict__.get('name')!r}: {getattr(actor_class, '__name__', actor_class)} has no endpoint {name!r}")
+        return ServiceEndpoint(self, name)
 
     async def start(self) -> None:
         """Spawn every replica (each within `start_timeout_s`), then keep probing them."""

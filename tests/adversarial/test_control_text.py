@@ -5,7 +5,8 @@ import json
 
 from env_types.message_env import ResetOutput
 from env_types.renderer import render_prompt
-from env_types.renderer_env import Completion, RendererEnvConfig
+from rollouts.renderer_env import RendererEnvConfig
+from rollouts.types import Completion
 from rollouts.types import Rollout, RolloutStatus, RolloutTurn
 from rubrics.judge import Judge
 from tasks.sum_digits import SumDigitsTask

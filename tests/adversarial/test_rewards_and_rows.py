@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
-from env_types.renderer_env import RendererEnvConfig
+from rollouts.renderer_env import RendererEnvConfig
 from rl.algorithms.advantages import grpo_advantages
 from rl.config import TaskConfig
 from rl.services.breaker import CircuitBreaker, group_failure
@@ -85,7 +85,7 @@ class NanRewardTask(SumDigitsTask):
 
 
 async def test_a_per_turn_env_reward_that_is_not_finite_ends_the_rollout_as_error(renderer, tokenizer):
-    from env_types.renderer_env import Completion
+    from rollouts.types import Completion
 
     async def generate(requests):
         ids = tokenizer.encode("ok", add_special_tokens=False) + [151645]

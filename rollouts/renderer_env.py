@@ -11,15 +11,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import traceback
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
 from env_types.renderer import invalid_tool_call_errors, next_turn_prompt, parse_completion, render_prompt
-from rollouts.types import Message, Rollout, RolloutStatus, RolloutTurn
-from rubrics.reward_value import checked_reward
+from rollouts.reward_value import checked_reward
+from rollouts.types import Completion, GenerationRequest, Message, Rollout, RolloutStatus, RolloutTurn
 
 
 class RendererEnvConfig(BaseModel):
@@ -55,26 +54,6 @@ def sampling_seed(run_seed: int, rollout_id: str, turn: int) -> int:
     """
     digest = hashlib.sha256(f"{run_seed}/{rollout_id}/{turn}".encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """What to ask the generator for next."""
-
-    prompt_token_ids: list[int]
-    max_new_tokens: int
-    seed: int | None = None
-    """Per-request sampling seed (None: the engine's own random state)."""
-
-
-@dataclass(frozen=True)
-class Completion:
-    """One sampled completion as the generator returns it."""
-
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str
-    policy_version: int
 
 
 class RendererEnv:

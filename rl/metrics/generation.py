@@ -1,0 +1,77 @@
+"""What generation did for a step: throughput, drops, policy lag, and how long training waited for it.
+
+The producer counts into `GenerationStats` as rows finish; the controller drains it once a step
+and turns it, with the consumed batch, into the step's `rollouts/`, `async/`, `time/` and `perf/` metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from rl.metrics.standard import rollout_metrics
+from rollouts.types import RolloutGroup, is_frozen_sampled
+
+
+@dataclass
+class GenerationStats:
+    """What the producer did since the consumer last looked; `seconds` counts time with any row generating."""
+
+    seconds: float = 0.0
+    completion_tokens: int = 0
+    dropped_groups: int = 0
+    dropped_zero_adv_groups: int = 0
+    running: int = 0
+    busy_since: float = 0.0
+
+    def row_started(self) -> None:
+        if self.running == 0:
+            self.busy_since = time.perf_counter()
+        self.running += 1
+
+    def row_finished(self, group: RolloutGroup, drop: str | None) -> None:
+        """`drop`: the metric key the group was dropped under (`SampleBuilder.drop_reason`), None if kept."""
+        self.running -= 1
+        if self.running == 0:
+            self.seconds += time.perf_counter() - self.busy_since
+        self.completion_tokens += sum(rollout.num_completion_tokens for rollout in group.rollouts)
+        self.dropped_groups += drop is not None
+        self.dropped_zero_adv_groups += drop == "rollouts/dropped_zero_adv_groups"
+
+    def drain(self) -> GenerationStats:
+        now = time.perf_counter()
+        seconds = self.seconds + (now - self.busy_since if self.running else 0.0)
+        drained = GenerationStats(seconds, self.completion_tokens, self.dropped_groups, self.dropped_zero_adv_groups)
+        self.seconds, self.completion_tokens, self.dropped_groups, self.dropped_zero_adv_groups, self.busy_since = 0.0, 0, 0, 0, now
+        return drained
+
+
+def batch_metrics(
+    groups: list[RolloutGroup], evicted: int, stats: GenerationStats, policy_version: int, wait_seconds: float
+) -> dict[str, float]:
+    """A consumed batch's metrics: drops and evictions, version offsets against `policy_version`, generation
+    throughput, the consumer's wait, and `rl.metrics.standard.rollout_metrics`."""
+    rollouts = [rollout for group in groups for rollout in group.rollouts]
+    policy_sampled = [r for r in rollouts if r.turns and r.metadata.get("sampler", "policy") == "policy"]  # frozen samplers never age
+    offsets = [policy_version - min(r.policy_versions) for r in policy_sampled]
+    metrics: dict[str, float] = {
+        "rollouts/evicted_stale_groups": evicted,
+        "rollouts/dropped_groups": stats.dropped_groups,
+        "rollouts/dropped_zero_adv_groups": stats.dropped_zero_adv_groups,
+        "async/version_offset_mean": sum(offsets) / len(offsets) if offsets else 0.0,
+        "async/version_offset_max": max(offsets, default=0),
+        "rollouts/policy_lag_max": max(
+            (policy_version - group.min_policy_version for group in groups if not is_frozen_sampled(group)), default=0
+        ),
+        "time/generation_s": stats.seconds,
+        "perf/sample_wait_time": wait_seconds,
+        "perf/generation_tokens_per_s": stats.completion_tokens / stats.seconds if stats.seconds else 0.0,
+    }
+    metrics.update(rollout_metrics(groups))
+    return metrics
+
+
+def overlap_metrics(wait_seconds: float, busy_seconds: float) -> dict[str, float]:
+    """How much of a step the consumer waited for rollouts vs. was busy (advantages, train step, weight sync)."""
+    wait_ratio = wait_seconds / (wait_seconds + busy_seconds)
+    return {"perf/wait_time_ratio": wait_ratio, "perf/overlap_ratio": 1.0 - wait_ratio}

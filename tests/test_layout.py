@@ -1,0 +1,98 @@
+"""The layout's floors: each folder imports only folders on floors below its own (imports inside functions too),
+and no modules import each other in a circle at import time.
+
+Imports are read with `ast`, so the check needs no import of the project.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("rl", "actors", "tasks", "rollouts", "rubrics", "env_types", "tools")
+FLOORS = [  # the ground first; a folder of `rl/` and a module directly in `rl/` are each a room
+    {"rl/registry.py", "rl/assets.py", "rl/section.py", "rl/batching.py", "rl/engine_loop.py", "rl/checkpoint.py", "rl/run_dir.py", "rl/precision.py"},
+    {"rl/prefix_packing.py"},  # the packed layout with a prefix trie per row, over rl/batching.py
+    {"env_types"},  # what a task author's environment is: messages in, messages out; messages <-> tokens
+    {"rollouts"},  # the records of a rollout and how one is driven and fanned out
+    {"tools", "rubrics", "rl/services", "rl/algorithms"},
+    {"rl/config.py"},
+    {"rl/metrics", "rl/processes", "tasks"},
+    {"rl/training", "rl/resume.py"},  # the trainer's step statistics are the metrics system's; a resume repairs the logs
+    {"rl/weights"},
+    {"actors"},
+    {"rl/loop"},
+    {"rl/cli.py"},
+]
+
+
+def room(module: str) -> str | None:
+    """The room of a dotted module name (None: not the project's)."""
+    parts = module.split(".")
+    if parts[0] not in PACKAGES:
+        return None
+    if parts[0] != "rl" or len(parts) == 1:
+        return parts[0]
+    return f"rl/{parts[1]}" if (ROOT / "rl" / parts[1]).is_dir() else f"rl/{parts[1]}.py"
+
+
+def project_modules() -> dict[str, Path]:
+    modules = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def imports(path: Path, modules: dict[str, Path], at_import_time: bool = False) -> set[str]:
+    """The project modules `path` imports (`from a import b` counts `a.b` when that is a module, else `a`);
+    `at_import_time`: only those imported when `path` is (not inside a function body)."""
+    found = set()
+    tree = ast.parse(path.read_text())
+    if at_import_time:
+        for function in [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            function.body = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module for alias in node.names)
+    return {name for name in found if name in modules}
+
+
+def test_every_folder_imports_only_floors_below_it():
+    floor_of = {room_name: index for index, floor in enumerate(FLOORS) for room_name in floor}
+    modules = project_modules()
+    unplaced = sorted({room(name) for name in modules} - set(floor_of) - {"rl"})
+    assert not unplaced, f"rooms on no floor (add them to FLOORS): {unplaced}"
+    upward = []
+    for name, path in modules.items():
+        source = room(name)
+        for target in map(room, imports(path, modules)):
+            if source != target and target != "rl" and floor_of[target] >= floor_of[source]:
+                upward.append(f"{path.relative_to(ROOT)}: {source} (floor {floor_of[source]}) imports {target} (floor {floor_of[target]})")
+    assert not upward, "imports that do not go down a floor:\n" + "\n".join(sorted(upward))
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    """At import time: a function-level import is how a module defers a heavy one (torch), not a circle Python runs into."""
+    modules = project_modules()
+    graph = {name: imports(path, modules, at_import_time=True) - {name} for name, path in modules.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    circles = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for target in sorted(graph[name]):
+            if state.get(target) == 1:
+                circles.append(" -> ".join(path[path.index(target):] + [name, target]) if target in path else f"{name} -> {target}")
+            elif target not in state:
+                visit(target, path + [name])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [])
+    assert not circles, "modules that import each other in a circle:\n" + "\n".join(circles)
