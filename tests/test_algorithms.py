@@ -308,3 +308,23 @@ def test_a_users_algorithm_class_by_import_path():
         _config(**{"tasks.0.algorithm": "{type = 'tests.test_algorithms:doubled'}"})
     with pytest.raises(ConfigError, match=r"'ppo' is neither a registered algorithm"):
         _config(**{"algorithm.type": "'ppo'"})
+
+
+def test_echo_attributes_a_rerendered_prompt_too():
+    # SmolLM2's template renderer never bridges: the next prompt is a re-render, attributed message by message.
+    renderer = RendererConfig().build("smollm2-135m-instruct")
+    messages = [{"role": "user", "content": "Sum the digits of 47."}]
+    reply = {"role": "assistant", "content": "11"}
+    prompt = list(renderer.render_ids(messages, add_generation_prompt=True))
+    completion = list(renderer.render_ids([*messages, reply]))[len(prompt):]
+    env_messages = [{"role": "user", "content": "again"}]
+    rendered = renderer.render([*messages, reply, *env_messages], add_generation_prompt=True)
+    assert list(rendered.token_ids[: len(prompt) + len(completion)]) == prompt + completion  # the prefix holds: one sample
+    first = RolloutTurn(prompt_messages=messages, prompt_token_ids=prompt, completion_token_ids=completion,
+                        completion_logprobs=[-0.5] * len(completion), env_messages=env_messages, assistant_message=reply)
+    second = _turn(list(rendered.token_ids), [7])
+    [sample, _], _ = _build({"t": AlgorithmConfig(type="echo", echo_role_weights={"user": 0.5})},
+                            [_group("t", [1.0, 0.0], turns=[first, second])], renderers={"t": renderer})
+    new = len(prompt) + len(completion)
+    expected = [0.5 if i == 2 else 0.0 for i in rendered.message_indices[new:]]  # message 2 is the environment's user message
+    assert sample.ce_weights == [0.0] * new + expected + [0.0] and 0.5 in expected and expected[-1] == 0.0

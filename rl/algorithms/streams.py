@@ -22,14 +22,14 @@ def env_token_roles(renderer: Any, previous: RolloutTurn, prompt_ids: list[int])
     """
     new_messages = previous.env_messages
     bridged = renderer.bridge_to_next_turn(previous.prompt_token_ids, previous.completion_token_ids, new_messages)
-    if bridged is not None and list(bridged.token_ids) == prompt_ids:
+    if bridged is not None and list(bridged.token_ids) == prompt_ids and len(bridged.message_indices) == len(prompt_ids):
         return [new_messages[i]["role"] if i >= 0 else None for i in bridged.message_indices]
     if previous.assistant_message is None:
         return None
     messages = [*previous.prompt_messages, previous.assistant_message, *new_messages]
     rendered = renderer.render(messages, add_generation_prompt=True)
-    if list(rendered.token_ids) != prompt_ids:
-        return None
+    if list(rendered.token_ids) != prompt_ids or len(rendered.message_indices) != len(prompt_ids):
+        return None  # tools in the prompt, or a renderer without attribution: these tokens train nothing
     first_new = len(messages) - len(new_messages)
     return [messages[i]["role"] if i >= first_new else None for i in rendered.message_indices]
 
