@@ -1,6 +1,7 @@
 """Rewards that would poison the advantages, rows that would pay the answer "None", and a breaker that
 never opened on timeouts (issue 19: the reward path)."""
 
+import asyncio
 import json
 
 import pytest
@@ -154,3 +155,27 @@ async def test_a_poison_group_is_not_handed_to_a_third_replica():
     assert failed.value.timed_out
     assert sum(1 for actor in host.actors.values() if actor.calls) == 2  # the third replica never saw it
     await service.stop()
+
+
+async def test_a_reply_that_freezes_math_verify_times_out_while_the_event_loop_keeps_running():
+    # `\boxed{2^{2^{40}}}` held the GIL in math_verify for 33 s past a 3 s rubric timeout, freezing the RewardActor's loop
+    from rubrics.builtins import math_verify
+
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.05)
+            ticks += 1
+
+    running = asyncio.create_task(ticker())
+    try:
+        rubric = Rubric([RewardFn(math_verify)], timeout_s=2.0)
+        poison, fine = rollout(r"\boxed{2^{2^{40}}}", 0), rollout(r"\boxed{4}", 1)
+        rewards = await rubric.score_group([poison, fine], {"answer": "4"})
+    finally:
+        running.cancel()
+    assert rewards[0].timed_out and "took longer than 2.0 s" in rewards[0].error
+    assert rewards[1].error is None and rewards[1].total == 1.0
+    assert ticks >= 5  # the loop kept turning while the worker spun (a thread held the GIL and froze it at 0)
