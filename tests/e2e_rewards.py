@@ -16,8 +16,9 @@ def by_sample_index(rollout: Rollout, example: dict) -> float:
     return float(rollout.sample_index)
 
 
-def kill_reward_process(rollout: Rollout, example: dict) -> float:
-    """Kills the RewardActor's process: an actor dying in the middle of a run."""
+async def kill_reward_process(rollout: Rollout, example: dict) -> float:
+    """Kills the RewardActor's process: an actor dying in the middle of a run (async, so it runs in the actor's
+    process: a sync reward function runs in a worker process, whose death is only that call's failure)."""
     os._exit(1)
 
 
