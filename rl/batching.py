@@ -62,6 +62,17 @@ class TrainSample:
             raise ValueError("rl_weights are nonzero on a token without sampling logprobs (loss_mask False)")
 
 
+
+def check_packable(samples: list, seq_len: int, packer: str) -> None:
+    """A packer's input: at least one sample, none longer than a row."""
+    if not samples:
+        raise ValueError(f"{packer} got no samples")
+    for i, sample in enumerate(samples):
+        if len(sample.input_ids) > seq_len:
+            raise ValueError(
+                f"sample {i} has {len(sample.input_ids)} tokens, more than seq_len={seq_len}; filter over-long samples before packing"
+            )
+
 def pack_samples(samples: list[TrainSample], *, seq_len: int, pad_token_id: int) -> TensorDict:
     """Pack samples into rows of `seq_len` tokens by first-fit decreasing; returns a TensorDict of batch [R].
 
@@ -73,14 +84,7 @@ def pack_samples(samples: list[TrainSample], *, seq_len: int, pad_token_id: int)
     it, and its logprob is 0. Padding has loss_mask False, zero weights and policy_version -1.
     The packed batch is checked against the samples (`check_packing`) before it is returned.
     """
-    if not samples:
-        raise ValueError("pack_samples got no samples")
-    for i, sample in enumerate(samples):
-        if len(sample.input_ids) > seq_len:
-            raise ValueError(
-                f"sample {i} has {len(sample.input_ids)} tokens, more than seq_len={seq_len}; "
-                "filter over-long samples before packing"
-            )
+    check_packable(samples, seq_len, "pack_samples")
     order = sorted(range(len(samples)), key=lambda i: -len(samples[i].input_ids))
     rows: list[list[int]] = []
     free: list[int] = []

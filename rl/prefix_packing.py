@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from rl.batching import TrainSample, check_packing, lay_out, pack_samples, trim_padding
+from rl.batching import TrainSample, check_packable, check_packing, lay_out, pack_samples, trim_padding
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -83,13 +83,7 @@ def pack_trees(
     Returns the logical layout of `rl.batching.pack_samples` (rows as wide as their longest concatenation of
     samples) plus the `fwd_*` forward layout; checked (`check_trees`) before it is returned.
     """
-    if not samples:
-        raise ValueError("pack_trees got no samples")
-    for i, sample in enumerate(samples):
-        if len(sample.input_ids) > seq_len:
-            raise ValueError(
-                f"sample {i} has {len(sample.input_ids)} tokens, more than seq_len={seq_len}; filter over-long samples before packing"
-            )
+    check_packable(samples, seq_len, "pack_trees")
     order = sorted(range(len(samples)), key=lambda i: (samples[i].input_ids, i))  # trie (depth-first) order
     ids = [samples[i].input_ids for i in order]
     lengths = [len(tokens) for tokens in ids]
