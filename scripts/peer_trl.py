@@ -5,7 +5,7 @@ Matched: the train rows in rlmesh's order for the seed (`rl.loop.data.RowStream`
 chat prompt (the tokenizer's chat template; `--check-prompts` compares the token ids with an rlmesh run's), the
 reward (last integer of the reply), 4 groups x 8 per step, one optimizer step per batch, AdamW lr 2e-5 constant,
 betas 0.9/0.999, no weight decay, grad clip 1.0, clip eps 0.2/0.28, no std scaling, no KL, 24 new tokens,
-temperature 1.0 (no top-k/top-p), fp32, greedy eval on the 40 held-out rows every `--eval-every` steps.
+temperature 1.0 (no top-k/top-p), fp32, no gradient checkpointing (TRL defaults it on), greedy eval on the 40 held-out rows every `--eval-every` steps.
 Not matched, by design: TRL samples with HF `generate` in the trainer process (rlmesh: vLLM in its own process).
 
 Needs TRL, which rlmesh's venv does not have; nothing in rlmesh imports this file. Setup (pip has the registry and
@@ -176,6 +176,7 @@ def main() -> None:
         seed=args.seed,
         use_cpu=True,
         bf16=False,
+        gradient_checkpointing=False,  # TRL's default is True; rlmesh's main job does not checkpoint
         max_steps=args.steps,
         per_device_train_batch_size=GROUPS_PER_STEP * GROUP_SIZE,
         gradient_accumulation_steps=1,
