@@ -410,6 +410,8 @@ class Config(Section):
                 "is False: no AVX512-BF16/AMX): PyTorch falls back to its reference GEMM, measured >20x slower than fp32 "
                 "(the main job's first bf16 step had not finished after 6 min; fp32 takes ~15 s). Use 'auto' or 'float32'"
             )
+        if trainer.attention == "flex_attention" and trainer.device == "cpu":
+            raise ValueError("trainer.attention = 'flex_attention' on CPU: FlexAttention has no backward on CPU (torch 2.13); use 'sdpa'")
         if trainer.param_dtype != "float32" and not trainer.pure_low_precision:
             raise ValueError(
                 f"trainer.param_dtype = {trainer.param_dtype!r}: low-precision parameters barely train at RL learning "
