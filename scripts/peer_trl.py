@@ -80,49 +80,55 @@ def check_prompts(tokenizer: Any, rollouts_path: Path) -> int:
     return checked
 
 
-def replay_rlmesh_step(trainer: Any, run_dir: Path, step: int = 1) -> dict[str, float]:
-    """TRL's loss and pre-clip gradient norm on the very samples rlmesh trained on at `step` of `run_dir`.
+def replay_rlmesh_steps(trainer: Any, run_dir: Path, steps: int) -> list[dict[str, float]]:
+    """TRL's loss and pre-clip grad norm on the samples rlmesh trained on at steps 1..`steps` of `run_dir`, each
+    followed by TRL's own optimizer step (AdamW, clip 1.0) on them.
 
-    Only step 1 starts from the initial weights, so only there do the two must agree to fp32 rounding: the same
-    loss and gradient norm mean the same token masks, advantages and loss normalisation.
+    The samples of step k were drawn from rlmesh's weights after k-1 steps, so TRL's numbers match rlmesh's
+    logged ones at every step only if both trainers make the same update from the same samples: the same token
+    masks, advantages, loss normalisation, clipping and optimizer.
     """
     from trl.trainer.utils import pad
 
     records = [json.loads(line) for line in (run_dir / "rollouts.jsonl").open()]
-    records = [r for r in records if r["kind"] == "train" and r["step"] == step]
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for record in records:
-        groups.setdefault(record["rollout"]["group_id"], []).append(record["rollout"])
-    prompts, completions, advantages = [], [], []
-    for rollouts in groups.values():
-        rewards = torch.tensor([r["reward"] for r in rollouts], dtype=torch.float32)
-        advantages += (rewards - rewards.mean()).tolist()  # scale_rewards="none"
-        for rollout in rollouts:
-            prompts.append(torch.tensor(rollout["turns"][0]["prompt_token_ids"]))
-            completions.append(torch.tensor(rollout["turns"][0]["completion_token_ids"]))
+    logged = {m["step"]: m for m in map(json.loads, (run_dir / "metrics.jsonl").open()) if "train/grad_norm" in m}
     pad_id = trainer.processing_class.pad_token_id
-    completion_mask = pad([torch.ones_like(c) for c in completions], padding_value=0, padding_side="right")
-    inputs = {
-        "prompt_ids": pad(prompts, padding_value=pad_id, padding_side="left"),
-        "prompt_mask": pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left"),
-        "completion_ids": pad(completions, padding_value=pad_id, padding_side="right"),
-        "completion_mask": completion_mask,
-        "advantages": torch.tensor(advantages),
-        "num_items_in_batch": completion_mask.sum(),
-    }
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1
-    loss = trainer.compute_loss(trainer.model, inputs)
-    loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), float("inf"))
-    trainer.model.zero_grad()
-    rlmesh = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    rlmesh_step = next(m for m in rlmesh if m["step"] == step and "train/grad_norm" in m)
-    return {
-        "samples": len(completions), "loss_tokens": int(completion_mask.sum()), "trl_loss": loss.item(), "trl_grad_norm": float(norm),
-        "rlmesh_loss_tokens": rlmesh_step["train/num_loss_tokens"], "rlmesh_loss": rlmesh_step["loss"],
-        "rlmesh_grad_norm": rlmesh_step["train/grad_norm"],
-    }
+    optimizer = trainer.create_optimizer()
+    rows = []
+    for step in range(1, steps + 1):
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for record in records:
+            if record["kind"] == "train" and record["step"] == step:
+                groups.setdefault(record["rollout"]["group_id"], []).append(record["rollout"])
+        prompts, completions, advantages = [], [], []
+        for rollouts in groups.values():
+            rewards = torch.tensor([r["reward"] for r in rollouts], dtype=torch.float32)
+            advantages += (rewards - rewards.mean()).tolist()  # scale_rewards="none"
+            for rollout in rollouts:
+                prompts.append(torch.tensor(rollout["turns"][0]["prompt_token_ids"]))
+                completions.append(torch.tensor(rollout["turns"][0]["completion_token_ids"]))
+        completion_mask = pad([torch.ones_like(c) for c in completions], padding_value=0, padding_side="right")
+        inputs = {
+            "prompt_ids": pad(prompts, padding_value=pad_id, padding_side="left"),
+            "prompt_mask": pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left"),
+            "completion_ids": pad(completions, padding_value=pad_id, padding_side="right"),
+            "completion_mask": completion_mask,
+            "advantages": torch.tensor(advantages),
+            "num_items_in_batch": completion_mask.sum(),
+        }
+        loss = trainer.compute_loss(trainer.model, inputs)
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), trainer.args.max_grad_norm)
+        optimizer.step()
+        optimizer.zero_grad()
+        rows.append({
+            "step": step, "trl_loss": loss.item(), "rlmesh_loss": logged[step]["loss"],
+            "trl_grad_norm": float(norm), "rlmesh_grad_norm": logged[step]["train/grad_norm"],
+        })
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
 
 
 @torch.no_grad()
@@ -153,7 +159,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True, help="JSONL, one line per step")
     parser.add_argument("--check-prompts", type=Path, help="an rlmesh run's rollouts.jsonl to compare prompt token ids with")
-    parser.add_argument("--replay", type=Path, help="an rlmesh run dir: print TRL's loss and grad norm on its step-1 samples and exit")
+    parser.add_argument("--replay", type=Path, help="an rlmesh run dir: TRL's updates on its samples, step by step; then exit")
+    parser.add_argument("--replay-steps", type=int, default=1)
     args = parser.parse_args()
 
     from datasets import Dataset
@@ -263,7 +270,7 @@ def main() -> None:
         callbacks=[recorder],
     )
     if args.replay:
-        print(json.dumps(replay_rlmesh_step(trainer, args.replay)))
+        replay_rlmesh_steps(trainer, args.replay, args.replay_steps)
         return
     if args.eval_every:
         out.write(json.dumps({"step": 0, **recorder.evaluate(0)}) + "\n")
