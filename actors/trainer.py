@@ -68,7 +68,7 @@ class PolicyTrainer(MetricsActor):
     ):
         """`total_steps`: optimizer steps the LR schedule is sized for; `weight_transport`: `weight_sync.transport`;
         `wire_dtype`: the dtype pushed weights travel in (the generators' weights dtype)."""
-        world = trainer_config.num_procs * trainer_config.num_hosts
+        world = trainer_config.ranks
         pin_process(trainer_config.cpus, rank=current_rank().rank % trainer_config.num_procs, of=trainer_config.num_procs)
         torch.manual_seed(trainer_config.seed)
         name_process(f"trainer/{current_rank().rank}")

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_serializer, model_validator
 
 from rollouts.renderer_env import RendererEnvConfig
-from rl.algorithms.config import AlgorithmConfig, FrozenModelConfig, TaskAlgorithmConfig, check_algorithms
+from rl.algorithms.config import AlgorithmConfig, FrozenModelConfig, TaskAlgorithmConfig
 from env_types.renderer import RendererConfig
 from rl.section import Device, DType, Section
 from rl.services.config import ServicesConfig
@@ -115,6 +115,11 @@ class TrainerConfig(Section):
     call_timeout_s: float = Field(1800.0, gt=0)
     """Deadline of every trainer call but the weight push (`run.weight_sync_timeout_s`): a train step, logprobs,
     a checkpoint's save or load. A missed one stops the run (resume from the last checkpoint), as the trainer's death does."""
+
+    @property
+    def ranks(self) -> int:
+        """Trainer processes in all: `num_procs` x `num_hosts`."""
+        return self.num_procs * self.num_hosts
 
 
 class RubricConfig(Section):
@@ -363,6 +368,8 @@ class Config(Section):
                 )
             if task.env.max_total_tokens > self.generator.max_model_len:
                 raise ValueError(f"tasks.{index}.env.max_total_tokens exceeds generator.max_model_len")
+        from rl.algorithms.registry import check_algorithms  # the algorithm classes import torch: not at config import time
+
         check_algorithms(self)
         self._check_cluster()
         self._check_services()
@@ -403,6 +410,8 @@ class Config(Section):
                 "is False: no AVX512-BF16/AMX): PyTorch falls back to its reference GEMM, measured >20x slower than fp32 "
                 "(the main job's first bf16 step had not finished after 6 min; fp32 takes ~15 s). Use 'auto' or 'float32'"
             )
+        if trainer.attention == "flex_attention" and trainer.device == "cpu":
+            raise ValueError("trainer.attention = 'flex_attention' on CPU: FlexAttention has no backward on CPU (torch 2.13); use 'sdpa'")
         if trainer.param_dtype != "float32" and not trainer.pure_low_precision:
             raise ValueError(
                 f"trainer.param_dtype = {trainer.param_dtype!r}: low-precision parameters barely train at RL learning "

@@ -66,3 +66,22 @@ class MismatchWatch:
             f"{self.first:.3g}): the sampler's policy is drifting from the trainer's. A lower-precision sampler "
             "than the trainer's weights (generator.dtype) is the usual cause; see the README's 'Precision'."
         )
+
+
+@dataclass
+class NonfiniteSteps:
+    """Counts steps in a row whose every update was skipped for a non-finite gradient norm (the weights, optimizer
+    state and policy version stay as they were); `limit` such steps in a row stop the run (`trainer.max_nonfinite_steps`)."""
+
+    limit: int
+    in_row: int = 0
+
+    def check(self, step: int, metrics: dict[str, float], minibatches: int) -> tuple[str, bool] | None:
+        """None when step `step` updated the weights; else its warning and whether the run must stop."""
+        if metrics.get("train/skipped_nonfinite_steps", 0) < minibatches:
+            self.in_row = 0
+            return None
+        self.in_row += 1
+        warning = (f"step {step}: gradient norm {metrics.get('train/grad_norm')} is not finite; the update was skipped "
+                   f"({self.in_row} in a row, trainer.max_nonfinite_steps = {self.limit})")
+        return warning, self.in_row >= self.limit

@@ -7,7 +7,7 @@ import pytest
 from rl.config import load_config
 from rl.loop.controller import Controller
 from rl.loop.roles import DeadlineMissed
-from rl.loop.state import RunState
+from rl.loop.state import RunState, due_after
 from rl.metrics.generation import GenerationStats, batch_metrics
 from rl.services.config import ServiceConfig
 from rl.services.service import Service
@@ -83,7 +83,7 @@ async def test_the_run_ends_when_the_data_runs_out():
     assert controller.planned_steps == 3 and controller.stream.limit == 7  # the LR schedule is sized for 3 steps
     dropped = []
 
-    async def rollout_and_score(row_id, task_name, row, group_size, sampling, sampler="policy", rollout_fn=None):
+    async def make_scored_group(row_id, task_name, row, group_size, sampling, sampler="policy", rollout_fn=None):
         await asyncio.sleep(0)
         group = scored_group(row_id, task_name, row, group_size, controller.state.policy_version)
         if row_id.endswith("=1"):  # the second row's rewards are constant: nothing to learn, its slot is reused
@@ -92,7 +92,7 @@ async def test_the_run_ends_when_the_data_runs_out():
                 rollout.reward = 1.0
         return group
 
-    controller.rollout_and_score = rollout_and_score
+    controller.scored_groups.make = make_scored_group
     producer = asyncio.create_task(controller.produce())
     batches = []
     while True:
@@ -119,3 +119,16 @@ def test_version_offsets_count_only_policy_sampled_rollouts():
         rollout.metadata["sampler"] = "teacher"
     metrics = batch_metrics([policy, frozen], evicted=0, stats=GenerationStats(), policy_version=controller.state.policy_version, wait_seconds=0.0)
     assert metrics["async/version_offset_mean"] == 1.0 and metrics["async/version_offset_max"] == 1
+
+
+def test_eval_and_checkpoint_fall_due_on_their_schedule_and_once_more_at_the_run_end():
+    """(eval due, checkpoint due) after a step, worked out by hand for `eval_every = 7`, a checkpoint every 5 steps and
+    14 planned steps; when the data runs out the run ends with whichever of the two the last step did not just do."""
+    config = load_config(CONFIGS / "tiny_qwen3_e2e.toml", {"run.eval_every": "7", "checkpoint.every_steps": "5"})
+    after_step = {3: (False, False), 5: (False, True), 7: (True, False), 10: (False, True), 14: (True, True)}
+    assert {step: due_after(step, 14, config, data_ran_out=False) for step in after_step} == after_step
+    data_ran_out_at = {0: (False, False), 5: (True, False), 7: (False, True), 9: (True, True)}
+    assert {step: due_after(step, 14, config, data_ran_out=True) for step in data_ran_out_at} == data_ran_out_at
+    no_schedule = load_config(CONFIGS / "tiny_qwen3_e2e.toml", {"run.eval_every": "0", "checkpoint.every_steps": "0"})
+    assert due_after(14, 14, no_schedule, data_ran_out=False) == (False, True)  # the last step is always checkpointed
+    assert due_after(6, 14, no_schedule, data_ran_out=True) == (False, True)

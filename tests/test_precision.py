@@ -62,3 +62,9 @@ def test_validation_resolves_auto_and_refuses_bf16_on_a_cpu_without_it(monkeypat
     else:
         with pytest.raises(ValueError, match="_is_mkldnn_bf16_supported"):
             Config(trainer={"dtype": "bfloat16"})
+
+
+def test_flex_attention_is_refused_on_a_cpu_trainer_and_accepted_on_cuda():
+    with pytest.raises(ValueError, match="no backward on CPU"):
+        Config(trainer={"attention": "flex_attention", "device": "cpu"})
+    assert Config(trainer={"attention": "flex_attention", "device": "cuda"}, generator={"device": "cuda"}).trainer.attention == "flex_attention"

@@ -139,6 +139,27 @@ def test_tree_forward_gives_the_logprobs_and_gradients_of_independent_sequences(
         torch.testing.assert_close(have, want, atol=1e-5, rtol=1e-4)
 
 
+def test_the_flex_attention_block_mask_gives_the_logprobs_of_independent_sequences() -> None:
+    """The GPU path's BlockMask, built from the same rule as the dense mask: forward only, since FlexAttention has no
+    backward on CPU (torch 2.13; `trainer.attention = "flex_attention"` is refused there). Reference: SDPA over the
+    independent layout, same weights; groups that share a first turn and diverge, cut across rows (one compile)."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2)
+    sdpa = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    flex = AutoModelForCausalLM.from_config(config, attn_implementation="flex_attention")
+    flex.load_state_dict(sdpa.state_dict())
+    samples = _groups(2, seed=1)
+    flat = pack_samples(samples, seq_len=24, pad_token_id=0)
+    tree = pack_trees(samples, seq_len=24, pad_token_id=0)
+    assert len(tree) > 1 and packing_metrics(tree)["train/forward_tokens"] < packing_metrics(tree)["train/logical_tokens"]
+    with torch.no_grad():
+        expected = packed_logprobs(sdpa, flat, mask=flat["loss_mask"])  # [R,L]
+        got = packed_logprobs(flex, tree, mask=tree["loss_mask"])
+    for i in range(len(samples)):
+        torch.testing.assert_close(got[tree["sequence_ids"] == i], expected[flat["sequence_ids"] == i], atol=1e-5, rtol=0)
+
+
 def test_every_forward_of_a_train_step_goes_through_the_tree(model) -> None:
     """π_old (decoupled correction), the reference model's logprobs, K = 2 minibatches and the update: same metrics
     and the same gradients as the same rows forwarded as independent sequences (the tree batch's own logical layout,

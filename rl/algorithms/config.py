@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from rl.section import Device, DType, Section
 
@@ -220,38 +220,6 @@ class AlgorithmConfig(Section):
             return self
         update = {name: value for name in type(override).model_fields if (value := getattr(override, name)) is not None}
         return self.model_copy(update=update)
-
-
-def check_algorithms(config: Any) -> None:
-    """Cross-section checks of algorithms, tasks and frozen models; each error names the offending key.
-
-    The generic ones are here; what an algorithm needs of its own keys is its class's `check`.
-    """
-    from rl.algorithms.registry import algorithm_class  # the classes import torch: not at config import time
-
-    models = config.models
-    if POLICY in models:
-        raise ValueError(f"models.{POLICY}: the name {POLICY!r} is reserved for the trained policy")
-    for name, model in models.items():
-        try:
-            type(config.model)(path=model.path)  # the policy's check of a model path
-        except ValidationError as exc:
-            raise ValueError(f"models.{name}.path: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
-    for index, task in enumerate(config.tasks):
-        algorithm = config.algorithm.for_task(task.algorithm)
-        where = f"tasks.{index}.algorithm" if task.algorithm is not None and task.algorithm.type is not None else "algorithm"
-        for key in ("teacher", "sampler"):
-            name = getattr(algorithm, key)
-            if name is not None and name != POLICY and name not in models:
-                raise ValueError(f"{where}.{key} = {name!r} is not a declared model (known: {sorted(models)} or 'policy')")
-        try:
-            cls = algorithm_class(algorithm.type)
-        except ValueError as exc:
-            raise ValueError(f"{where}.type: {exc}") from None
-        cls.check(algorithm, where, config.algorithm.group_size)
-    if config.algorithm.kl_in_reward and config.algorithm.kl_coef == 0:
-        raise ValueError("algorithm.kl_in_reward is set but algorithm.kl_coef is 0")
-    decide_bypass_mode(config)
 
 
 def bypass_rule(config: Any) -> tuple[bool, str]:

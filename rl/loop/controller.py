@@ -30,16 +30,16 @@ from tqdm import tqdm
 
 from env_types.renderer import stop_token_ids
 from rl import checkpoint
-from rl.algorithms.config import POLICY
 from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
 from rl.batching import split_micro_batches
-from rl.config import Config, SamplingConfig, dump_toml
+from rl.config import Config, dump_toml
 from rl.loop.admission import Admission
 from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
 from rl.loop.roles import Roles
-from rl.loop.state import RunState, open_run_dir, row_index_of, train_group_id
+from rl.loop.scored_groups import ScoredGroups
+from rl.loop.state import RunState, due_after, open_run_dir, row_index_of, save_checkpoint, train_group_id
 from rl.run_dir import RunDirLock
 from rl.metrics import timer
 from rl.metrics.logger import MetricsLogger
@@ -48,9 +48,8 @@ from rl.metrics.samples import SampleLogger
 from rl.metrics.standard import reward_metrics
 from rl.prefix_packing import pack_batch, packing_metrics
 from rl.services.breaker import CircuitBreaker, group_failure
-from rl.precision import MismatchWatch
-from rollouts.fanout import RolloutContext, RolloutFn, rollout_group
-from rollouts.types import RolloutGroup, mark_frozen
+from rl.precision import MismatchWatch, NonfiniteSteps
+from rollouts.types import RolloutGroup
 from tasks.build import BuiltTask, build_task
 
 
@@ -76,12 +75,13 @@ class Controller:
             rows_per_step=config.run.groups_per_step, policy_version=self.state.policy_version,
         )
         self.breaker = CircuitBreaker(config.services.breaker, on_open=self._stop_run)
-        self.nonfinite_steps_in_row = 0
+        self.nonfinite_steps = NonfiniteSteps(config.trainer.max_nonfinite_steps)
         self.generation_stats = GenerationStats()
         self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
         self.algorithms = config.task_algorithms()
         self.roles = Roles(config, stop_run=self._stop_run, policy_version=lambda: self.state.policy_version)
         self.samples = SampleBuilder(self.algorithms, self.renderers, self.roles.prompt_logprobs)
+        self.scored_groups = ScoredGroups(self.tasks, self.renderers, self.roles, config.run.seed)
         self.actor_failures: list[str] = []
         """Why the run stopped, if an actor failure or the rollout breaker stopped it (the CLI prints these)."""
         self._run_task: asyncio.Task | None = None
@@ -94,6 +94,11 @@ class Controller:
         if self._run_task is not None:
             self._run_task.get_loop().call_soon_threadsafe(self._run_task.cancel)
 
+    def _warn(self, warning: str, stop: bool = False) -> None:
+        tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
+        if stop:
+            self._stop_run(f"{warning}: stopping the run")
+
     async def run(self) -> dict[str, Any]:
         """The whole run: start the actors, train, stop them (also on error or Ctrl-C)."""
         self._run_task = asyncio.current_task()
@@ -104,10 +109,12 @@ class Controller:
             await self.shutdown()
 
     async def setup(self) -> None:
-        """Start every role; a resumed run then loads its checkpoint into them."""
+        """Start every role; a resumed run then loads its checkpoint into them and this process."""
         await self.roles.start(self.stop_token_ids, self.planned_steps)
-        if self.resume_from is not None:
-            await self.restore(self.resume_from)
+        if self.resume_from is not None:  # the generators get the checkpoint's weights through the normal sync
+            await self.roles.load_checkpoint(self.resume_from)
+            checkpoint.load_rng(self.resume_from, "controller")
+            await self.sync_weights(self.state.policy_version)
 
     async def shutdown(self) -> None:
         """Stop every actor process and the store; safe after a partial setup."""
@@ -119,25 +126,18 @@ class Controller:
         summary: dict[str, Any] = {"run_dir": str(run_dir)}
         producer = asyncio.create_task(self.produce())
         try:
-            if self.state.step == 0 and self._eval_due(last=False):
+            if self.state.step == 0 and self.config.run.eval_every > 0:
                 summary["eval_start"] = await self.validate()
                 self.logger.log_step(0, {"policy_version": 0, **summary["eval_start"]})
             for _ in self.logger.progress(self.state.step, self.planned_steps):
                 step_start = time.perf_counter()
                 groups, evicted = await self._next_batch(producer)
-                wait_seconds = time.perf_counter() - step_start
                 if len(groups) < self.config.run.groups_per_step:  # the data ran out before the planned steps
                     summary["data_exhausted_at_step"] = self.state.step
-                    if self.config.run.eval_every > 0 and self.state.step % self.config.run.eval_every != 0:
-                        self.logger.log_step(self.state.step, {"policy_version": self.state.policy_version, **await self._evaluate(summary, last=True)})
-                    if self.state.step > 0:
-                        await self.save_checkpoint(run_dir)
+                    await self._end_step(run_dir, summary, step_start, trained=None)
                     break
-                metrics, actor_states = await self._step(groups, evicted, wait_seconds)
-                last = self.state.step == self.planned_steps
-                if self._eval_due(last):
-                    metrics |= await self._evaluate(summary, last)
-                await self._commit_step(run_dir, metrics, actor_states, step_start)
+                trained = await self._step(groups, evicted, wait_seconds=time.perf_counter() - step_start)
+                await self._end_step(run_dir, summary, step_start, trained)
         finally:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
@@ -153,13 +153,10 @@ class Controller:
             self.roles.run_log.move_into(run_dir)
         config = self.config
         self.logger = MetricsLogger(run_dir, log_rollouts=config.run.log_rollouts, wandb=config.wandb, run_config=config.model_dump(mode="json"))
-        reference = (
-            (lambda ids: self.roles.trainer_call(self.roles.trainer.logprobs.call_one(ids, reference=True), "logprobs"))
-            if config.algorithm.kl_coef > 0 else None
-        )
         self.sample_logger = SampleLogger(
             config.sample_logging, {name: task.task.target for name, task in self.tasks.items()}, seed=config.run.seed,
-            episodes_per_step=config.run.groups_per_step * config.algorithm.group_size, reference_logprobs=reference,
+            episodes_per_step=config.run.groups_per_step * config.algorithm.group_size,
+            reference_logprobs=self.roles.reference_logprobs if config.algorithm.kl_coef > 0 else None,
         )
         return run_dir
 
@@ -179,30 +176,29 @@ class Controller:
         self.state.step += 1
         return metrics, actor_states
 
-    def _eval_due(self, last: bool) -> bool:
-        """Validation runs at step 0, every `run.eval_every` steps, and after the last step."""
-        every = self.config.run.eval_every
-        return every > 0 and (self.state.step % every == 0 or last)
-
-    def _checkpoint_due(self) -> bool:
-        every = self.config.checkpoint.every_steps
-        return self.state.step == self.planned_steps or (every > 0 and self.state.step % every == 0)
-
-    async def _evaluate(self, summary: dict[str, Any], last: bool) -> dict[str, float]:
-        """Held-out eval (after a step, or when the data ran out); after the last step it is the summary's `eval_end`."""
-        metrics = await self.validate()
-        if last:
-            summary["eval_end"] = metrics
-        return metrics
-
-    async def _commit_step(self, run_dir: Path, metrics: dict[str, Any], actor_states: list, step_start: float) -> None:
-        """The step's record, reduced with the actors' states, committed with the checkpoint when one is due, then logged."""
+    async def _end_step(self, run_dir: Path, summary: dict[str, Any], step_start: float, trained: tuple[dict[str, Any], list] | None) -> None:
+        """Every step ends here: held-out eval and a checkpoint when due (`rl.loop.state.due_after`), the step's record reduced
+        with the actors' states and committed with the checkpoint (a kill before its log line loses nothing), then logged.
+        `trained` is None when the data ran out: the run ends with the eval and checkpoint the last step did not do."""
+        step, version = self.state.step, self.state.policy_version
+        eval_due, checkpoint_due = due_after(step, self.planned_steps, self.config, data_ran_out=trained is None)
+        metrics, actor_states = trained or ({}, [])
+        if eval_due:
+            metrics |= (evaluation := await self.validate())
+            if trained is None or step == self.planned_steps:
+                summary["eval_end"] = evaluation
+        if trained is None:  # no step to record
+            if metrics:
+                self.logger.log_step(step, {"policy_version": version, **metrics})
+            if checkpoint_due:
+                await save_checkpoint(run_dir, self.state, self.roles, self.config)
+            return
         metrics |= {key: value for service in self.roles.services for key, value in service.metrics().items()}
-        record, samples = self.logger.reduce_step({"policy_version": self.state.policy_version, **metrics}, actor_states)
-        if self._checkpoint_due():  # the step's record is committed with it: a kill before the log line loses nothing
-            record["time/checkpoint_s"] = await self.save_checkpoint(run_dir, (record, samples))
+        record, samples = self.logger.reduce_step({"policy_version": version, **metrics}, actor_states)
+        if checkpoint_due:
+            record["time/checkpoint_s"] = await save_checkpoint(run_dir, self.state, self.roles, self.config, (record, samples))
         record["time/step_s"] = time.perf_counter() - step_start
-        self.logger.write_step(self.state.step, record, samples)
+        self.logger.write_step(step, record, samples)
 
     async def _next_batch(self, producer: asyncio.Task) -> tuple[list[RolloutGroup], list[RolloutGroup]]:
         """The next batch from the buffer; a crashed producer raises here instead of hanging the run."""
@@ -235,7 +231,7 @@ class Controller:
     async def produce_row(self, row_index: int, task_name: str, row: dict) -> None:
         self.generation_stats.row_started()
         algorithm = self.samples.algorithms[task_name]
-        group = await self.rollout_and_score(
+        group = await self.scored_groups.make(
             train_group_id(row_index), task_name, row, algorithm.rollouts_per_row(self.config.algorithm.group_size),
             self.config.generator.sampling, sampler=algorithm.config.sampler, rollout_fn=algorithm.rollout_fn(),
         )
@@ -249,39 +245,13 @@ class Controller:
             self.state.mark_rows_done([row_index])
         await self.admission.finish(drop is None)
 
-    async def rollout_and_score(
-        self, row_id: str, task_name: str, row: dict, group_size: int, sampling: SamplingConfig, sampler: str = POLICY,
-        rollout_fn: RolloutFn | None = None,
-    ) -> RolloutGroup:
-        """A row's group: `group_size` rollouts on the generator service (or frozen model `sampler`), then its rewards.
-
-        `rollout_fn` replaces the task's (an algorithm's own, e.g. sft's demonstrations, which generate nothing)."""
-        task = self.tasks[task_name]
-
-        def context(sample_index: int) -> RolloutContext:
-            return RolloutContext(
-                row_id=row_id, sample_index=sample_index, task_name=task_name, task=task.task, renderer=self.renderers[task_name],
-                env_config=task.config.env, generate=lambda request: self.roles.generate(request, sampling, row_id, sampler),
-                run_seed=self.config.run.seed,
-            )
-
-        group = await rollout_group(row_id, task_name, row, group_size, rollout_fn or task.rollout_fn, context)
-        if sampler == POLICY:
-            for rollout in group.rollouts:
-                rollout.metadata["generator_replica"] = self.roles.generators.router.replica_of(row_id)
-        else:
-            mark_frozen([group], sampler)
-        if group.rollouts and all(rollout.reward is not None for rollout in group.rollouts):
-            return group  # the rollout_fn scored its own samples
-        return await self.roles.score(group)
-
     async def validate(self) -> dict[str, float]:
         """Held-out reward through the same rollout path, one sample per row."""
         if not self.validation_rows:
             return {}
         groups = await asyncio.gather(
             *(
-                self.rollout_and_score(f"eval/step={self.state.step}/{index}", task_name, row, 1, self.config.generator.eval_sampling)
+                self.scored_groups.make(f"eval/step={self.state.step}/{index}", task_name, row, 1, self.config.generator.eval_sampling)
                 for index, (task_name, row) in enumerate(self.validation_rows)
             )
         )
@@ -300,36 +270,23 @@ class Controller:
             return metrics
         batch = pack_batch(  # [R, L]: rows as wide as the widest, a multiple of the trainer's ranks
             samples, seq_len=trainer_config.seq_len, pad_token_id=self.pad_token_id, prefix_sharing=trainer_config.prefix_sharing,
-            rows_multiple_of=trainer_config.num_procs * trainer_config.num_hosts,
-            min_rows=trainer_config.num_procs * trainer_config.num_hosts * trainer_config.ppo_n_minibatches,
+            rows_multiple_of=trainer_config.ranks, min_rows=trainer_config.ranks * trainer_config.ppo_n_minibatches,
         )
         metrics.update(packing_metrics(batch))
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         with timer("train"):
             train_metrics = await self.roles.trainer_call(self.roles.trainer.train_step.call_one(micro_batches), "train step")
         metrics.update({key if key == "loss" or "/" in key else f"train/{key}": value for key, value in train_metrics.items()})
-        if metrics.get("train/skipped_nonfinite_steps", 0) >= trainer_config.ppo_n_minibatches:
-            return await self._nonfinite_step(metrics, len(groups))  # the weights did not change: no sync, same version
-        self.nonfinite_steps_in_row = 0
+        if skipped := self.nonfinite_steps.check(self.state.step + 1, metrics, trainer_config.ppo_n_minibatches):
+            self._warn(*skipped)
+            await self.admission.release_accepted(len(groups))  # as for a step with nothing to train
+            return metrics  # the weights did not change: no sync, same version
         if "train/mismatch_k3" in metrics and (warning := self.mismatch_watch.check(metrics["train/mismatch_k3"])):
-            tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
+            self._warn(warning)
         with timer("weight_sync"):
             await self.sync_weights(self.state.policy_version + 1)
         if "train/clip_frac_low" in metrics:
             metrics["train/ppo_clip_frac"] = metrics["train/clip_frac_low"] + metrics["train/clip_frac_high"]
-        return metrics
-
-    async def _nonfinite_step(self, metrics: dict[str, float], rows: int) -> dict[str, float]:
-        """A step whose every update was skipped for a non-finite gradient norm (its rows' slots go to other rows,
-        as for a step with nothing to train); too many in a row stop the run."""
-        self.nonfinite_steps_in_row += 1
-        limit = self.config.trainer.max_nonfinite_steps
-        message = (f"step {self.state.step + 1}: gradient norm {metrics.get('train/grad_norm')} is not finite; the update was "
-                   f"skipped ({self.nonfinite_steps_in_row} in a row, trainer.max_nonfinite_steps = {limit})")
-        tqdm.write(f"rlmesh: warning: {message}", file=sys.stderr)
-        if self.nonfinite_steps_in_row >= limit:
-            self._stop_run(f"{message}: stopping the run")
-        await self.admission.release_accepted(rows)
         return metrics
 
     async def sync_weights(self, policy_version: int) -> None:
@@ -340,23 +297,3 @@ class Controller:
             await generators.update_weights.fanout(policy_version, timeout_s=timeout_s)
             self.state.policy_version = policy_version
         await self.admission.set_policy_version(policy_version)
-
-    async def restore(self, path: Path) -> None:
-        """Load a checkpoint into every role and this process; the generators get its weights through the normal sync."""
-        await self.roles.load_checkpoint(path)
-        checkpoint.load_rng(path, "controller")
-        await self.sync_weights(self.state.policy_version)
-
-    async def save_checkpoint(self, run_dir: Path, record: tuple[dict[str, Any], dict[str, Any]] | None = None) -> float:
-        """Write a committed checkpoint of the current step, with the step's reduced `record` (metrics, samples)
-        when it has one; returns seconds spent."""
-        start = time.perf_counter()
-        tmp = checkpoint.begin(run_dir, self.state.step)
-        await self.roles.save_checkpoint(tmp)
-        if record is not None:
-            checkpoint.write_step_record(tmp, *record)
-        checkpoint.save_rng(tmp, "controller")
-        checkpoint.write_run_state(tmp, self.state)
-        (tmp / "config.toml").write_text(dump_toml(self.config))
-        checkpoint.commit(run_dir, tmp, self.state.step, keep=self.config.checkpoint.keep)
-        return time.perf_counter() - start

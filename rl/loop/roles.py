@@ -172,6 +172,10 @@ class Roles:
         service = self.generators if name == POLICY else self.frozen[name]
         return list(await asyncio.gather(*(service.prompt_logprobs.route(ids) for ids in sequences)))
 
+    def reference_logprobs(self, sequences: list[list[int]]) -> Awaitable[list[list[float]]]:
+        """Each sequence's per-token logprobs under the trainer's reference model (`algorithm.kl_coef` > 0)."""
+        return self.trainer_call(self.trainer.logprobs.call_one(sequences, reference=True), "logprobs")
+
     async def score(self, group: RolloutGroup) -> RolloutGroup:
         """The group scored by a reward actor; a reward actor that fails marks every rollout an ERROR (TIMEOUT when it timed out)."""
         try:

@@ -1,10 +1,15 @@
-"""A run's progress and its directory: what a checkpoint saves (`RunState`) and how rows name their groups."""
+"""A run's progress and its directory: what a checkpoint saves (`RunState`), when and how it is saved, how rows name their groups."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from rl import checkpoint
+from rl.config import Config, dump_toml
+from rl.loop.roles import Roles
 from rl.run_dir import RunDirLock, claim_fresh
 
 
@@ -46,3 +51,33 @@ class RunState:
             done.remove(self.data_cursor)
             self.data_cursor += 1
         self.rows_done_ahead = sorted(done)
+
+
+def due_after(step: int, planned_steps: int, config: Config, data_ran_out: bool) -> tuple[bool, bool]:
+    """(eval due, checkpoint due) once `step` steps are done: held-out eval every `run.eval_every` steps and a checkpoint
+    every `checkpoint.every_steps`, both after the last step; when the data ran out before the planned steps, the run
+    ends with whichever of the two the last step did not just do."""
+    eval_every, checkpoint_every = config.run.eval_every, config.checkpoint.every_steps
+    regular_eval = eval_every > 0 and step % eval_every == 0
+    regular_checkpoint = checkpoint_every > 0 and step % checkpoint_every == 0
+    if data_ran_out:
+        return eval_every > 0 and not regular_eval, step > 0 and not regular_checkpoint
+    last = step == planned_steps
+    return regular_eval or (eval_every > 0 and last), regular_checkpoint or last
+
+
+async def save_checkpoint(
+    run_dir: Path, state: RunState, roles: Roles, config: Config, record: tuple[dict[str, Any], dict[str, Any]] | None = None,
+) -> float:
+    """Commit a checkpoint of step `state.step`: the roles' part, the step's reduced `record` (metrics, samples) when it
+    has one, this process's RNG, the run state and the config (`rl.checkpoint`); returns seconds spent."""
+    start = time.perf_counter()
+    tmp = checkpoint.begin(run_dir, state.step)
+    await roles.save_checkpoint(tmp)
+    if record is not None:
+        checkpoint.write_step_record(tmp, *record)
+    checkpoint.save_rng(tmp, "controller")
+    checkpoint.write_run_state(tmp, state)
+    (tmp / "config.toml").write_text(dump_toml(config))
+    checkpoint.commit(run_dir, tmp, state.step, keep=config.checkpoint.keep)
+    return time.perf_counter() - start

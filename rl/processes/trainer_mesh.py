@@ -51,6 +51,6 @@ async def spawn_trainer(
 ) -> tuple[SpmdActor, Any]:
     """The trainer actor over its ranks and their proc mesh; `spawn_procs` is `rl.processes.cluster.Placement.spawn_procs`."""
     procs = spawn_procs("trainer", per_host={"procs": trainer_config.num_procs}, gpus_per_proc=1)
-    if trainer_config.num_procs * trainer_config.num_hosts > 1:
+    if trainer_config.ranks > 1:
         await setup_torch_elastic_env_async(procs)
     return SpmdActor(procs.spawn("trainer", trainer_cls, *args, **kwargs)), procs

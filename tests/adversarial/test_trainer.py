@@ -2,7 +2,6 @@
 after `trainer.max_nonfinite_steps` such steps in a row (issue 19)."""
 
 import copy
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,9 +10,7 @@ from transformers import AutoModelForCausalLM
 from rl.algorithms.config import AlgorithmConfig
 from rl.assets import resolve_model_path
 from rl.batching import TrainSample, pack_samples, split_micro_batches
-from rl.config import TrainerConfig
-from rl.loop.admission import Admission
-from rl.loop.controller import Controller
+from rl.precision import NonfiniteSteps
 from rl.training.train_step import train_step
 
 SEQ_LEN = 32
@@ -45,16 +42,15 @@ def test_a_step_with_a_nonfinite_gradient_norm_changes_nothing(model):
     assert all(torch.isfinite(parameter).all() for parameter in trained.parameters())
 
 
-async def test_the_run_stops_after_max_nonfinite_steps_in_a_row():
-    stopped = []
-    controller = SimpleNamespace(
-        config=SimpleNamespace(trainer=TrainerConfig(max_nonfinite_steps=2)), state=SimpleNamespace(step=4),
-        nonfinite_steps_in_row=0, _stop_run=stopped.append,
-        admission=Admission(max_concurrent=4, max_staleness=0, rows_per_step=2),
-    )
-    controller.admission.accepted = 2
-    metrics = {"train/grad_norm": float("nan"), "train/skipped_nonfinite_steps": 1.0}
-    await Controller._nonfinite_step(controller, metrics, rows=2)
-    assert stopped == [] and controller.admission.accepted == 0  # the skipped step's rows free their slots
-    await Controller._nonfinite_step(controller, metrics, rows=2)
-    assert len(stopped) == 1 and "trainer.max_nonfinite_steps = 2" in stopped[0] and "stopping the run" in stopped[0]
+def test_the_run_stops_after_max_nonfinite_steps_in_a_row():
+    watch = NonfiniteSteps(limit=2)
+    skipped = {"train/grad_norm": float("nan"), "train/skipped_nonfinite_steps": 1.0}
+    assert watch.check(5, {"train/grad_norm": 0.3, "train/skipped_nonfinite_steps": 0.0}, minibatches=1) is None
+    warning, stop = watch.check(6, skipped, minibatches=1)
+    assert not stop and "step 6" in warning and "1 in a row" in warning
+    assert watch.check(7, {"train/grad_norm": 0.3, "train/skipped_nonfinite_steps": 0.0}, minibatches=1) is None  # resets
+    assert watch.check(8, skipped, minibatches=1)[1] is False
+    warning, stop = watch.check(9, skipped, minibatches=1)
+    assert stop and "2 in a row, trainer.max_nonfinite_steps = 2" in warning
+    # with 2 minibatches a step whose only one update was skipped still changed the weights
+    assert NonfiniteSteps(limit=1).check(1, skipped, minibatches=2) is None
