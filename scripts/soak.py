@@ -2,10 +2,10 @@
 
 Not a test: `python scripts/soak.py --steps 150` runs the main job's config (SmolLM2-135M, checkpoints
 every 10 steps, sample logging and rollout logging on, as `scripts/run.sh` runs it) and prints, at step
-1, at the end of warm-up (`--warmup`) and every `--every` steps after: the RSS of each process by its
+1, at the end of warm-up (`--warmup`) and every `--every` steps after: the RSS and private memory of each process by its
 role (`launcher`, `trainer/0`, `generator/0#0`, `reward/0#0`, ...: the names `rl.processes.titles`
 gives them, cut to 15 bytes; a child process counts under its parent's role), the run directory's bytes by part, and
-the load average. At the end: RSS per role at warm-up and every `--every` steps after, and its growth
+the load average. At the end: RSS and private memory per role at warm-up and every `--every` steps after, and its growth
 per 100 steps after warm-up (least-squares slope), with the same for the run directory's parts.
 """
 
@@ -46,18 +46,24 @@ def role(process: psutil.Process, launcher_pid: int) -> str:
     return f"other:{name}"
 
 
-def rss_by_role(marker: str, launcher_pid: int) -> dict[str, float]:
-    """MB resident per role, over every process started by the run (they carry `marker` in their environment)."""
+def memory_by_role(marker: str, launcher_pid: int) -> tuple[dict[str, float], dict[str, float]]:
+    """(RSS, private) MB per role, over every process started by the run (they carry `marker` in their environment).
+
+    Private memory (USS: pages no other process maps) leaves out the shared weight files, the mapped libraries
+    and whatever a process shares with its children, so it is where a leak shows."""
     rss: dict[str, float] = {}
+    private: dict[str, float] = {}
     for process in psutil.process_iter():
         try:
             if process.environ().get(MARKER_ENV) != marker:
                 continue
             name = role(process, launcher_pid)
-            rss[name] = rss.get(name, 0.0) + process.memory_info().rss / 2**20
+            memory = process.memory_full_info()
+            rss[name] = rss.get(name, 0.0) + memory.rss / 2**20
+            private[name] = private.get(name, 0.0) + memory.uss / 2**20
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, FileNotFoundError):
             continue
-    return rss
+    return rss, private
 
 
 def run_dir_mb(run_dir: Path) -> dict[str, float]:
@@ -117,6 +123,7 @@ def main() -> None:
     launcher = subprocess.Popen(command, cwd=REPO, env={**os.environ, MARKER_ENV: marker, "PYTHONUNBUFFERED": "1"},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     rss: list[tuple[int, dict[str, float]]] = []
+    private: list[tuple[int, dict[str, float]]] = []
     disk: list[tuple[int, dict[str, float]]] = []
     start = time.monotonic()
     for line in launcher.stdout:
@@ -125,16 +132,20 @@ def main() -> None:
         step = int(line.split()[1])
         if step == 1 or step == args.warmup or (step > args.warmup and (step - args.warmup) % args.every == 0) or step == args.steps:
             run_dirs = [path for path in output_dir.iterdir() if path.is_dir()]
-            rss.append((step, rss_by_role(marker, launcher.pid)))
+            rss_mb, private_mb = memory_by_role(marker, launcher.pid)
+            rss.append((step, rss_mb))
+            private.append((step, private_mb))
             disk.append((step, run_dir_mb(run_dirs[0]) if run_dirs else {}))
             load = " ".join(f"{value:.1f}" for value in os.getloadavg())
             print(f"step {step:4d}  {time.monotonic() - start:7.0f} s  load {load}  RSS MB "
                   + "  ".join(f"{name}={mb:.0f}" for name, mb in sorted(rss[-1][1].items()))
+                  + "  private MB " + "  ".join(f"{name}={mb:.0f}" for name, mb in sorted(private[-1][1].items()))
                   + "  run dir MB " + "  ".join(f"{name}={mb:.1f}" for name, mb in sorted(disk[-1][1].items())), flush=True)
     launcher.wait()
     print(f"\nexit code {launcher.returncode} after {time.monotonic() - start:.0f} s, run dir under {output_dir}, "
           f"load average now {' '.join(f'{value:.1f}' for value in os.getloadavg())}")
     print(f"\nRSS (MB) by role from warm-up (step {args.warmup}) on:\n" + table(rss, args.warmup, "role"))
+    print(f"\nPrivate memory (MB) by role from warm-up on:\n" + table(private, args.warmup, "role"))
     print(f"\nRun directory (MB) by part from warm-up on:\n" + table(disk, args.warmup, "part"))
 
 

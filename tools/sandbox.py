@@ -305,7 +305,7 @@ class Sandbox:
             if group is not None:
                 await asyncio.shield(asyncio.to_thread(group.kill))
             finished.cancel()
-            await asyncio.shield(process.wait())
+            await asyncio.shield(_reap(process, finished))
         out_of_memory = group is not None and group.oom_killed()
         return _read_result(process.returncode, bytes(stdout), bytes(stderr), self.limits, out_of_memory)
 
@@ -337,6 +337,18 @@ def _apply_limits(limits: SandboxLimits, nproc: bool) -> None:
     cap(resource.RLIMIT_CORE, 0)
     if nproc:
         cap(resource.RLIMIT_NPROC, limits.max_processes)
+
+
+async def _reap(process: asyncio.subprocess.Process, readers: asyncio.Future) -> None:
+    """Wait for the killed tool's exit. asyncio's `wait()` returns only once every pipe is closed, and a stdout that
+    stopped being read (the output cap) is paused with bytes left in it: read both pipes to their end first."""
+    await asyncio.wait({readers})
+    process.stdin.close()
+    while await process.stdout.read(_CHUNK):
+        pass
+    while await process.stderr.read(_CHUNK):
+        pass
+    await process.wait()
 
 
 def _kill_group(pid: int) -> None:

@@ -76,6 +76,27 @@ async def test_an_output_flood_is_drained_capped_and_stopped(fd):
     assert grown_mb < 100  # was +800 MB: the controller buffered all of it
 
 
+async def test_a_flood_stopped_before_its_exit_is_seen_still_returns(monkeypatch):
+    """The CI hang of 2026-11-24: asyncio's `Process.wait()` returns only once the pipes are closed, and a stdout
+    nobody reads any more is paused with bytes left in it, so a wait that started before the child watcher had
+    reported the kill never returned. Here the watcher reports every exit 0.5 s late, which makes that order
+    certain; the call must still end with the output-cap error."""
+    watcher_type = type(asyncio.get_child_watcher())
+    if not hasattr(watcher_type, "_do_waitpid"):
+        pytest.skip(f"{watcher_type.__name__} reports exits another way")
+    reported_in_time = watcher_type._do_waitpid
+
+    def report_late(self, *args):
+        import time
+
+        time.sleep(0.5)
+        return reported_in_time(self, *args)
+
+    monkeypatch.setattr(watcher_type, "_do_waitpid", report_late)
+    with pytest.raises(SandboxError, match="the tool wrote more than 1 MiB of output and was stopped"):
+        await asyncio.wait_for(run("flood", fd=1, megabytes=400), timeout=60)
+
+
 @needs_cgroup
 async def test_memory_is_capped_for_the_whole_sandbox():
     with pytest.raises(SandboxError, match=r"ran out of memory \(the sandbox's limit is 256 MB\)"):
