@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         from rl.processes.interrupts import InterruptibleRun
 
         interruptible = InterruptibleRun()  # before any other thread starts (numpy, Monarch): see rl/processes/interrupts.py
-    from rl import checkpoint, run_dir
-    from rl.resume import resume_config, restore_logs
+    from rl import run_dir
+    from rl.resume import resume_config, take_over
 
     resume_from = None
     try:
@@ -111,13 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     run_lock = None
     if resume_from is not None:
         try:
-            run_lock = run_dir.lock(args.resume)  # one writer: a second launcher on this run directory is refused
+            run_lock = take_over(args.resume, resume_from)  # one writer: a second launcher on this run directory is refused
         except run_dir.RunDirBusy as exc:
             print(f"rlmesh: cannot resume: {exc}", file=sys.stderr)
             return 2
-        for moved in checkpoint.set_aside(args.resume, resume_from):
-            print(f"rlmesh: warning: a checkpoint newer than the one resumed is kept aside as {moved}", file=sys.stderr)
-        restore_logs(args.resume, resume_from)
     try:
         return _train(config, resume_from, interruptible)
     finally:

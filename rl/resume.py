@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rl import checkpoint
+from rl import checkpoint, run_dir as run_dirs
 from rl.config import Config, ConfigError, load_config
 
 RESUMABLE_KEYS = (
@@ -114,3 +114,13 @@ def restore_logs(run_dir: Path, resume_from: Path) -> None:
         backend.log_samples(samples, step)
     backend.log(metrics, step)
     backend.close()
+
+
+def take_over(run_dir: Path, resume_from: Path) -> run_dirs.RunDirLock:
+    """Make `run_dir` this process's to continue from checkpoint `resume_from`: lock it (`RunDirBusy` while another
+    process writes it), set newer checkpoints aside, and make the logs end at the checkpoint's step."""
+    lock = run_dirs.lock(run_dir)
+    for moved in checkpoint.set_aside(run_dir, resume_from):
+        print(f"rlmesh: warning: a checkpoint newer than the one resumed is kept aside as {moved}", file=sys.stderr)
+    restore_logs(run_dir, resume_from)
+    return lock

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 LOCK = ".lock"
+_HELD: set[Path] = set()
+"""Run directories this process holds the lock of (resolved paths)."""
 
 
 class RunDirBusy(RuntimeError):
@@ -35,11 +37,18 @@ class RunDirLock:
             raise RunDirBusy(f"{run_dir} is in use by {holder}; a run directory has one writer at a time") from None
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n".encode(), 0)
+        _HELD.add(run_dir.resolve())
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing the only descriptor of the open file drops the flock
             self._fd = None
+            _HELD.discard(self.run_dir.resolve())
+
+
+def held_here(run_dir: Path) -> bool:
+    """Whether this process holds `run_dir`'s lock (`rlmesh train --resume` takes it before the controller starts)."""
+    return run_dir.resolve() in _HELD
 
 
 def lock(run_dir: Path) -> RunDirLock:

@@ -1,12 +1,14 @@
 """A run directory has one writer: claimed atomically, locked for the run, a second writer or resume refused."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from rl import run_dir
+from rl import checkpoint, run_dir
+from rl.loop.state import open_run_dir
 from tests.test_resume import fake_run
 
 REPO = Path(__file__).resolve().parent.parent
@@ -49,3 +51,35 @@ def test_a_second_resume_of_a_running_run_is_refused(tmp_path):
         held.release()
     assert result.returncode == 2, result.stderr[-2000:]
     assert f"rlmesh: cannot resume: {directory} is in use by pid" in result.stderr
+
+
+def test_a_resume_through_the_python_api_is_refused_while_another_process_writes_the_run(tmp_path):
+    directory = fake_run(tmp_path, [1])
+    resume_from = checkpoint.newest_checkpoint(directory)
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from rl import run_dir; "
+                               "held = run_dir.lock(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)", str(directory)],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(run_dir.RunDirBusy, match=rf"{directory} is in use by pid {holder.pid} "):
+            open_run_dir(directory, "", resume_from)  # what `Controller(config, resume_from=...)` calls
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_resume_through_the_python_api_takes_the_lock_and_repairs_the_logs(tmp_path):
+    directory = fake_run(tmp_path, [1])
+    resume_from = checkpoint.newest_checkpoint(directory)
+    whole = json.dumps({"step": 1, "loss": 0.5}) + "\n"
+    (directory / "metrics.jsonl").write_text(whole + '{"step": 2, "lo')  # killed mid-write
+    resumed, held = open_run_dir(directory, "", resume_from)
+    try:
+        assert resumed == directory and run_dir.held_here(directory)
+        assert (directory / "metrics.jsonl").read_text() == whole
+        second = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from rl import run_dir; "
+                                 "run_dir.lock(Path(sys.argv[1]))", str(directory)], cwd=REPO, capture_output=True, text=True)
+        assert second.returncode != 0 and "RunDirBusy" in second.stderr
+    finally:
+        held.release()
+    assert not run_dir.held_here(directory)

@@ -86,7 +86,7 @@ class Controller:
         """Why the run stopped, if an actor failure or the rollout breaker stopped it (the CLI prints these)."""
         self._run_task: asyncio.Task | None = None
         self.run_lock: RunDirLock | None = None
-        """A new run's directory lock (a resumed run's is the launcher's, `rl.cli`)."""
+        """The run directory's lock when this controller took it: a new run's, or a Python-API resume's (`rlmesh train --resume` holds its own)."""
 
     def _stop_run(self, message: str) -> None:
         """Keep `message` for the CLI and cancel the run's task (from any thread)."""

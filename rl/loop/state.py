@@ -10,14 +10,17 @@ from typing import Any
 from rl import checkpoint
 from rl.config import Config, dump_toml
 from rl.loop.roles import Roles
-from rl.run_dir import RunDirLock, claim_fresh
+from rl.resume import take_over
+from rl.run_dir import RunDirLock, claim_fresh, held_here
 
 
 def open_run_dir(run_dir: Path, config_toml: str, resume_from: Path | None) -> tuple[Path, RunDirLock | None]:
-    """A resumed run's own directory (`RUN_DIR/checkpoints/step_N` → `RUN_DIR`, locked by the launcher before it
-    repaired the logs), else a fresh one claimed and locked (`rl.run_dir`), holding the resolved config; and its lock."""
+    """A resumed run's own directory (`RUN_DIR/checkpoints/step_N` → `RUN_DIR`), else a fresh one claimed
+    (`rl.run_dir`) holding the resolved config; and the lock this call took. `rlmesh train --resume` takes over the
+    directory before the roles start; a resume through the Python API (`Controller(config, resume_from=...)`) does here."""
     if resume_from is not None:
-        return resume_from.parent.parent, None
+        resumed = resume_from.parent.parent
+        return resumed, None if held_here(resumed) else take_over(resumed, resume_from)
     run_dir, lock = claim_fresh(run_dir)
     (run_dir / "config.toml").write_text(config_toml)
     return run_dir, lock
