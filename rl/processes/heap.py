@@ -1,0 +1,33 @@
+"""The C heap of a long-lived process that frees large blocks every step: give them back to the system.
+
+glibc serves a block of at least `M_MMAP_THRESHOLD` bytes with its own `mmap` and unmaps it when freed. The
+threshold starts at 128 KiB, but each time such a block is freed glibc raises it to that block's size (up to
+32 MiB), so from then on blocks of that size come from the heap, and freeing them leaves holes there that the
+next step's allocations of other sizes rarely fill. vLLM's in-place weight reload materialises every layer's
+weights anew each sync (megabytes per layer) and frees them, between generation steps that allocate their own
+(a 150-step soak of the main job saw the generator's resident memory grow in steps). Fixing the threshold stops
+the adjustment: large blocks are always mapped and always returned (`tests/test_heap.py` shows both behaviours).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+M_MMAP_THRESHOLD = -3
+"""mallopt's parameter number (malloc.h)."""
+LARGE_BLOCK_BYTES = 1 << 20
+"""Blocks of this size and over get their own mapping. Smaller ones (per-token activations) stay on the heap,
+where they are reused from step to step; mapping them would cost a page fault per page on each use."""
+
+
+def return_large_blocks_to_the_system() -> bool:
+    """Fix glibc's mmap threshold at `LARGE_BLOCK_BYTES` for this process; False where the C library is not
+    glibc (musl, macOS: their allocators do not adjust a threshold) or refuses."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    libc = ctypes.CDLL(name)
+    if not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
+        return False
+    return libc.mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK_BYTES) == 1
