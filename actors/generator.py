@@ -25,7 +25,7 @@ from rl.assets import resolve_model_path
 from rl.config import GeneratorConfig, SamplingConfig
 from rl.engine_loop import EngineLoop
 from rl.metrics.actor import MetricsActor
-from rl.processes.heap import return_large_blocks_to_the_system
+from rl.processes.heap import return_free_heap_pages, return_large_blocks_to_the_system
 from rl.processes.titles import name_process
 from rl.services.replica import ReplicaId, ServiceReplica, test_only_hang
 
@@ -132,6 +132,7 @@ class Generator(MetricsActor, ServiceReplica):
         async with self.engine.pause(self.on_weight_update, policy_version):
             await self.engine.call(self.llm.collective_rpc, "reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
             await self.engine.call(self.llm.reset_prefix_cache)
+        return_free_heap_pages()
         self.policy_version = policy_version
         return time.perf_counter() - start
 

@@ -2,12 +2,13 @@
 
 Not a test: `python scripts/soak.py --steps 150` runs the main job's config (SmolLM2-135M, checkpoints
 every 10 steps, sample logging and rollout logging on, as `scripts/run.sh` runs it) and prints, at step
-1, at the end of warm-up (`--warmup`) and every `--every` steps after: the RSS and private memory of each process by its
-role (`launcher`, `trainer/0`, `generator/0#0`, `reward/0#0`, ...: the names `rl.processes.titles`
-gives them, cut to 15 bytes; a child process counts under its parent's role), the run directory's bytes by part, and
-the load average. At the end: RSS and private memory per role at warm-up and every `--every` steps after, and its growth
-per 100 steps after warm-up (least-squares slope), with the same for the run directory's parts.
-"""
+1, at the end of warm-up (`--warmup`) and every `--every` steps after, the RSS and private memory of each
+process by its role (`launcher`, `trainer/0`, `generator/0#0`, `reward/0#0`, ...: the names
+`rl.processes.titles` gives them, cut to 15 bytes; a child process counts under its parent's role), the
+run directory's bytes by part, and the load average. The last step is not sampled: the run is ending there,
+and the trainer letting go of the weight files it shares with the generators makes those count as theirs.
+At the end: RSS and private memory per role at warm-up and every `--every` steps after, and their growth
+per 100 steps after warm-up (least-squares slope), with the same for the run directory's parts."""
 
 from __future__ import annotations
 
@@ -130,7 +131,7 @@ def main() -> None:
         if not (line.startswith("step ") and " v" in line):
             continue
         step = int(line.split()[1])
-        if step == 1 or step == args.warmup or (step > args.warmup and (step - args.warmup) % args.every == 0) or step == args.steps:
+        if step < args.steps and (step == 1 or step == args.warmup or (step > args.warmup and (step - args.warmup) % args.every == 0)):
             run_dirs = [path for path in output_dir.iterdir() if path.is_dir()]
             rss_mb, private_mb = memory_by_role(marker, launcher.pid)
             rss.append((step, rss_mb))

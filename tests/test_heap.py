@@ -12,12 +12,23 @@ import pytest
 
 PROBE = """
 import ctypes, sys
-from rl.processes.heap import return_large_blocks_to_the_system
+from rl.processes.heap import return_free_heap_pages, return_large_blocks_to_the_system
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype = ctypes.c_void_p
 libc.free.argtypes = [ctypes.c_void_p]
 def resident_mb():
     return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+if sys.argv[1] in ("trim", "untrimmed"):           # blocks under the threshold: the heap's middle
+    blocks = [libc.malloc(96 << 10) for _ in range(200)]
+    for block in blocks:
+        ctypes.memset(block, 1, 96 << 10)
+    before = resident_mb()
+    for block in blocks[:-1]:
+        libc.free(block)
+    if sys.argv[1] == "trim":
+        return_free_heap_pages()
+    print(before - resident_mb())                   # MB given back
+    sys.exit()
 if sys.argv[1] == "fixed":
     assert return_large_blocks_to_the_system()
 weights = libc.malloc(8 << 20)            # a reload's layer: mapped, and freeing it raises the threshold to 8 MiB
@@ -33,8 +44,9 @@ print(resident_mb() - before)
 """
 
 
-def resident_growth_mb(mode: str) -> float:
-    """MB still resident after 3 of 4 touched 4 MiB blocks are freed, in a fresh interpreter."""
+def probe(mode: str) -> float:
+    """fixed / default: MB still resident after 3 of 4 touched 4 MiB blocks are freed; trim / untrimmed: MB given
+    back when 199 of 200 touched 96 KiB heap blocks are freed. In a fresh interpreter."""
     result = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True,
                             cwd=Path(__file__).resolve().parent.parent)
     return float(result.stdout)
@@ -42,5 +54,11 @@ def resident_growth_mb(mode: str) -> float:
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the C library is not glibc")
 def test_freed_large_blocks_leave_the_process_once_the_threshold_is_fixed():
-    assert resident_growth_mb("default") >= 12  # glibc as it starts: the three freed blocks stay resident
-    assert resident_growth_mb("fixed") <= 4.5  # only the block still in use
+    assert probe("default") >= 12  # glibc as it starts: the three freed blocks stay resident
+    assert probe("fixed") <= 4.5  # only the block still in use
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the C library is not glibc")
+def test_free_pages_in_the_middle_of_the_heap_leave_once_trimmed():
+    assert probe("untrimmed") <= 1  # freed below the block still in use: they stay
+    assert probe("trim") >= 16  # 199 x 96 KiB = 18.7 MB back
