@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 
 M_MMAP_THRESHOLD = -3
 """mallopt's parameter number (malloc.h)."""
@@ -21,7 +22,9 @@ LARGE_BLOCK_BYTES = 1 << 20
 where they are reused from step to step; mapping them would cost a page fault per page on each use."""
 
 
+@functools.cache
 def _glibc() -> ctypes.CDLL | None:
+    """The C library if it is glibc; looked up once (`find_library` runs `ldconfig`, and the trim runs every sync)."""
     name = ctypes.util.find_library("c")
     if name is None:
         return None
