@@ -14,8 +14,8 @@ A checkpoint is written into a temporary sibling directory named after its write
 process start time), synced to disk file by file, renamed into place, then marked COMMITTED (synced
 too); only after that are old checkpoints pruned to the newest `checkpoint.keep`, and temporaries of
 this writer or of a writer that no longer runs removed: a commit never touches another live
-writer's temporary. A resume takes the newest committed checkpoint whose files match its manifest
-(`newest_loadable`), naming why it skipped any newer one. Rollouts in flight or buffered are not
+writer's temporary. A resume takes the newest committed checkpoint whose files match its manifest and
+parse with the resume's own readers (`newest_loadable`), naming why it skipped any newer one. Rollouts in flight or buffered are not
 saved: their rows are drawn again after a resume.
 
 Loading a checkpoint runs no code from it: tensor files are read with `weights_only=True`. (The
@@ -67,7 +67,7 @@ def newest_checkpoint(run_dir: Path) -> Path:
 
 
 def newest_loadable(run_dir: Path) -> Path:
-    """The newest committed checkpoint that passes `damage`; each newer one skipped is named with why on stderr."""
+    """The newest committed checkpoint that `damage` finds nothing wrong with; each newer one skipped is named with why on stderr."""
     newest_checkpoint(run_dir)  # none committed: FileNotFoundError
     for path in reversed(committed_checkpoints(run_dir)):
         reason = damage(path)
@@ -78,24 +78,54 @@ def newest_loadable(run_dir: Path) -> Path:
 
 
 def damage(path: Path) -> str | None:
-    """Why checkpoint `path` cannot be loaded (a file missing, truncated or changed since its commit), or None.
+    """Why checkpoint `path` cannot be loaded, or None: a file missing, truncated or changed since its commit
+    (`MANIFEST.json`), or a part the resume reads that does not parse (`unreadable`). The second check also covers
+    a checkpoint written before manifests existed, and one whose files were already bad when committed."""
+    if (path / MANIFEST).is_file():
+        try:
+            manifest = json.loads((path / MANIFEST).read_text())
+        except ValueError as exc:
+            return f"unreadable {MANIFEST}: {exc}"
+        for name, (size, digest) in sorted(manifest.items()):
+            file = path / name
+            if not file.is_file():
+                return f"{name} is missing"
+            if file.stat().st_size != size:
+                return f"{name} has {file.stat().st_size} bytes, {size} when committed"
+            if _sha256(file) != digest:
+                return f"{name} differs from what was committed (sha256)"
+    return unreadable(path)
 
-    A checkpoint without a manifest (written before manifests existed) is taken as it is."""
-    if not (path / MANIFEST).is_file():
+
+def unreadable(path: Path) -> str | None:
+    """The first part of checkpoint `path` that the resume's own readers reject, or None; reads everything but the
+    tensor bytes of the trainer state (their sizes are checked against its index; the manifest checks their content)."""
+    import tomllib
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    def check(name: str, read: Any) -> str | None:
+        try:
+            read()
+        except Exception as exc:
+            return f"{name} does not load: {type(exc).__name__}: {exc}"
         return None
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except ValueError as exc:
-        return f"unreadable {MANIFEST}: {exc}"
-    for name, (size, digest) in sorted(manifest.items()):
-        file = path / name
-        if not file.is_file():
-            return f"{name} is missing"
-        if file.stat().st_size != size:
-            return f"{name} has {file.stat().st_size} bytes, {size} when committed"
-        if _sha256(file) != digest:
-            return f"{name} differs from what was committed (sha256)"
-    return None
+
+    def trainer_index() -> None:
+        metadata = FileSystemReader(str(path / "trainer")).read_metadata()
+        for item in metadata.storage_data.values():
+            file = path / "trainer" / item.relative_path
+            if item.offset + item.length > file.stat().st_size:
+                raise ValueError(f"{item.relative_path} ends at byte {file.stat().st_size}, its index reads to {item.offset + item.length}")
+
+    parts = [
+        ("run_state.json", lambda: int(read_run_state(path)["step"])),
+        ("config.toml", lambda: tomllib.loads((path / "config.toml").read_text())),
+        ("trainer/", trainer_index),
+        *((name, lambda name=name: json.loads((path / name).read_text())) for name in ("step_record.json", "services.json") if (path / name).exists()),
+        *((f"rng/{file.name}", lambda file=file: torch.load(file, weights_only=True)) for file in sorted((path / "rng").glob("*.pt"))),
+    ]
+    return next((reason for name, read in parts if (reason := check(name, read)) is not None), None)
 
 
 def writer_identity() -> str:

@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
 
 from rl import checkpoint
 from rl.config import ConfigError, dump_toml, load_config
@@ -22,7 +24,9 @@ TINY = REPO / "configs" / "tiny_qwen3_e2e.toml"
 REWARD = "[{fn = 'tests.e2e_rewards:even_token_share'}]"  # varies across samples: nonzero advantages and losses
 
 
-def fake_run(tmp_path: Path, steps_with_checkpoints: list[int], committed: bool = True) -> Path:
+def fake_run(tmp_path: Path, steps_with_checkpoints: list[int], committed: bool = True, damage_before_commit=None) -> Path:
+    """A run directory with checkpoints as the run writes them, but a 4096-float trainer state; `damage_before_commit(tmp)`
+    spoils a checkpoint before its manifest is taken (bad from the start, yet matching its manifest)."""
     run_dir = tmp_path / "run"
     config = load_config(TINY)
     run_dir.mkdir()
@@ -31,8 +35,10 @@ def fake_run(tmp_path: Path, steps_with_checkpoints: list[int], committed: bool 
         tmp = checkpoint.begin(run_dir, step)
         (tmp / "config.toml").write_text(dump_toml(config))
         (tmp / "run_state.json").write_text(json.dumps({"step": step, "policy_version": step, "data_cursor": 2 * step, "rows_done_ahead": []}))
-        (tmp / "trainer").mkdir()
-        (tmp / "trainer" / "__0_0.distcp").write_bytes(bytes(range(256)) * 64)
+        dcp.save({"model": {"w": torch.arange(4096.0)}}, checkpoint_id=tmp / "trainer")
+        checkpoint.save_rng(tmp, "controller")
+        if damage_before_commit is not None and step == steps_with_checkpoints[-1]:
+            damage_before_commit(tmp)
         if committed:
             checkpoint.commit(run_dir, tmp, step, keep=2)
     return run_dir
@@ -83,16 +89,50 @@ def test_truncate_logs_drops_a_torn_last_line_with_a_warning(tmp_path, capsys):
 
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_naming_why(tmp_path, capsys):
     run_dir = fake_run(tmp_path, [1, 2])
-    with open(checkpoint.checkpoint_root(run_dir) / "step_00000002" / "trainer" / "__0_0.distcp", "r+b") as file:
+    data = checkpoint.checkpoint_root(run_dir) / "step_00000002" / "trainer" / "__0_0.distcp"
+    size = data.stat().st_size
+    with open(data, "r+b") as file:
         file.truncate(1000)
     config, resumed_from = resume_config(run_dir, {})
     assert resumed_from.name == "step_00000001"
-    assert "skipping checkpoint step_00000002: trainer/__0_0.distcp has 1000 bytes, 16384 when committed" in capsys.readouterr().err
+    assert f"skipping checkpoint step_00000002: trainer/__0_0.distcp has 1000 bytes, {size} when committed" in capsys.readouterr().err
     (checkpoint.checkpoint_root(run_dir) / "step_00000001" / "run_state.json").write_text("{}")  # same size, other bytes: none left
     (checkpoint.checkpoint_root(run_dir) / "step_00000001" / "run_state.json").write_text("x" * 80)
     with pytest.raises(ConfigError, match="every committed checkpoint is damaged"):
         resume_config(run_dir, {})
     assert "run_state.json" in capsys.readouterr().err
+
+
+def _truncate_trainer_data(tmp: Path) -> None:
+    with open(tmp / "trainer" / "__0_0.distcp", "r+b") as file:
+        file.truncate(1000)
+
+
+@pytest.mark.parametrize(
+    ("spoil", "reason"),
+    [
+        (_truncate_trainer_data, r"trainer/ does not load: ValueError: __0_0.distcp ends at byte 1000, its index reads to \d+"),
+        (lambda tmp: (tmp / "rng" / "controller.pt").write_bytes(b"not a tensor file"), "rng/controller.pt does not load"),
+        (lambda tmp: (tmp / "run_state.json").write_text('{"step": '), "run_state.json does not load"),
+        (lambda tmp: (tmp / "trainer" / ".metadata").unlink(), "trainer/ does not load"),
+    ],
+)
+def test_a_checkpoint_that_matches_its_manifest_but_does_not_load_falls_back(tmp_path, capsys, spoil, reason):
+    run_dir = fake_run(tmp_path, [1, 2], damage_before_commit=spoil)
+    newest = checkpoint.newest_checkpoint(run_dir)
+    assert newest.name == "step_00000002" and (newest / checkpoint.MANIFEST).is_file()
+    assert resume_config(run_dir, {})[1].name == "step_00000001"
+    assert re.search(f"skipping checkpoint step_00000002: {reason}", capsys.readouterr().err)
+
+
+def test_a_checkpoint_written_before_manifests_is_still_checked(tmp_path, capsys):
+    run_dir = fake_run(tmp_path, [1, 2])
+    for path in checkpoint.committed_checkpoints(run_dir):
+        (path / checkpoint.MANIFEST).unlink()
+    assert resume_config(run_dir, {})[1].name == "step_00000002"  # whole: taken without a manifest
+    _truncate_trainer_data(checkpoint.newest_checkpoint(run_dir))
+    assert resume_config(run_dir, {})[1].name == "step_00000001"
+    assert "skipping checkpoint step_00000002: trainer/ does not load" in capsys.readouterr().err
 
 
 def test_checkpoints_newer_than_the_one_resumed_are_kept_aside(tmp_path):
