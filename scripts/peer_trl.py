@@ -23,6 +23,11 @@ Run from the repository root (imports rlmesh's task and row stream, not its trai
 
 Prints per-step wall time and the median; writes one JSON line per step (train reward mean, completion length,
 grad norm, loss, step time; eval reward at eval steps) to `--out`.
+
+`--replay runs/<rlmesh run> --replay-steps N` runs TRL's update on the samples rlmesh trained on, step by step, and
+prints per step TRL's loss and grad norm next to rlmesh's, and the mean |logprob| gap between TRL's weights and the
+rlmesh weights that drew that step's samples (vLLM's logprobs), next to how far one update moves them: equal
+updates keep the gap at fp32 rounding. `--replay-save DIR` saves the model after the last replayed step.
 """
 
 from __future__ import annotations
@@ -80,7 +85,7 @@ def check_prompts(tokenizer: Any, rollouts_path: Path) -> int:
     return checked
 
 
-def replay_rlmesh_steps(trainer: Any, run_dir: Path, steps: int) -> list[dict[str, float]]:
+def replay_rlmesh_steps(trainer: Any, run_dir: Path, steps: int, save: Path | None = None) -> list[dict[str, float]]:
     """TRL's loss and pre-clip grad norm on the samples rlmesh trained on at steps 1..`steps` of `run_dir`, each
     followed by TRL's own optimizer step (AdamW, clip 1.0) on them.
 
@@ -118,17 +123,38 @@ def replay_rlmesh_steps(trainer: Any, run_dir: Path, steps: int) -> list[dict[st
             "advantages": torch.tensor(advantages),
             "num_items_in_batch": completion_mask.sum(),
         }
+        before = completion_logprobs(trainer.model, prompts, completions)
         loss = trainer.compute_loss(trainer.model, inputs)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), trainer.args.max_grad_norm)
         optimizer.step()
         optimizer.zero_grad()
+        after = completion_logprobs(trainer.model, prompts, completions)
+        sampled = torch.cat([torch.tensor(r["turns"][0]["completion_logprobs"]) for rollouts in groups.values() for r in rollouts])
         rows.append({
             "step": step, "trl_loss": loss.item(), "rlmesh_loss": logged[step]["loss"],
             "trl_grad_norm": float(norm), "rlmesh_grad_norm": logged[step]["train/grad_norm"],
+            # the policies themselves: TRL's weights before this update against the rlmesh weights that sampled
+            # (vLLM's logprobs), on the same scale as what one update moves them
+            "logprob_gap_to_rlmesh_sampler": (before - sampled).abs().mean().item(),
+            "logprob_change_of_one_update": (after - before).abs().mean().item(),
         })
         print(json.dumps(rows[-1]), flush=True)
+    if save is not None:  # the policy after `steps` updates: rlmesh's own weights at that version, to sample from elsewhere
+        trainer.model.save_pretrained(save)
+        trainer.processing_class.save_pretrained(save)
     return rows
+
+
+@torch.no_grad()
+def completion_logprobs(model: Any, prompts: list[torch.Tensor], completions: list[torch.Tensor]) -> torch.Tensor:
+    """Each completion token's logprob under `model` given its prompt and the tokens before it, all samples concatenated."""
+    out = []
+    for prompt, completion in zip(prompts, completions):
+        ids = torch.cat([prompt, completion])[None]  # [1, T]
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # [C, V]
+        out.append(logits.log_softmax(-1).gather(-1, completion[:, None])[:, 0])
+    return torch.cat(out)
 
 
 @torch.no_grad()
@@ -161,6 +187,7 @@ def main() -> None:
     parser.add_argument("--check-prompts", type=Path, help="an rlmesh run's rollouts.jsonl to compare prompt token ids with")
     parser.add_argument("--replay", type=Path, help="an rlmesh run dir: TRL's updates on its samples, step by step; then exit")
     parser.add_argument("--replay-steps", type=int, default=1)
+    parser.add_argument("--replay-save", type=Path, help="save the model after the replayed steps here")
     args = parser.parse_args()
 
     from datasets import Dataset
@@ -270,7 +297,7 @@ def main() -> None:
         callbacks=[recorder],
     )
     if args.replay:
-        replay_rlmesh_steps(trainer, args.replay, args.replay_steps)
+        replay_rlmesh_steps(trainer, args.replay, args.replay_steps, args.replay_save)
         return
     if args.eval_every:
         out.write(json.dumps({"step": 0, **recorder.evaluate(0)}) + "\n")
