@@ -25,7 +25,7 @@ from rl.assets import resolve_model_path
 from rl.config import GeneratorConfig, SamplingConfig
 from rl.engine_loop import EngineLoop
 from rl.metrics.actor import MetricsActor
-from rl.processes.heap import return_free_heap_pages, return_large_blocks_to_the_system
+from rl.processes.heap import no_shared_onednn_primitive_cache, return_free_heap_pages, return_large_blocks_to_the_system
 from rl.processes.titles import name_process
 from rl.services.replica import ReplicaId, ServiceReplica, test_only_hang
 
@@ -63,6 +63,7 @@ class Generator(MetricsActor, ServiceReplica):
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         if generator_config.device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(generator_config.cpu_kv_cache_gib))
+            no_shared_onednn_primitive_cache()  # the reloaded layers' own caches are the ones used (see rl.processes.heap)
         self.replica = replica
         return_large_blocks_to_the_system()  # each weight reload frees every layer's copy (see rl.processes.heap)
         cpus = pin_process(generator_config.cpus, rank=replica.index if replica else 0, of=generator_config.num_replicas)
