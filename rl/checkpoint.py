@@ -24,6 +24,7 @@ config in it names importable objects, which is code: see the README's trust bou
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -104,13 +105,6 @@ def unreadable(path: Path) -> str | None:
 
     from torch.distributed.checkpoint import FileSystemReader
 
-    def check(name: str, read: Any) -> str | None:
-        try:
-            read()
-        except Exception as exc:
-            return f"{name} does not load: {type(exc).__name__}: {exc}"
-        return None
-
     def trainer_index() -> None:
         metadata = FileSystemReader(str(path / "trainer")).read_metadata()
         for item in metadata.storage_data.values():
@@ -118,14 +112,20 @@ def unreadable(path: Path) -> str | None:
             if item.offset + item.length > file.stat().st_size:
                 raise ValueError(f"{item.relative_path} ends at byte {file.stat().st_size}, its index reads to {item.offset + item.length}")
 
-    parts = [
-        ("run_state.json", lambda: int(read_run_state(path)["step"])),
-        ("config.toml", lambda: tomllib.loads((path / "config.toml").read_text())),
-        ("trainer/", trainer_index),
-        *((name, lambda name=name: json.loads((path / name).read_text())) for name in ("step_record.json", "services.json") if (path / name).exists()),
-        *((f"rng/{file.name}", lambda file=file: torch.load(file, weights_only=True)) for file in sorted((path / "rng").glob("*.pt"))),
-    ]
-    return next((reason for name, read in parts if (reason := check(name, read)) is not None), None)
+    parts = {
+        "run_state.json": lambda: int(read_run_state(path)["step"]),
+        "config.toml": lambda: tomllib.loads((path / "config.toml").read_text()),
+        "trainer/": trainer_index,
+        "step_record.json": lambda: read_step_record(path),
+        "services.json": lambda: read_service_counters(path),
+        **{f"rng/{file.name}": functools.partial(torch.load, file, weights_only=True) for file in sorted((path / "rng").glob("*.pt"))},
+    }
+    for name, read in parts.items():
+        try:
+            read()
+        except Exception as exc:
+            return f"{name} does not load: {type(exc).__name__}: {exc}"
+    return None
 
 
 def writer_identity() -> str:
