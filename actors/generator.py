@@ -47,6 +47,7 @@ def engine_args(generator_config: GeneratorConfig) -> dict[str, Any]:
         gpu_memory_utilization=generator_config.gpu_memory_utilization,
         seed=generator_config.seed,
         enable_chunked_prefill=generator_config.device != "cpu",
+        use_fp64_gumbel=generator_config.fp64_sampling_noise,
     )
 
 

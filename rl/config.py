@@ -63,6 +63,10 @@ class GeneratorConfig(Section):
     max_num_seqs: int = Field(256, ge=1)
     max_model_len: int = Field(2048, ge=16)
     seed: int = 0
+    fp64_sampling_noise: bool = False
+    """Sample by an exponential race with fp64 noise (vLLM's `use_fp64_gumbel`) instead of the device's fast path
+    (on CPU a fused fp32 Gumbel-max kernel): keeps tail events fp32 noise truncates, at some sampling speed.
+    Both are exact on the main job to what we could measure (README, "Learning per step")."""
     sampling: SamplingConfig = SamplingConfig()
     eval_sampling: SamplingConfig = SamplingConfig(temperature=0.0)
     """Sampling for held-out validation (greedy by default)."""

@@ -118,6 +118,18 @@ def test_precision_defaults_keep_fp32_master_weights_and_an_exact_sampler():
     assert (gpu.trainer.param_dtype, gpu.trainer.dtype, gpu.generator.dtype) == ("float32", "bfloat16", "bfloat16")
 
 
+def test_fp64_sampling_noise_reaches_the_engine_the_generator_builds():
+    from vllm.engine.arg_utils import EngineArgs
+
+    from actors.generator import engine_args
+    from rl.assets import resolve_model_path
+
+    for fp64 in (False, True):
+        generator_config = load_config(CONFIGS / "sum_digits_smollm2_cpu.toml", {"generator.fp64_sampling_noise": str(fp64).lower()}).generator
+        model_config = EngineArgs(model=resolve_model_path("tiny-qwen3"), **engine_args(generator_config)).create_model_config()
+        assert model_config.use_fp64_gumbel is fp64
+
+
 def test_hub_ids_and_existing_directories_are_accepted(tmp_path):
     assert load_config(None, {"model.path": "Qwen/Qwen3-0.6B"}).model.path == "Qwen/Qwen3-0.6B"
     assert load_config(None, {"model.path": str(tmp_path)}).model.path == str(tmp_path)
