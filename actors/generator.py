@@ -22,7 +22,7 @@ from rollouts.types import Completion, GenerationFailed, GenerationRequest
 from rl.weights import sync as weight_sync
 from rl.processes.affinity import pin_process
 from rl.assets import resolve_model_path
-from rl.config import GeneratorConfig, SamplingConfig
+from rl.config.roles import GeneratorConfig, SamplingConfig
 from rl.engine_loop import EngineLoop
 from rl.metrics.actor import MetricsActor
 from rl.processes.heap import no_shared_onednn_primitive_cache, return_free_heap_pages, return_large_blocks_to_the_system

@@ -13,9 +13,10 @@ from typing import Any
 
 from monarch.actor import concurrent_endpoint, endpoint
 
-from rl import checkpoint
+from rl.checkpoint import store as checkpoint
 from rl.assets import resolve_model_path
-from rl.config import SamplingConfig, TaskConfig
+from rl.config.roles import SamplingConfig
+from rl.config.tasks import TaskConfig
 from rl.metrics import timer
 from rl.metrics.actor import MetricsActor
 from env_types.renderer import RendererConfig

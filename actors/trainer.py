@@ -21,14 +21,14 @@ from monarch.actor import current_rank, endpoint
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
-from rl import checkpoint
+from rl.checkpoint import store as checkpoint
 from rl.training import distributed
 from rl.weights import sync as weight_sync
 from rl.processes.affinity import pin_process
 from rl.processes.titles import name_process
 from rl.assets import resolve_model_path
 from rl.algorithms.config import AlgorithmConfig
-from rl.config import TrainerConfig
+from rl.config.roles import TrainerConfig
 from rl.section import DType
 from rl.training.logprobs import token_logprobs
 from rl.metrics.actor import MetricsActor

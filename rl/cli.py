@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from rl.algorithms.config import bypass_origin
 from rl.config import Config, ConfigError, dump_toml, load_config
-from rl.registry import import_object
+from rl.components import import_object
 from tasks.build import build_task
 
 if TYPE_CHECKING:
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         from rl.processes.interrupts import InterruptibleRun
 
         interruptible = InterruptibleRun()  # before any other thread starts (numpy, Monarch): see rl/processes/interrupts.py
-    from rl import run_dir
-    from rl.resume import resume_config, take_over
+    from rl.checkpoint import run_dir
+    from rl.checkpoint.resume import resume_config, take_over
 
     resume_from = None
     try:

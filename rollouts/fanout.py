@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable, Protocol
 
 from env_types.message_env import MessageEnv
 from rollouts.renderer_env import RendererEnv, RendererEnvConfig
-from rl.registry import fn_name
+from rl.components import fn_name
 from rollouts.reward_value import MAX_ABS_REWARD, InvalidReward, checked_reward
 from rollouts.types import Completion, GenerationRequest, Rollout, RolloutGroup, RolloutStatus
 

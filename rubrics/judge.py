@@ -22,7 +22,7 @@ import string
 from typing import Any, Awaitable, Callable
 
 from rollouts.types import Completion, GenerationFailed, GenerationRequest
-from rl.registry import import_object
+from rl.components import import_object
 from env_types.renderer import parse_completion, render_prompt
 from rollouts.types import Rollout
 

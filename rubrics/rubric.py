@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rollouts.types import Rollout, RolloutStatus
 from rubrics import workers
-from rl.registry import fn_name
+from rl.components import fn_name
 from rollouts.reward_value import MAX_ABS_REWARD, InvalidReward, checked_reward
 
 logger = logging.getLogger(__name__)

@@ -1,12 +1,22 @@
 """Shared fixtures: `renderer` and `tokenizer` are the real Qwen3 renderer and tokenizer of the tiny-qwen3 asset (built once per session)."""
 
+from pathlib import Path
+
 import pytest
 
 
+TESTS = Path(__file__).resolve().parent
+MARKER_OF_FOLDER = {"e2e": "e2e", "adversarial": "adversarial", "gpu": "gpu"}  # tests/<folder>/... gets the marker
+
+
 def pytest_collection_modifyitems(items):
-    """Tests marked `allocates_job` run last: `monarch.job` imports flask, whose module-level proxies make
+    """Markers come from the folder (`tests/e2e/` is `e2e`, ...). Tests marked `allocates_job` run last: `monarch.job` imports flask, whose module-level proxies make
     vLLM's kernel scan over `sys.modules` raise "Working outside of application context", so an
-    in-process vLLM engine (tests/test_engine_loop.py) cannot start in the same process afterwards."""
+    in-process vLLM engine (tests/e2e/test_engine_loop.py) cannot start in the same process afterwards."""
+    for item in items:
+        folder = Path(item.fspath).resolve().relative_to(TESTS).parts[0]
+        if folder in MARKER_OF_FOLDER:
+            item.add_marker(MARKER_OF_FOLDER[folder])
     items.sort(key=lambda item: item.get_closest_marker("allocates_job") is not None)
 
 

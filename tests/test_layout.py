@@ -12,14 +12,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("rl", "actors", "tasks", "rollouts", "rubrics", "env_types", "tools")
 FLOORS = [  # the ground first; a folder of `rl/` and a module directly in `rl/` are each a room
-    {"rl/registry.py", "rl/assets.py", "rl/section.py", "rl/batching.py", "rl/engine_loop.py", "rl/checkpoint.py", "rl/run_dir.py", "rl/precision.py"},
-    {"rl/prefix_packing.py"},  # the packed layout with a prefix trie per row, over rl/batching.py
+    {"rl/components.py", "rl/assets.py", "rl/section.py", "rl/engine_loop.py", "rl/precision.py"},
+    {"rl/packing"},  # training samples packed into rows, and the prefix-tree layout over them
     {"env_types"},  # what a task author's environment is: messages in, messages out; messages <-> tokens
     {"rollouts"},  # the records of a rollout and how one is driven and fanned out
     {"tools", "rubrics", "rl/services", "rl/algorithms"},
-    {"rl/config.py"},
+    {"rl/config"},
     {"rl/metrics", "rl/processes", "tasks"},
-    {"rl/training", "rl/resume.py"},  # the trainer's step statistics are the metrics system's; a resume repairs the logs
+    {"rl/training", "rl/checkpoint"},  # the trainer's step statistics are the metrics system's; a resume repairs the logs
     {"rl/weights"},
     {"actors"},
     {"rl/loop"},

@@ -18,7 +18,7 @@ import torch
 
 from rl.algorithms.config import AlgorithmConfig
 from rl.algorithms.streams import rollout_to_samples
-from rl.batching import TrainSample
+from rl.packing.rows import TrainSample
 from rollouts.types import Rollout, RolloutGroup
 
 PromptLogprobsFn = Callable[[str, list[list[int]]], Awaitable[list[list[float]]]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rl.algorithms.policy_gradient import GRPO
 from rl.algorithms.streams import rollout_to_samples
-from rl.batching import TrainSample
+from rl.packing.rows import TrainSample
 from rollouts.types import Rollout, RolloutGroup
 
 

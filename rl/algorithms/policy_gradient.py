@@ -9,7 +9,7 @@ import torch
 from rl.algorithms import advantages as adv
 from rl.algorithms.base import Algorithm
 from rl.algorithms.config import AlgorithmConfig
-from rl.registry import import_object
+from rl.components import import_object
 from rollouts.types import Rollout, RolloutGroup
 
 

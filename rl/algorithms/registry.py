@@ -12,7 +12,7 @@ from rl.algorithms.config import POLICY, AlgorithmConfig, decide_bypass_mode
 from rl.algorithms.distillation import OPD, OPSD, SFT
 from rl.algorithms.echo import Echo
 from rl.algorithms.policy_gradient import GRPO, RLOO, Custom, MaxRL, ReinforcePP, Reward
-from rl.registry import import_object
+from rl.components import import_object
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     "grpo": GRPO,

@@ -22,7 +22,7 @@ from rl.algorithms.base import Algorithm, PromptLogprobsFn
 from rl.algorithms.config import AlgorithmConfig
 from rl.algorithms.registry import build_algorithm
 from rl.algorithms.streams import rollout_to_samples
-from rl.batching import TrainSample
+from rl.packing.rows import TrainSample
 from rollouts.types import Rollout, RolloutGroup
 
 DROPPED = "rollouts/dropped_groups"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rl.batching import TrainSample
+from rl.packing.rows import TrainSample
 from rollouts.types import Rollout, RolloutTurn
 
 

@@ -29,10 +29,10 @@ from typing import Any
 from tqdm import tqdm
 
 from env_types.renderer import stop_token_ids
-from rl import checkpoint
+from rl.checkpoint import store as checkpoint
 from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
-from rl.batching import split_micro_batches
+from rl.packing.rows import split_micro_batches
 from rl.config import Config, dump_toml
 from rl.loop.admission import Admission
 from rl.loop.buffer import RolloutBuffer
@@ -40,13 +40,13 @@ from rl.loop.data import training_stream
 from rl.loop.roles import Roles
 from rl.loop.scored_groups import ScoredGroups
 from rl.loop.state import RunState, due_after, open_run_dir, row_index_of, save_checkpoint, train_group_id
-from rl.run_dir import RunDirLock
+from rl.checkpoint.run_dir import RunDirLock
 from rl.metrics import timer
 from rl.metrics.logger import MetricsLogger
 from rl.metrics.generation import GenerationStats, batch_metrics, overlap_metrics
-from rl.metrics.samples import SampleLogger
+from rl.metrics.sample_log import SampleLogger
 from rl.metrics.standard import reward_metrics
-from rl.prefix_packing import pack_batch, packing_metrics
+from rl.packing.prefix_tree import pack_batch, packing_metrics
 from rl.services.breaker import CircuitBreaker, group_failure
 from rl.precision import MismatchWatch, NonfiniteSteps
 from rollouts.types import RolloutGroup

@@ -13,7 +13,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rl.config import RunConfig
+    from rl.config.run import RunConfig
     from tasks.build import BuiltTask
 
 

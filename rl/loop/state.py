@@ -7,16 +7,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rl import checkpoint
+from rl.checkpoint import store as checkpoint
 from rl.config import Config, dump_toml
 from rl.loop.roles import Roles
-from rl.resume import take_over
-from rl.run_dir import RunDirLock, claim_fresh, held_here
+from rl.checkpoint.resume import take_over
+from rl.checkpoint.run_dir import RunDirLock, claim_fresh, held_here
 
 
 def open_run_dir(run_dir: Path, config_toml: str, resume_from: Path | None) -> tuple[Path, RunDirLock | None]:
     """A resumed run's own directory (`RUN_DIR/checkpoints/step_N` → `RUN_DIR`), else a fresh one claimed
-    (`rl.run_dir`) holding the resolved config; and the lock this call took. `rlmesh train --resume` takes over the
+    (`rl.checkpoint.run_dir`) holding the resolved config; and the lock this call took. `rlmesh train --resume` takes over the
     directory before the roles start; a resume through the Python API (`Controller(config, resume_from=...)`) does here."""
     if resume_from is not None:
         resumed = resume_from.parent.parent

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from tqdm import tqdm
 
-from rl.config import WandbConfig
+from rl.config.metrics import WandbConfig
 
 CONSOLE_KEYS = ("reward/mean", "eval/reward/mean", "loss", "rollouts/completion_tokens_mean", "time/step_s")
 

@@ -14,7 +14,7 @@ from typing import Any, Iterable
 
 from tqdm import tqdm
 
-from rl.config import WandbConfig
+from rl.config.metrics import WandbConfig
 from rl.metrics.backends import Backend, ConsoleBackend, JsonlBackend, WandbBackend
 from rl.metrics.reduce import State, drain_states, reduce_states
 from rollouts.types import RolloutGroup

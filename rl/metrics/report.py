@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from rl.metrics.samples import sample_record  # noqa: E402
+from rl.metrics.sample_log import sample_record
 from rollouts.types import Rollout  # noqa: E402
 
 PHASES = {"perf/sample_wait_time": "wait for rollouts", "time/train_s": "train", "time/weight_sync_s": "weight sync"}

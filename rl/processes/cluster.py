@@ -17,7 +17,9 @@ from typing import Any, Callable
 
 from monarch.actor import HostMesh, default_bootstrap_cmd, this_host
 
-from rl.config import ClusterConfig, FrozenModelConfig, GeneratorConfig, TrainerConfig
+from rl.config.cluster import ClusterConfig
+from rl.algorithms.config import FrozenModelConfig
+from rl.config.roles import GeneratorConfig, TrainerConfig
 
 def bootstrap_command(env: dict[str, str], device: str, first_gpu: int, gpus_per_proc: int) -> Callable[[Any], Any] | None:
     """Per-process bootstrap: `env`, plus on GPU the `gpus_per_proc` GPUs of the process's slot on its host.

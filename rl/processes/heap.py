@@ -6,7 +6,7 @@ threshold starts at 128 KiB, but each time such a block is freed glibc raises it
 next step's allocations of other sizes rarely fill. vLLM's in-place weight reload materialises every layer's
 weights anew each sync (megabytes per layer) and frees them, between generation steps that allocate their own
 (a 150-step soak of the main job saw the generator's resident memory grow in steps). Fixing the threshold stops
-the adjustment: large blocks are always mapped and always returned (`tests/test_heap.py` shows both behaviours).
+the adjustment: large blocks are always mapped and always returned (`tests/unit/rl/processes/test_heap.py` shows both behaviours).
 
 vLLM's CPU linear layers run oneDNN matmuls through handlers that cache their own primitives, one per token count
 M, and are rebuilt at every reload. oneDNN keeps a second, process-wide cache of up to 1024 primitives (about

@@ -16,7 +16,7 @@ from typing import Any
 
 from monarch.spmd import setup_torch_elastic_env_async
 
-from rl.config import TrainerConfig
+from rl.config.roles import TrainerConfig
 
 
 class SpmdEndpoint:

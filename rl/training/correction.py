@@ -17,7 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from rl.algorithms.config import RolloutCorrectionConfig
-from rl.batching import segment_sum, segments
+from rl.packing.rows import segment_sum, segments
 from rl.metrics.reduce import Reduce, State, StepStats
 
 SAFETY_BOUND = 20.0

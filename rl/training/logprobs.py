@@ -46,7 +46,7 @@ def token_logprobs(
     Rows may pack several sequences: each restarts its position ids at 0, and with attention_mask=None
     transformers turns the position ids into a block-diagonal causal mask. use_cache=False matters: with a
     cache object the packed-sequence detection is skipped and sequences would attend to each other.
-    Rows may instead hold prefix trees (`rl.prefix_packing`): `parents` [B,L] (the column whose output
+    Rows may instead hold prefix trees (`rl.packing.prefix_tree`): `parents` [B,L] (the column whose output
     predicts each token, -1 for none) and `subtree_end` [B,L] (the tree attention mask, built for the model's
     attention implementation by `tree_attention_mask`); by default a token's parent is the column before it.
     With `mask` ([B,L] bool, e.g. the trained tokens) only the tokens where it is True get a logprob (0.0

@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDict
 
 from rl.algorithms.config import AlgorithmConfig
-from rl.batching import segment_sum, segments
+from rl.packing.rows import segment_sum, segments
 from rl.metrics.reduce import StepStats
 
 

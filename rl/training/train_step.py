@@ -20,7 +20,7 @@ from tensordict import TensorDict
 from rl.training import correction
 from rl.algorithms.config import AlgorithmConfig
 from rl.training.losses import compute_loss, kl_estimate
-from rl.batching import COMPONENTS, component_counts, segment_sum, segments
+from rl.packing.rows import COMPONENTS, component_counts, segment_sum, segments
 from rl.metrics.reduce import StepStats, merge_all, step_metrics
 from rl.training.distributed import Ranks
 from rl.training.logprobs import packed_logprobs

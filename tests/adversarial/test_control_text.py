@@ -11,7 +11,7 @@ from rollouts.types import Rollout, RolloutStatus, RolloutTurn
 from rubrics.judge import Judge
 from tasks.sum_digits import SumDigitsTask
 from tasks.testing import play
-from tests.adversarial.sandbox_payloads import FORGED_RESULT
+from tests.support.sandbox_payloads import FORGED_RESULT
 from tools.tool import Tool, ToolEnv
 
 IM_START, IM_END = 151644, 151645
@@ -40,7 +40,7 @@ class EchoEnv(ToolEnv):
 
 class EchoTask(SumDigitsTask):
     def make_env(self, example):
-        tool = Tool(name="echo", description="echo", fn="tests.adversarial.sandbox_payloads:echo",
+        tool = Tool(name="echo", description="echo", fn="tests.support.sandbox_payloads:echo",
                     parameters={"type": "object", "properties": {"forge": {"type": "boolean"}}, "required": ["forge"]})
         return EchoEnv([tool])
 

@@ -10,17 +10,17 @@ import torch
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
 from rollouts.renderer_env import RendererEnvConfig
 from rl.algorithms.advantages import grpo_advantages
-from rl.config import TaskConfig
+from rl.config.tasks import TaskConfig
 from rl.services.breaker import CircuitBreaker, group_failure
 from rl.services.config import BreakerConfig
 from rollouts.fanout import RolloutContext, run_sample
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 from rubrics.builtins import answer_tag_format, last_tag
-from rubrics.rubric import RewardFn, Rubric, apply_reward
+from rubrics.rubric import RewardFn, Rubric
 from tasks.build import build_task
 from tasks.sum_digits import SumDigitsTask
 from tasks.testing import play
-from tests.adversarial import payloads
+from tests.support import payloads
 
 
 def rollout(text: str, index: int = 0) -> Rollout:
@@ -144,7 +144,7 @@ def test_last_tag_of_a_reply_full_of_unclosed_tags():
 
 
 async def test_a_poison_group_is_not_handed_to_a_third_replica():
-    from tests.test_services import FakeHost, make_service
+    from tests.support.services_fakes import FakeHost, make_service
     from rl.services.service import RequestFailed
 
     host = FakeHost({name: {"generate": "hang"} for name in ("generator_0_0", "generator_1_0", "generator_2_0")})

@@ -26,7 +26,7 @@ needs_cgroup = pytest.mark.skipif(cgroup.available() is None, reason="no writabl
 
 
 async def run(fn, limits=LIMITS, isolate=True, **arguments):
-    return await Sandbox(limits, isolate=isolate).run(f"tests.adversarial.sandbox_payloads:{fn}", arguments)
+    return await Sandbox(limits, isolate=isolate).run(f"tests.support.sandbox_payloads:{fn}", arguments)
 
 
 async def listdir(path):
@@ -156,9 +156,9 @@ async def test_devices_are_a_minimal_set():
 
 async def test_a_module_written_by_one_call_never_shadows_the_next():
     sandbox = Sandbox(LIMITS)
-    assert await sandbox.run("tests.adversarial.sandbox_payloads:write_module", {"name": "json"}) == "written"
-    assert await sandbox.run("tests.sandbox_tools:add", {"a": 1, "b": 2}) == "3"
-    path = json.loads(await sandbox.run("tests.adversarial.sandbox_payloads:import_path", {}))
+    assert await sandbox.run("tests.support.sandbox_payloads:write_module", {"name": "json"}) == "written"
+    assert await sandbox.run("tests.support.sandbox_tools:add", {"a": 1, "b": 2}) == "3"
+    path = json.loads(await sandbox.run("tests.support.sandbox_payloads:import_path", {}))
     assert "/tmp" not in path[:1] and "" not in path
 
 

@@ -12,7 +12,7 @@ IM_END = 151645
 
 
 def tool(name: str, fn: str) -> Tool:
-    return Tool(name=name, description=name, fn=f"tests.adversarial.sandbox_payloads:{fn}", parameters={"type": "object", "properties": {}})
+    return Tool(name=name, description=name, fn=f"tests.support.sandbox_payloads:{fn}", parameters={"type": "object", "properties": {}})
 
 
 class HostileToolsEnv(ToolEnv):

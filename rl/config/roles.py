@@ -1,0 +1,124 @@
+"""The sections of the roles: the policy model, its generators (vLLM) and its trainer, and how weights move between them."""
+
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from rl.section import Device, DType, Section
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
+
+
+class ModelConfig(Section):
+    path: str = "smollm2-135m-instruct"
+    """HF folder, hub id, or a built-in offline asset: "smollm2-135m-instruct", "tiny-qwen3"."""
+
+    @field_validator("path")
+    @classmethod
+    def _known_model(cls, path: str) -> str:
+        from rl.assets import BUILTIN_MODELS
+
+        if path in BUILTIN_MODELS or Path(path).expanduser().is_dir() or _HUB_ID.fullmatch(path):
+            return path
+        raise ValueError(
+            f"{path!r} is neither a built-in model ({', '.join(sorted(BUILTIN_MODELS))}), an existing directory, "
+            "nor a hub id like 'org/name'"
+        )
+
+
+class SamplingConfig(Section):
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+
+
+class GeneratorConfig(Section):
+    num_replicas: int = Field(1, ge=1)
+    device: Device = "cpu"
+    dtype: DType | Literal["auto"] = "auto"
+    """Weights dtype of the sampler; "auto" = the trainer's parameter dtype, so it samples the exact policy.
+    A lower dtype halves weight-sync bytes but samples a drifting policy (see `run.mismatch_warn_factor`)."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    enforce_eager: bool = True
+    """Skip graph compilation: fast start-up (~3 s) at some decode speed."""
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    """CUDA only; on CPU the KV cache is sized by `cpu_kv_cache_gib`."""
+    cpu_kv_cache_gib: int = Field(2, ge=1)
+    max_num_seqs: int = Field(256, ge=1)
+    max_model_len: int = Field(2048, ge=16)
+    seed: int = 0
+    fp64_sampling_noise: bool = False
+    """Sample by an exponential race with fp64 noise (vLLM's `use_fp64_gumbel`) instead of the device's fast path
+    (on CPU a fused fp32 Gumbel-max kernel): keeps tail events fp32 noise truncates, at some sampling speed.
+    Both are exact on the main job to what we could measure (README, "Learning per step")."""
+    sampling: SamplingConfig = SamplingConfig()
+    eval_sampling: SamplingConfig = SamplingConfig(temperature=0.0)
+    """Sampling for held-out validation (greedy by default)."""
+    on_weight_update: Literal["finish", "resubmit"] = "finish"
+    """Requests in flight at a weight reload: finish on the old weights, or abort and restart on the new."""
+    cpus: list[int] | None = None
+    """CPU cores for the generator processes (split evenly between replicas); None = no pinning."""
+
+
+class TrainerConfig(Section):
+    device: Device = "cpu"
+    dtype: DType | Literal["auto"] = "auto"
+    """Compute dtype: below `param_dtype` the forward/backward runs under autocast over fp32 master weights.
+    "auto": bf16 where the device runs bf16 matmuls natively (CUDA; a CPU with AVX512-BF16/AMX), else
+    `param_dtype`; resolved when the config is validated. Explicit "bfloat16" on a CPU without it is refused."""
+    param_dtype: DType = "float32"
+    """Dtype of the parameters and optimizer state. Below fp32 only with `pure_low_precision = true`."""
+    pure_low_precision: bool = False
+    """Allow low-precision parameters: AdamW updates at RL learning rates mostly round away in bf16."""
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    max_grad_norm: float = Field(1.0, gt=0)
+    max_nonfinite_steps: int = Field(3, ge=1)
+    """Steps in a row whose gradient norm is not finite (each skipped, weights unchanged) before the run stops."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    seq_len: int = Field(1024, ge=8)
+    """Row length L of packed `[B, L]` training batches; a longer rollout is dropped."""
+    prefix_sharing: bool = True
+    """Pack samples as prefix trees (`rl.packing.prefix_tree`): a prefix shared by several samples (a group's prompt) is
+    forwarded once per row, under a mask that gives every token exactly its own prefix (same logprobs and
+    gradients as independent sequences, to fp32 rounding). False: samples side by side, each whole."""
+    attention: Literal["sdpa", "flex_attention"] = "sdpa"
+    """The trainer's attention kernel: "sdpa" takes the prefix-tree mask as a dense [L, L] bool mask per row;
+    "flex_attention" as a block-sparse BlockMask (compiled; the path for GPUs and long rows)."""
+    micro_batch_size: int = Field(8, ge=1)
+    """Rows per forward/backward; gradients accumulate over the micro-batches of a step."""
+    ppo_n_minibatches: int = Field(1, ge=1)
+    """K optimizer steps per batch on disjoint minibatches, against π_old computed once without gradients."""
+    seed: int = 0
+    gradient_checkpointing: bool = False
+    """Activation checkpointing: recompute each decoder layer's activations in backward."""
+    cpus: list[int] | None = None
+    """CPU cores the trainer processes run on (split evenly between a host's processes); None = no pinning."""
+    num_procs: int = Field(1, ge=1)
+    """Trainer processes (ranks) per host; above one in all, the model is sharded over them with FSDP2."""
+    num_hosts: int = Field(1, ge=1)
+    """Hosts of the trainer; more than one needs a `[cluster]` scheduler that allocates hosts."""
+    call_timeout_s: float = Field(1800.0, gt=0)
+    """Deadline of every trainer call but the weight push (`run.weight_sync_timeout_s`): a train step, logprobs,
+    a checkpoint's save or load. A missed one stops the run (resume from the last checkpoint), as the trainer's death does."""
+
+    @property
+    def ranks(self) -> int:
+        """Trainer processes in all: `num_procs` x `num_hosts`."""
+        return self.num_procs * self.num_hosts
+
+
+class WeightSyncConfig(Section):
+    transport: Literal["shared_memory", "torchstore"] = "shared_memory"
+    """"shared_memory": bytes through a shared file on this host, torchstore carries a versioned handle;
+    "torchstore": every tensor through the store (needed when trainer and generators are on different hosts)."""
+
+

@@ -1,0 +1,51 @@
+"""The run's length, seeds, evaluation and output directory, and its checkpoints."""
+
+
+from __future__ import annotations
+
+
+from pydantic import Field
+
+from rl.section import Section
+
+
+class RunConfig(Section):
+    name: str = "run"
+    output_dir: str = "runs"
+    """The run directory is `output_dir/name`."""
+    seed: int = 0
+    steps: int = Field(10, ge=0)
+    groups_per_step: int = Field(8, ge=1)
+    """Rollout groups (task rows) per optimizer step."""
+    max_policy_staleness: int = Field(0, ge=0)
+    """Most optimizer steps a group's oldest token may lag the trained policy. 0 = synchronous."""
+    eval_every: int = Field(0, ge=0)
+    """Validate on the held-out split every N steps (and at step 0 and at the end); 0 = never."""
+    eval_groups: int | None = Field(None, ge=1)
+    """Held-out rows per validation (None = the whole split), one sample each."""
+    log_rollouts: bool = True
+    weight_sync_timeout_s: float = Field(600.0, gt=0)
+    """Longest a weight push or reload may take before the run stops with an error naming it."""
+    metrics_timeout_s: float = Field(300.0, gt=0)
+    """Deadline of gathering the trainer's and reward replicas' metric states at the end of a step: a trainer that
+    misses it stops the run (resume from the last checkpoint); a reward replica that misses it is left out of that step."""
+    reward_concurrency: int = Field(32, ge=1)
+    """Most groups the RewardActor scores at once."""
+    mismatch_warn_factor: float = Field(5.0, gt=1)
+    """Warn when `train/mismatch_k3` exceeds this many times its first-step value (and `mismatch_warn_floor`)."""
+    mismatch_warn_floor: float = Field(1e-3, ge=0)
+    max_concurrent_rollouts: int = Field(64, ge=1)
+    """Most rows (each a whole group) generating at once."""
+    epochs: float | None = Field(None, gt=0)
+    """End after this many passes over the training rows (all tasks together); None = no data limit."""
+    max_rows: int | None = Field(None, ge=1)
+    """End after this many training rows; with `epochs`, the smaller limit wins."""
+
+
+class CheckpointConfig(Section):
+    every_steps: int = Field(0, ge=0)
+    """Write a checkpoint every N optimizer steps; 0 = only the final one (always written when a run ends)."""
+    keep: int = Field(2, ge=1)
+    """Newest committed checkpoints kept; older ones are deleted after each commit."""
+
+

@@ -1,0 +1,84 @@
+"""A task entry of the run: which task, its data and its rubric."""
+
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator, model_serializer, model_validator
+
+from rollouts.renderer_env import RendererEnvConfig
+from rl.algorithms.config import TaskAlgorithmConfig
+from env_types.renderer import RendererConfig
+from rl.section import Section
+
+
+class RubricConfig(Section):
+    """Replaces a task's default rubric."""
+
+    class RewardFnEntry(Section):
+        fn: str
+        """Registered name or import path `package.module:function`."""
+        weight: float = Field(1.0, ge=0)
+        name: str = ""
+        args: dict[str, Any] = Field(default_factory=dict)
+        """Keyword arguments bound to the function (`functools.partial`), e.g. `{ tolerance = 0.01 }`."""
+
+    reward_fns: list[RewardFnEntry] = Field(default_factory=list)
+    group_reward_fns: list[RewardFnEntry] = Field(default_factory=list)
+    """Functions of `(rollouts, example)` returning one number per rollout of the group."""
+    truncation_reward: float | None = None
+    error_reward: float | None = 0.0
+    """`"none"` (TOML has no null) grades the partial turns of ERROR / TIMEOUT / ABORTED rollouts instead."""
+    timeout_s: float = Field(60.0, gt=0)
+    max_abs_reward: float = Field(1e6, gt=0, le=1e30)
+    """Largest |value| a reward function may return; beyond it (or NaN) the rollout is an ERROR naming the function."""
+
+    @field_validator("error_reward", mode="before")
+    @classmethod
+    def _none_word(cls, value: Any) -> Any:
+        return None if value == "none" else value
+
+    @model_serializer(mode="wrap")
+    def _dump_none(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if self.error_reward is None:
+            data["error_reward"] = "none"  # survives exclude_none, so the resolved config.toml keeps it
+        return data
+
+    @model_validator(mode="after")
+    def _has_functions(self) -> RubricConfig:
+        if not self.reward_fns and not self.group_reward_fns:
+            raise ValueError("a rubric needs at least one entry in reward_fns or group_reward_fns")
+        return self
+
+
+class DataConfig(Section):
+    """Rows of a task from local files instead of the task's own generator (`Task.load_dataset`)."""
+
+    train: str | None = None
+    """A .jsonl, .json or .parquet file; None keeps the task's own training rows."""
+    validation: str | None = None
+    """Same for the held-out split."""
+    columns: dict[str, str] = Field(default_factory=dict)
+    """Task row field -> file column, e.g. `{ question = "problem" }`; other columns keep their names."""
+
+
+class TaskConfig(Section):
+    name: str = "sum_digits"
+    """Registered task name or import path `package.module:TaskClass`."""
+    weight: float = Field(1.0, gt=0)
+    """Share of training rows drawn from this task when several are configured."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the task's constructor."""
+    env: RendererEnvConfig = RendererEnvConfig()
+    renderer: RendererConfig = RendererConfig()
+    rubric: RubricConfig | None = None
+    rollout_fn: str | None = None
+    """Import path `package.module:fn` of `async fn(row, context) -> Rollout | None`, one trajectory per
+    call, replacing the task's environment loop (see `rollouts.fanout`); None = the task's environment."""
+    data: DataConfig | None = None
+    algorithm: TaskAlgorithmConfig | None = None
+    """Overrides of `[algorithm]` for this task (type, teacher, sampler, ...); None = `[algorithm]` as is."""
+
+

@@ -1,0 +1,68 @@
+"""Exactly once under a staleness budget: a run at budget 2 with 2 generator replicas, its launcher SIGKILLed
+at three random moments and resumed each time, trains every row exactly once and skips none.
+
+Bitwise equality with an uninterrupted run is the promise at budget 0 only (`tests/unit/rl/checkpoint/test_resume.py`): under a
+budget, rollouts in flight at a kill are dropped and their rows drawn again, sampled by the resumed policy.
+"""
+
+import random
+import signal
+import time
+
+import pytest
+
+from rl.checkpoint import store as checkpoint
+from tests.support.launch import Launch
+from tests.support.runs import assert_rows_trained_once, read_jsonl
+
+
+STEPS, GROUPS_PER_STEP, GROUP_SIZE = 12, 2, 4
+OVERRIDES = [
+    "--run.steps", str(STEPS), "--run.max_policy_staleness", "2", "--generator.num_replicas", "2", "--services.reward.replicas", "2",
+    "--checkpoint.every_steps", "1", "--run.eval_every", "0", "--sample_logging.enabled", "false",
+    "--tasks.0.rubric.reward_fns", "[{fn = 'tests.support.e2e_rewards:by_sample_index'}]",  # no group is dropped for zero advantage
+]
+
+
+def wait_for_a_new_step(launch: Launch, after: int) -> int:
+    """Wait until `launch` logs a step past `after`; returns it."""
+    while True:
+        launch.wait_for_line(" v")
+        line = launch.lines[-1]
+        if line.startswith("step ") and int(line.split()[1]) > after:
+            return int(line.split()[1])
+
+
+def test_every_row_is_trained_exactly_once_across_three_kills_at_staleness_budget_2(tmp_path):
+    seed = random.randrange(2**32)
+    rng = random.Random(seed)
+    print(f"kill moments drawn with seed {seed}")
+    run_dir = tmp_path / "tiny_qwen3_e2e"
+    launches = [Launch(tmp_path, *OVERRIDES)]
+    resumed_from = 0
+    try:
+        for _ in range(3):  # a random moment after the launch's first new step: generation, training or a checkpoint
+            launch = launches[-1]
+            wait_for_a_new_step(launch, resumed_from)
+            time.sleep(rng.uniform(0.0, 4.0))
+            assert launch.process.poll() is None, launch.output()
+            launch.process.send_signal(signal.SIGKILL)
+            launch.process.wait(timeout=30)
+            launch.kill_everything()
+            resumed_from = checkpoint.read_run_state(checkpoint.newest_checkpoint(run_dir))["step"]
+            print(f"killed {launch.output()[-200:]!r}; resuming from step {resumed_from}")
+            launches.append(Launch(tmp_path, resume=run_dir))
+        assert launches[-1].wait_for_exit(timeout=900) == 0, launches[-1].output()
+    finally:
+        for launch in launches:
+            launch.kill_everything()
+    assert_rows_trained_once(run_dir, STEPS, GROUPS_PER_STEP, GROUP_SIZE)
+    newest = checkpoint.newest_checkpoint(run_dir)
+    assert {path.name for path in (newest / "rng").iterdir()} == {"controller.pt", "trainer.pt", "reward_0.pt", "reward_1.pt"}
+    assert checkpoint.damage(newest) is None
+    committed_metrics, _ = checkpoint.read_step_record(newest)
+    logged = next(record for record in read_jsonl(run_dir / "metrics.jsonl") if record["step"] == STEPS)
+    assert {"step": STEPS, **committed_metrics} == {key: value for key, value in logged.items() if key not in ("time/step_s", "time/checkpoint_s")}
+    served = [sum(value for key, value in record.items() if key.startswith("services/generator/replica_"))
+              for record in read_jsonl(run_dir / "metrics.jsonl") if record["step"] > 0]
+    assert served == sorted(served)  # the services' counters continue across the resumes, never from 0 again

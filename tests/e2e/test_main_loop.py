@@ -1,0 +1,188 @@
+"""The whole loop with real Monarch actors, vLLM, torchstore and a tiny Qwen3 (fp32).
+
+One controller run is shared by every test in this module: it is the expensive part.
+"""
+
+import asyncio
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+import pytest_asyncio
+
+from rl.config import load_config
+from rl.loop.controller import Controller
+from tests.support.wandb_records import history
+from tests.support.paths import E2E_CONFIGS
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module")]
+
+FIXED_COMPLETION = "The digits of 47 sum to 11."
+DEADLINE_S = 600  # a hung vLLM or store fails the module instead of blocking CI
+SAMPLE_FILTERS = {  # trained samples only, then the 2 best and the worst of each step
+    "sample_logging.filters.abs_advantage_above": "0.0",
+    "sample_logging.filters.top_k": "2",
+    "sample_logging.filters.bottom_k": "1",
+}
+SAMPLE_COLUMNS = [
+    "episode_id", "policy_version", "task", "prompt", "response", "target", "reward", "advantage", "request_len",
+    "response_len", "ref_logprobs", "status", "rollout_id", "reward/even_token_share",
+]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def trained(tmp_path_factory):
+    run_root = tmp_path_factory.mktemp("runs")
+    config = load_config(
+        E2E_CONFIGS / "tiny_qwen3_e2e.toml",
+        {
+            "run.output_dir": str(run_root),
+            "tasks.0.rubric.reward_fns": "[{fn = 'tests.support.e2e_rewards:even_token_share'}]",
+            "run.weight_sync_timeout_s": "120",
+            "algorithm.kl_coef": "0.01",  # loads a reference model: samples get ref_logprobs
+            **SAMPLE_FILTERS,
+        },
+    )
+    controller = Controller(config)
+    await asyncio.wait_for(controller.setup(), DEADLINE_S)
+    renderer = controller.renderers["sum_digits"]
+    probe = renderer.render_ids(
+        [{"role": "user", "content": "Sum the digits of 47."}, {"role": "assistant", "content": FIXED_COMPLETION}]
+    )
+    before = await controller.roles.trainer.logprobs.call_one(probe)
+    try:
+        console = io.StringIO()
+        with contextlib.redirect_stdout(console):
+            summary = await asyncio.wait_for(controller.train(), DEADLINE_S)
+        after_trainer = await controller.roles.trainer.logprobs.call_one(probe)
+        after_generator = await controller.roles.generators.call("prompt_logprobs", probe)
+        generator_version = await controller.roles.generators.call("version")
+        children = [p for p in psutil.Process().children(recursive=True) if "monarch" in " ".join(p.cmdline())]
+    finally:
+        await controller.shutdown()
+    yield {
+        "controller": controller,
+        "summary": summary,
+        "run_dir": Path(summary["run_dir"]),
+        "before": before,
+        "after_trainer": after_trainer,
+        "after_generator": after_generator,
+        "generator_version": generator_version,
+        "children": children,
+        "console": console.getvalue(),
+    }
+
+
+async def test_training_changed_the_weights_and_the_generator_runs_them(trained):
+    before, after_trainer, after_generator = trained["before"], trained["after_trainer"], trained["after_generator"]
+    assert max(abs(a - b) for a, b in zip(before, after_trainer)) > 1e-3
+    assert trained["generator_version"] == trained["controller"].state.policy_version == 2
+    assert max(abs(a - b) for a, b in zip(after_trainer, after_generator)) < 1e-4
+
+
+async def test_metrics_file_has_one_flat_record_per_step(trained):
+    records = [json.loads(line) for line in (trained["run_dir"] / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [0, 1, 2]
+    assert [r["policy_version"] for r in records] == [0, 1, 2]
+    for record in records[1:]:
+        for key in ("reward/mean", "loss", "eval/reward/mean", "perf/generation_tokens_per_s", "train/train_tokens_per_s",
+                    "time/generation_s", "time/train_s", "time/weight_sync_s", "rollouts/dropped_groups"):
+            assert key in record, key
+        assert all(not isinstance(value, (dict, list)) for value in record.values())
+    assert records[1]["train/num_loss_tokens"] > 0 and records[1]["loss"] != 0.0
+    # fp32 sampler = the trainer's exact weights: the sampling logprobs the loss uses match the trainer's.
+    assert abs(records[1]["train/ratio_mean"] - 1) < 1e-4 and records[1]["train/mismatch_k3"] < 1e-6
+
+
+async def test_step_metrics_agree_with_the_rollouts_they_summarize(trained):
+    run_dir = trained["run_dir"]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rollouts = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    for record in records[1:]:
+        trained_here = [r["rollout"] for r in rollouts if r["kind"] == "train" and r["step"] == record["step"]]
+        assert len(trained_here) == 2 * 4
+        assert record["reward/mean"] == pytest.approx(sum(r["reward"] for r in trained_here) / len(trained_here), abs=1e-9)
+        assert sum(value for key, value in record.items() if key.startswith("rollouts/status/")) == len(trained_here)
+        assert record["rollouts/dropped_groups"] == 0 and record["rollouts/too_long"] == 0
+        completion_tokens = sum(len(turn["completion_token_ids"]) for r in trained_here for turn in r["turns"])
+        assert record["train/num_loss_tokens"] == completion_tokens
+        assert record["rollouts/policy_lag_max"] == 0 and record["rollouts/evicted_stale_groups"] == 0
+
+
+async def test_rollouts_config_and_wandb_files_are_written(trained):
+    run_dir = trained["run_dir"]
+    rollouts = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    train = [r for r in rollouts if r["kind"] == "train"]
+    assert len(train) == 2 * 2 * 4  # steps x groups x group size
+    assert {r["rollout"]["turns"][0]["policy_version"] for r in train if r["step"] == 2} == {1}
+    assert load_config(run_dir / "config.toml") == trained["controller"].config
+    evals = [r for r in rollouts if r["kind"] == "eval"]
+    assert len(evals) == 4 * 3 and {r["step"] for r in evals} == {0, 1, 2}  # 4 held-out rows at steps 0, 1, 2
+    assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+async def test_no_actor_process_outlives_the_run(trained):
+    assert trained["children"], "actors should run in child processes"
+    assert not [p for p in trained["children"] if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+async def test_records_from_actor_processes_and_the_standard_set_reach_metrics(trained):
+    records = [json.loads(line) for line in (trained["run_dir"] / "metrics.jsonl").read_text().splitlines()]
+    for record in records[1:]:
+        assert record["time/reward_s"] > 0  # recorded inside the RewardActor's process
+        for key in ("reward/sum_digits/mean", "reward/even_token_share", "rollouts/truncation_rate", "advantage/sum_digits/mean",
+                    "rollouts/entropy", "rollouts/status/completed"):
+            assert key in record, key
+
+
+def expected_samples(run_dir: Path) -> dict[int, list[str]]:
+    """Rollout ids the filters allow per step, from rollouts.jsonl: trained rollouts (a trainable status in a
+    group with two or more of them), then the 2 highest and the lowest reward, ties to the earlier rollout."""
+    rollouts = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    expected = {}
+    for step in (1, 2):
+        batch = [r["rollout"] for r in rollouts if r["kind"] == "train" and r["step"] == step]
+        trainable = [r for r in batch if r["status"] in ("completed", "truncated") and r["reward"] is not None]
+        trained = [r for r in trainable if sum(o["group_id"] == r["group_id"] for o in trainable) >= 2]
+        order = {r["rollout_id"]: index for index, r in enumerate(batch)}
+        best = sorted(trained, key=lambda r: (-r["reward"], order[r["rollout_id"]]))[:2]
+        worst = sorted(trained, key=lambda r: (r["reward"], order[r["rollout_id"]]))[:1]
+        expected[step] = sorted({r["rollout_id"] for r in best + worst}, key=order.get)
+    return expected
+
+
+async def test_samples_file_holds_exactly_what_the_filters_allow(trained):
+    samples = [json.loads(line) for line in (trained["run_dir"] / "samples.jsonl").read_text().splitlines()]
+    logged = {step: [s["rollout_id"] for s in samples if s["step"] == step] for step in (1, 2)}
+    assert logged == expected_samples(trained["run_dir"])
+    assert {s["step"] for s in samples} == {1, 2} and all(s["key"] == "reward/samples" for s in samples)
+    assert all(list(s)[2:] == SAMPLE_COLUMNS and s["target"] is not None and s["advantage"] is not None for s in samples)
+    assert {s["policy_version"] for s in samples if s["step"] == 2} == {1}
+    assert all(s["ref_logprobs"] < 0 for s in samples)  # mean reference logprob of the sampled tokens
+
+
+async def test_console_shows_the_sample_logs_of_each_step(trained):
+    console = trained["console"]
+    for step in (1, 2):
+        assert f"=== SAMPLE LOGS STEP {step} ===" in console
+    for field in ("'episode_id':", "'prompt':", "'response':", "'target':", "'reward':", "'advantage':"):
+        assert field in console, field
+
+
+async def test_offline_wandb_run_holds_a_samples_table_per_step(trained):
+    [wandb_file] = (trained["run_dir"] / "wandb").glob("offline-run-*/run-*.wandb")
+    tables = {row["_step"]: row["reward/samples"] for row in history(wandb_file) if "reward/samples" in row}
+    assert sorted(tables) == [1, 2]
+    for step, table_ref in tables.items():
+        assert table_ref["_type"] == "table-file"
+        table = json.loads((wandb_file.parent / "files" / table_ref["path"]).read_text())
+        assert table["columns"] == SAMPLE_COLUMNS and len(table["data"]) == table_ref["nrows"] == 3
+
+
+async def test_dependency_noise_goes_to_the_run_log_not_the_console(trained):
+    run_log = (trained["run_dir"] / "run.log").read_text()
+    assert "NUMA binding" in run_log or "FutureWarning" in run_log  # vLLM-CPU's start-up notes, from the generator process
+    assert "FutureWarning" not in trained["console"] and not list(trained["run_dir"].parent.glob(".rlmesh-*.log"))

@@ -1,0 +1,79 @@
+"""`rlmesh train` in a subprocess for the end-to-end tests, and the processes a run started (found by a marker in their environment)."""
+
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+from tests.support.paths import REPO, TINY
+
+
+def processes_with_marker(marker: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("RLMESH_TEST_MARKER") == marker:
+                found.append(process)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+class Launch:
+    """`rlmesh train` on the tiny config in a subprocess, its output read line by line with deadlines."""
+
+    def __init__(self, output_dir: Path, *overrides: str, resume: Path | None = None):
+        """A new run in `output_dir`, or (`resume`) `rlmesh train --resume RUN_DIR` with `overrides`."""
+        self.marker = uuid.uuid4().hex
+        env = {**os.environ, "RLMESH_TEST_MARKER": self.marker, "PYTHONUNBUFFERED": "1"}
+        start = ["--resume", str(resume)] if resume is not None else [
+            "--config", str(TINY), "--run.output_dir", str(output_dir), "--run.steps", "50",
+            "--wandb.enabled", "false"]
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "rl.cli", "train", *start, *overrides],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for_line(self, text: str, timeout: float = 240) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                raise AssertionError(f"launcher ended before printing {text!r}:\n{self.output()}")
+            self.lines.append(line)
+            if text in line:
+                return
+        raise AssertionError(f"no {text!r} within {timeout} s:\n{self.output()}")
+
+    def wait_for_exit(self, timeout: float) -> int:
+        returncode = self.process.wait(timeout=timeout)
+        while (line := self._queue.get(timeout=10)) is not None:
+            self.lines.append(line)
+        return returncode
+
+    def output(self) -> str:
+        return "".join(self.lines[-40:])
+
+    def kill_everything(self) -> None:
+        for process in [self.process, *processes_with_marker(self.marker)]:
+            try:
+                process.kill()
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                pass

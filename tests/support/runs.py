@@ -1,0 +1,58 @@
+"""Run directories for the tests: a fake one with checkpoints as a run writes them, and checks on a real one's logs."""
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from rl.checkpoint import store as checkpoint
+from rl.config import dump_toml, load_config
+from rl.loop.state import row_index_of
+from tests.support.paths import TINY
+
+
+def fake_run(tmp_path: Path, steps_with_checkpoints: list[int], committed: bool = True, damage_before_commit=None) -> Path:
+    """A run directory with checkpoints as the run writes them, but a 4096-float trainer state; `damage_before_commit(tmp)`
+    spoils a checkpoint before its manifest is taken (bad from the start, yet matching its manifest)."""
+    run_dir = tmp_path / "run"
+    config = load_config(TINY)
+    run_dir.mkdir()
+    (run_dir / "config.toml").write_text(dump_toml(config))
+    for step in steps_with_checkpoints:
+        tmp = checkpoint.begin(run_dir, step)
+        (tmp / "config.toml").write_text(dump_toml(config))
+        (tmp / "run_state.json").write_text(json.dumps({"step": step, "policy_version": step, "data_cursor": 2 * step, "rows_done_ahead": []}))
+        dcp.save({"model": {"w": torch.arange(4096.0)}}, checkpoint_id=tmp / "trainer")
+        checkpoint.save_rng(tmp, "controller")
+        if damage_before_commit is not None and step == steps_with_checkpoints[-1]:
+            damage_before_commit(tmp)
+        if committed:
+            checkpoint.commit(run_dir, tmp, step, keep=2)
+    return run_dir
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_rows_trained_once(run_dir: Path, steps: int, groups_per_step: int, group_size: int) -> None:
+    """From rollouts.jsonl and the data cursor: each row's group trained in exactly one step, every rollout once,
+    and every row the cursor has passed trained or evicted as stale (counted in metrics.jsonl), none skipped."""
+    train = [record for record in read_jsonl(run_dir / "rollouts.jsonl") if record["kind"] == "train"]
+    ids = [record["rollout"]["rollout_id"] for record in train]
+    assert len(ids) == len(set(ids)) == steps * groups_per_step * group_size
+    steps_of_row: dict[int, set[int]] = {}
+    for record in train:
+        steps_of_row.setdefault(row_index_of(record["rollout"]["group_id"]), set()).add(record["step"])
+    assert all(len(row_steps) == 1 for row_steps in steps_of_row.values()), steps_of_row
+    assert Counter(step for row_steps in steps_of_row.values() for step in row_steps) == {step: groups_per_step for step in range(1, steps + 1)}
+    state = checkpoint.read_run_state(checkpoint.newest_checkpoint(run_dir))
+    assert state["step"] == steps
+    consumed = set(range(state["data_cursor"])) | set(state["rows_done_ahead"])
+    metrics = [record for record in read_jsonl(run_dir / "metrics.jsonl") if record["step"] > 0]
+    assert [record["step"] for record in metrics] == list(range(1, steps + 1))  # no step's record lost
+    assert sum(record["rollouts/dropped_groups"] for record in metrics) == 0
+    evicted = sum(record["rollouts/evicted_stale_groups"] for record in metrics)
+    assert set(steps_of_row) <= consumed and len(consumed) - len(steps_of_row) == evicted

@@ -1,0 +1,68 @@
+"""The README's task example, taken from the README itself, works as a user's own package."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from rollouts.renderer_env import RendererEnvConfig
+from rollouts.types import Completion
+from rl.assets import resolve_model_path
+from env_types.renderer import RendererConfig
+from rollouts.fanout import RolloutContext, rollout_group, task_rollout
+from rollouts.types import RolloutStatus
+from rubrics.rubric import apply_reward
+from tests.support.paths import REPO
+
+
+
+def readme_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+
+
+def write_user_package(root: Path) -> None:
+    [task_code] = [block for block in readme_blocks("python") if "class CapitalsTask" in block]
+    [rollout_code] = [block for block in readme_blocks("python") if "async def skip_long_rows" in block]
+    (root / "my_tasks").mkdir()
+    (root / "my_tasks" / "__init__.py").write_text("")
+    (root / "my_tasks" / "capitals.py").write_text(task_code)
+    (root / "my_tasks" / "rollouts.py").write_text(rollout_code)
+
+
+def test_readme_task_configs_validate_by_import_path(tmp_path):
+    write_user_package(tmp_path)
+    task_tomls = [block for block in readme_blocks("toml") if "my_tasks.capitals:CapitalsTask" in block]
+    assert len(task_tomls) == 2  # the task, and the task with its own rollout_fn
+    for index, task_toml in enumerate(task_tomls):
+        config = tmp_path / f"capitals{index}.toml"
+        config.write_text('[model]\npath = "tiny-qwen3"\n' + task_toml)
+        result = subprocess.run([sys.executable, "-m", "rl.cli", "validate", "--config", str(config)],
+                                cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": ""})
+        assert result.returncode == 0, result.stderr
+        assert 'name = "my_tasks.capitals:CapitalsTask"' in result.stdout
+    assert 'rollout_fn = "my_tasks.rollouts:skip_long_rows"' in result.stdout
+
+
+async def test_readme_task_rolls_out_and_scores(tmp_path, monkeypatch):
+    write_user_package(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from my_tasks.capitals import CapitalsTask
+
+    task = CapitalsTask()
+    [row] = task.load_dataset("validation")
+    renderer = RendererConfig(name="qwen3").build("tiny-qwen3")
+    answer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen3")).encode("Nairobi<|im_end|>")
+
+    async def generate(request):
+        return Completion(token_ids=answer, logprobs=[-0.1] * len(answer), finish_reason="stop", policy_version=0)
+
+    def context(index):
+        return RolloutContext("g", index, "capitals", task, renderer, RendererEnvConfig(max_new_tokens=16), generate)
+
+    group = await rollout_group("g", "capitals", row, 2, task_rollout, context)
+    rewards = await task.build_rubric().score_group(group.rollouts, group.example)
+    for rollout, reward in zip(group.rollouts, rewards):
+        apply_reward(rollout, reward)
+    assert [(r.status, r.reward) for r in group.rollouts] == [(RolloutStatus.COMPLETED, 1.0)] * 2
