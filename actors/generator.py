@@ -18,16 +18,20 @@ from typing import Any
 import torch
 from monarch.actor import concurrent_endpoint
 
-from rollouts.types import Completion, GenerationFailed, GenerationRequest
-from rl.weights import sync as weight_sync
-from rl.processes.affinity import pin_process
 from rl.assets import resolve_model_path
 from rl.config.roles import GeneratorConfig, SamplingConfig
 from rl.engine_loop import EngineLoop
 from rl.metrics.actor import MetricsActor
-from rl.processes.heap import no_shared_onednn_primitive_cache, return_free_heap_pages, return_large_blocks_to_the_system
+from rl.processes.affinity import pin_process
+from rl.processes.heap import (
+    no_shared_onednn_primitive_cache,
+    return_free_heap_pages,
+    return_large_blocks_to_the_system,
+)
 from rl.processes.titles import name_process
 from rl.services.replica import ReplicaId, ServiceReplica, test_only_hang
+from rl.weights import sync as weight_sync
+from rollouts.types import Completion, GenerationFailed, GenerationRequest
 
 
 def engine_args(generator_config: GeneratorConfig) -> dict[str, Any]:
@@ -55,7 +59,11 @@ class Generator(MetricsActor, ServiceReplica):
     """One vLLM engine serving one copy of the policy (one replica of the generator service)."""
 
     def __init__(
-        self, generator_config: GeneratorConfig, model_path: str, weight_transport: str, stop_token_ids: list[int],
+        self,
+        generator_config: GeneratorConfig,
+        model_path: str,
+        weight_transport: str,
+        stop_token_ids: list[int],
         replica: ReplicaId | None = None,
     ):
         """`model_path`: the policy's (or a frozen model's) weights; `weight_transport`: `weight_sync.transport`."""
@@ -67,7 +75,9 @@ class Generator(MetricsActor, ServiceReplica):
             no_shared_onednn_primitive_cache()  # the reloaded layers' own caches are the ones used (see rl.processes.heap)
         self.replica = replica
         return_large_blocks_to_the_system()  # each weight reload frees every layer's copy (see rl.processes.heap)
-        cpus = pin_process(generator_config.cpus, rank=replica.index if replica else 0, of=generator_config.num_replicas)
+        cpus = pin_process(
+            generator_config.cpus, rank=replica.index if replica else 0, of=generator_config.num_replicas
+        )
         if cpus:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cpus))
         from vllm import LLM
@@ -111,7 +121,9 @@ class Generator(MetricsActor, ServiceReplica):
         )
 
     @concurrent_endpoint
-    async def generate(self, requests: list[GenerationRequest], sampling: SamplingConfig) -> list[Completion | GenerationFailed]:
+    async def generate(
+        self, requests: list[GenerationRequest], sampling: SamplingConfig
+    ) -> list[Completion | GenerationFailed]:
         """One completion per request; a request the engine rejects yields a `GenerationFailed` in its place.
 
         Requests enter the engine one by one and batch there with every other caller's.
@@ -132,7 +144,9 @@ class Generator(MetricsActor, ServiceReplica):
         start = time.perf_counter()
         state_dict = await self.weights.pull(policy_version)
         async with self.engine.pause(self.on_weight_update, policy_version):
-            await self.engine.call(self.llm.collective_rpc, "reload_weights", kwargs={"weights_iterator": list(state_dict.items())})
+            await self.engine.call(
+                self.llm.collective_rpc, "reload_weights", kwargs={"weights_iterator": list(state_dict.items())}
+            )
             await self.engine.call(self.llm.reset_prefix_cache)
         return_free_heap_pages()
         self.policy_version = policy_version
@@ -146,7 +160,9 @@ class Generator(MetricsActor, ServiceReplica):
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
         output, _ = await self.engine.generate(TokensPrompt(prompt_token_ids=token_ids), params)
-        return [0.0] + [position[token_id].logprob for position, token_id in zip(output.prompt_logprobs[1:], token_ids[1:])]
+        return [0.0] + [
+            position[token_id].logprob for position, token_id in zip(output.prompt_logprobs[1:], token_ids[1:])
+        ]
 
     @concurrent_endpoint
     async def version(self) -> int:

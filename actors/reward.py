@@ -13,13 +13,13 @@ from typing import Any
 
 from monarch.actor import concurrent_endpoint, endpoint
 
-from rl.checkpoint import store as checkpoint
+from env_types.renderer import RendererConfig
 from rl.assets import resolve_model_path
+from rl.checkpoint import store as checkpoint
 from rl.config.roles import SamplingConfig
 from rl.config.tasks import TaskConfig
 from rl.metrics import timer
 from rl.metrics.actor import MetricsActor
-from env_types.renderer import RendererConfig
 from rl.processes.titles import name_process
 from rl.services.replica import ReplicaId, ServiceReplica
 from rollouts.types import RolloutGroup
@@ -30,7 +30,11 @@ from tasks.build import build_task
 
 class RewardActor(MetricsActor, ServiceReplica):
     def __init__(
-        self, tasks: list[TaskConfig], concurrency: int, model_paths: dict[str, str], judge_sampling: SamplingConfig,
+        self,
+        tasks: list[TaskConfig],
+        concurrency: int,
+        model_paths: dict[str, str],
+        judge_sampling: SamplingConfig,
         replica: ReplicaId | None = None,
     ):
         """`concurrency`: `run.reward_concurrency`; `model_paths`: each frozen model's path (`[models.<name>]`), for
@@ -57,7 +61,9 @@ class RewardActor(MetricsActor, ServiceReplica):
             with timer("reward"):  # summed over groups, which score concurrently
                 rewards = await self.tasks[group.task_name].score_group(group.rollouts, group.example)
         if len(rewards) != len(group.rollouts):
-            raise ValueError(f"{group.task_name}: score_group returned {len(rewards)} rewards for {len(group.rollouts)} rollouts")
+            raise ValueError(
+                f"{group.task_name}: score_group returned {len(rewards)} rewards for {len(group.rollouts)} rollouts"
+            )
         for rollout, reward in zip(group.rollouts, rewards):
             apply_reward(rollout, reward)
         return group

@@ -21,19 +21,19 @@ from monarch.actor import current_rank, endpoint
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 
-from rl.checkpoint import store as checkpoint
-from rl.training import distributed
-from rl.weights import sync as weight_sync
-from rl.processes.affinity import pin_process
-from rl.processes.titles import name_process
-from rl.assets import resolve_model_path
 from rl.algorithms.config import AlgorithmConfig
+from rl.assets import resolve_model_path
+from rl.checkpoint import store as checkpoint
 from rl.config.roles import TrainerConfig
-from rl.section import DType
-from rl.training.logprobs import token_logprobs
 from rl.metrics.actor import MetricsActor
 from rl.precision import TORCH_DTYPES, compute_context
+from rl.processes.affinity import pin_process
+from rl.processes.titles import name_process
+from rl.section import DType
+from rl.training import distributed
+from rl.training.logprobs import token_logprobs
 from rl.training.train_step import train_step
+from rl.weights import sync as weight_sync
 
 
 def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
@@ -54,7 +54,9 @@ def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
 
 def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
     model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(path), dtype=TORCH_DTYPES[trainer_config.param_dtype], attn_implementation=trainer_config.attention
+        resolve_model_path(path),
+        dtype=TORCH_DTYPES[trainer_config.param_dtype],
+        attn_implementation=trainer_config.attention,
     )
     return model.to(trainer_config.device)
 
@@ -63,13 +65,21 @@ class PolicyTrainer(MetricsActor):
     """Owns the trainable policy (and the frozen reference when a KL term is configured)."""
 
     def __init__(
-        self, trainer_config: TrainerConfig, algorithm: AlgorithmConfig, model_path: str, total_steps: int, *,
-        weight_transport: str, wire_dtype: DType,
+        self,
+        trainer_config: TrainerConfig,
+        algorithm: AlgorithmConfig,
+        model_path: str,
+        total_steps: int,
+        *,
+        weight_transport: str,
+        wire_dtype: DType,
     ):
         """`total_steps`: optimizer steps the LR schedule is sized for; `weight_transport`: `weight_sync.transport`;
         `wire_dtype`: the dtype pushed weights travel in (the generators' weights dtype)."""
         world = trainer_config.ranks
-        pin_process(trainer_config.cpus, rank=current_rank().rank % trainer_config.num_procs, of=trainer_config.num_procs)
+        pin_process(
+            trainer_config.cpus, rank=current_rank().rank % trainer_config.num_procs, of=trainer_config.num_procs
+        )
         torch.manual_seed(trainer_config.seed)
         name_process(f"trainer/{current_rank().rank}")
         self.trainer_config = trainer_config
@@ -80,14 +90,19 @@ class PolicyTrainer(MetricsActor):
         self.lm = load_causal_lm(model_path, trainer_config)
         """The transformers model (sharded in place when there are several ranks): its state dict is the policy's."""
         if trainer_config.gradient_checkpointing:
-            self.lm.gradient_checkpointing_enable(**({"gradient_checkpointing_kwargs": {"use_reentrant": False}} if world > 1 else {}))
+            self.lm.gradient_checkpointing_enable(
+                **({"gradient_checkpointing_kwargs": {"use_reentrant": False}} if world > 1 else {})
+            )
         self.lm.train()
         self.model = self.shard(self.lm)
         self.reference = None
         if algorithm.kl_coef > 0:
             self.reference = self.shard(load_causal_lm(model_path, trainer_config).eval().requires_grad_(False))
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=trainer_config.lr, betas=trainer_config.betas, weight_decay=trainer_config.weight_decay
+            self.model.parameters(),
+            lr=trainer_config.lr,
+            betas=trainer_config.betas,
+            weight_decay=trainer_config.weight_decay,
         )
         steps = total_steps * trainer_config.ppo_n_minibatches  # one LR step per optimizer step
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, steps))
@@ -106,7 +121,11 @@ class PolicyTrainer(MetricsActor):
     def mixed_precision(self) -> bool:
         """Sharded on GPU with a lower compute dtype: FSDP2 gathers the weights in it (no autocast)."""
         trainer_config = self.trainer_config
-        return self.ranks.world > 1 and trainer_config.device == "cuda" and trainer_config.dtype != trainer_config.param_dtype
+        return (
+            self.ranks.world > 1
+            and trainer_config.device == "cuda"
+            and trainer_config.dtype != trainer_config.param_dtype
+        )
 
     def compute(self):
         """Forward passes run in `trainer.dtype` (autocast, or FSDP2's mixed precision) over the `trainer.param_dtype` weights."""
@@ -122,9 +141,17 @@ class PolicyTrainer(MetricsActor):
         if self.ranks.world > 1:
             micro_batches = distributed.rank_rows(micro_batches, self.ranks, trainer_config.micro_batch_size)
         return train_step(
-            self.model, self.optimizer, self.scheduler, micro_batches, self.algorithm,
-            max_grad_norm=trainer_config.max_grad_norm, horizon=trainer_config.seq_len,
-            n_minibatches=trainer_config.ppo_n_minibatches, reference=self.reference, device=self.device, compute=self.compute,
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            micro_batches,
+            self.algorithm,
+            max_grad_norm=trainer_config.max_grad_norm,
+            horizon=trainer_config.seq_len,
+            n_minibatches=trainer_config.ppo_n_minibatches,
+            reference=self.reference,
+            device=self.device,
+            compute=self.compute,
             ranks=self.ranks,
         )
 
@@ -133,7 +160,9 @@ class PolicyTrainer(MetricsActor):
         """Publish the current weights as `policy_version`; returns seconds spent."""
         start = time.perf_counter()
         # sent in the generators' dtype: half the bytes when they run bf16
-        state_dict = self.lm.state_dict(keep_vars=self.ranks.world > 1)  # sharded: the DTensor parameters themselves (ties by identity)
+        state_dict = self.lm.state_dict(
+            keep_vars=self.ranks.world > 1
+        )  # sharded: the DTensor parameters themselves (ties by identity)
         await self.publisher.publish(state_dict, policy_version, self.wire_dtype, self.ranks)
         self.policy_version = policy_version
         return time.perf_counter() - start

@@ -40,8 +40,14 @@ def bench_generator(model_path: str, dtype: str, num_prompts: int, new_tokens: i
     outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
     tokens = sum(len(output.outputs[0].token_ids) for output in outputs)
-    report(component="generator", dtype=dtype, sequences=num_prompts, new_tokens=new_tokens,
-           startup_s=round(startup, 1), tokens_per_s=round(tokens / seconds, 1))
+    report(
+        component="generator",
+        dtype=dtype,
+        sequences=num_prompts,
+        new_tokens=new_tokens,
+        startup_s=round(startup, 1),
+        tokens_per_s=round(tokens / seconds, 1),
+    )
 
 
 def bench_trainer(model_path: str, dtype: str, rows: int, seq_len: int, steps: int) -> None:
@@ -83,7 +89,9 @@ async def bench_weight_sync(model_path: str, dtype: str) -> None:
         pull = time.perf_counter() - start
     finally:
         await weight_sync.shutdown_store()
-    report(component="weight_sync", dtype=dtype, megabytes=round(megabytes), push_s=round(push, 2), pull_s=round(pull, 2))
+    report(
+        component="weight_sync", dtype=dtype, megabytes=round(megabytes), push_s=round(push, 2), pull_s=round(pull, 2)
+    )
 
 
 def main() -> None:

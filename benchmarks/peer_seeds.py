@@ -34,7 +34,7 @@ CONFIG = REPO / "configs" / "sum_digits_smollm2_cpu.toml"
 
 
 def parse_seeds(text: str) -> list[int]:
-    """"0-7,12" -> [0, 1, ..., 7, 12]."""
+    """ "0-7,12" -> [0, 1, ..., 7, 12]."""
     seeds: list[int] = []
     for part in text.split(","):
         low, _, high = part.partition("-")
@@ -46,16 +46,35 @@ def run_rlmesh(seed: int, steps: int, overrides: list[str], record: Path) -> Non
     """One rlmesh run of the main job's config; keeps its per-step rewards and its rollouts next to `record`."""
     with tempfile.TemporaryDirectory(dir=record.parent) as output_dir:
         command = [
-            sys.executable, "-m", "rl.cli", "train", "--config", str(CONFIG), "--run.seed", str(seed),
-            "--run.steps", str(steps), "--run.eval_every", "0", "--run.name", "seed", "--run.output_dir", output_dir,
+            sys.executable,
+            "-m",
+            "rl.cli",
+            "train",
+            "--config",
+            str(CONFIG),
+            "--run.seed",
+            str(seed),
+            "--run.steps",
+            str(steps),
+            "--run.eval_every",
+            "0",
+            "--run.name",
+            "seed",
+            "--run.output_dir",
+            output_dir,
             *overrides,
         ]
         subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
         run_dir = Path(output_dir) / "seed"
         metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
         rows = [
-            {"step": m["step"], "reward_mean": m["reward/mean"], "completion_length": m["rollouts/completion_tokens_mean"]}
-            for m in metrics if "reward/mean" in m
+            {
+                "step": m["step"],
+                "reward_mean": m["reward/mean"],
+                "completion_length": m["rollouts/completion_tokens_mean"],
+            }
+            for m in metrics
+            if "reward/mean" in m
         ]
         shutil.copy(run_dir / "rollouts.jsonl", record.with_suffix(".rollouts.jsonl"))
     write_records(record, rows)
@@ -65,8 +84,21 @@ def run_peer(seed: int, steps: int, python: str, record: Path) -> None:
     """One TRL peer run (`benchmarks/peer_trl.py`) on the same rows; keeps its per-step rewards in `record`."""
     with tempfile.TemporaryDirectory(dir=record.parent) as output_dir:
         out = Path(output_dir) / "peer.jsonl"
-        command = [python, "benchmarks/peer_trl.py", "--seed", str(seed), "--steps", str(steps), "--eval-every", "0", "--out", str(out)]
-        subprocess.run(command, cwd=REPO, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)})
+        command = [
+            python,
+            "benchmarks/peer_trl.py",
+            "--seed",
+            str(seed),
+            "--steps",
+            str(steps),
+            "--eval-every",
+            "0",
+            "--out",
+            str(out),
+        ]
+        subprocess.run(
+            command, cwd=REPO, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)}
+        )
         rows = [{k: m[k] for k in ("step", "reward_mean", "completion_length")} for m in map(json.loads, out.open())]
     write_records(record, rows)
 
@@ -91,6 +123,7 @@ def load(out_dir: Path, label: str) -> dict[int, dict[int, float]]:
 def sign_flip_p(diffs: list[float]) -> float:
     """Exact two-sided p-value of the paired sign-flip test: the share of the 2^n sign patterns whose mean is at least
     as far from 0 as the observed one (meet in the middle: sums of each half, then a sorted search)."""
+
     def sums(values: list[float]) -> np.ndarray:
         out = np.zeros(1)
         for value in values:
@@ -98,7 +131,7 @@ def sign_flip_p(diffs: list[float]) -> float:
         return out
 
     observed = abs(sum(diffs)) - 1e-9
-    left, right = sums(diffs[: len(diffs) // 2]), np.sort(sums(diffs[len(diffs) // 2:]))
+    left, right = sums(diffs[: len(diffs) // 2]), np.sort(sums(diffs[len(diffs) // 2 :]))
     at_least = len(right) - np.searchsorted(right, observed - left, side="left")  # left + right >= observed
     at_most = np.searchsorted(right, -observed - left, side="right")  # left + right <= -observed
     count = (at_least + at_most).sum() if observed > 0 else len(left) * len(right)
@@ -107,12 +140,19 @@ def sign_flip_p(diffs: list[float]) -> float:
 
 def compare(out_dir: Path, a: str, b: str, steps: int) -> None:
     runs_a, runs_b = load(out_dir, a), load(out_dir, b)
-    seeds = sorted(s for s in runs_a.keys() & runs_b.keys() if all(k in runs_a[s] and k in runs_b[s] for k in range(1, steps + 1)))
+    seeds = sorted(
+        s for s in runs_a.keys() & runs_b.keys() if all(k in runs_a[s] and k in runs_b[s] for k in range(1, steps + 1))
+    )
     if len(seeds) < 2:
         raise SystemExit(f"fewer than 2 seeds with {steps} steps in both {a} and {b} under {out_dir}")
     print(f"{'seed':>4}  {a + ' steps 1..' + str(steps):>28}  {b + ' steps 1..' + str(steps):>28}")
     for seed in seeds:
-        print(f"{seed:>4}  " + "  ".join(f"{' '.join(f'{r[k]:.2f}' for k in range(1, steps + 1)):>28}" for r in (runs_a[seed], runs_b[seed])))
+        print(
+            f"{seed:>4}  "
+            + "  ".join(
+                f"{' '.join(f'{r[k]:.2f}' for k in range(1, steps + 1)):>28}" for r in (runs_a[seed], runs_b[seed])
+            )
+        )
     for name, window in (("step 1", [1]), (f"steps 2-{steps}", list(range(2, steps + 1)))):
         diffs = [statistics.fmean(runs_b[s][k] - runs_a[s][k] for k in window) for s in seeds]
         se = statistics.stdev(diffs) / len(diffs) ** 0.5
@@ -124,7 +164,9 @@ def compare(out_dir: Path, a: str, b: str, steps: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="train each seed and keep its per-step rewards")
     run.add_argument("out_dir", type=Path)
@@ -132,7 +174,9 @@ def main() -> None:
     run.add_argument("--steps", type=int, default=4)
     run.add_argument("--label", help='name of these runs in DIR (default "rlmesh", or "peer" with --peer-python)')
     run.add_argument("--peer-python", help="the TRL venv's python: run the peer instead of rlmesh")
-    run.add_argument("overrides", nargs="*", help="rlmesh config overrides after --, e.g. -- --generator.fp64_sampling_noise true")
+    run.add_argument(
+        "overrides", nargs="*", help="rlmesh config overrides after --, e.g. -- --generator.fp64_sampling_noise true"
+    )
     cmp = commands.add_parser("compare", help="paired comparison of two labels over their common seeds")
     cmp.add_argument("out_dir", type=Path)
     cmp.add_argument("a")
@@ -152,7 +196,9 @@ def main() -> None:
             run_peer(seed, args.steps, args.peer_python, record)
         else:
             run_rlmesh(seed, args.steps, args.overrides, record)
-        print(f"{label} seed {seed}: rewards {[row['reward_mean'] for row in map(json.loads, record.open())]}", flush=True)
+        print(
+            f"{label} seed {seed}: rewards {[row['reward_mean'] for row in map(json.loads, record.open())]}", flush=True
+        )
 
 
 if __name__ == "__main__":

@@ -65,7 +65,9 @@ DRAWN: list[int] = []
 """The numbers of the last scored batch, one per group, to record which rows each step trained on."""
 
 
-def digit_sum_reward(completions: list[list[dict[str, str]]], answer: list[int], number: list[int], **_: Any) -> list[float]:
+def digit_sum_reward(
+    completions: list[list[dict[str, str]]], answer: list[int], number: list[int], **_: Any
+) -> list[float]:
     """1 when the last integer of the reply is the digit sum (rlmesh's `digit_sum_correct`)."""
     DRAWN[:] = number[::GROUP_SIZE]
     return [float(parse_last_integer(c[-1]["content"]) == a) for c, a in zip(completions, answer, strict=True)]
@@ -80,7 +82,9 @@ def check_prompts(tokenizer: Any, rollouts_path: Path) -> int:
         ids = list(ids["input_ids"]) if isinstance(ids, dict) or hasattr(ids, "keys") else list(ids)
         expected = record["rollout"]["turns"][0]["prompt_token_ids"]
         if ids != expected:
-            raise SystemExit(f"prompt ids differ for {record['example']['prompt']!r}:\n peer   {ids}\n rlmesh {expected}")
+            raise SystemExit(
+                f"prompt ids differ for {record['example']['prompt']!r}:\n peer   {ids}\n rlmesh {expected}"
+            )
         checked += 1
     return checked
 
@@ -130,17 +134,26 @@ def replay_rlmesh_steps(trainer: Any, run_dir: Path, steps: int, save: Path | No
         optimizer.step()
         optimizer.zero_grad()
         after = completion_logprobs(trainer.model, prompts, completions)
-        sampled = torch.cat([torch.tensor(r["turns"][0]["completion_logprobs"]) for rollouts in groups.values() for r in rollouts])
-        rows.append({
-            "step": step, "trl_loss": loss.item(), "rlmesh_loss": logged[step]["loss"],
-            "trl_grad_norm": float(norm), "rlmesh_grad_norm": logged[step]["train/grad_norm"],
-            # the policies themselves: TRL's weights before this update against the rlmesh weights that sampled
-            # (vLLM's logprobs), on the same scale as what one update moves them
-            "logprob_gap_to_rlmesh_sampler": (before - sampled).abs().mean().item(),
-            "logprob_change_of_one_update": (after - before).abs().mean().item(),
-        })
+        sampled = torch.cat(
+            [torch.tensor(r["turns"][0]["completion_logprobs"]) for rollouts in groups.values() for r in rollouts]
+        )
+        rows.append(
+            {
+                "step": step,
+                "trl_loss": loss.item(),
+                "rlmesh_loss": logged[step]["loss"],
+                "trl_grad_norm": float(norm),
+                "rlmesh_grad_norm": logged[step]["train/grad_norm"],
+                # the policies themselves: TRL's weights before this update against the rlmesh weights that sampled
+                # (vLLM's logprobs), on the same scale as what one update moves them
+                "logprob_gap_to_rlmesh_sampler": (before - sampled).abs().mean().item(),
+                "logprob_change_of_one_update": (after - before).abs().mean().item(),
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
-    if save is not None:  # the policy after `steps` updates: rlmesh's own weights at that version, to sample from elsewhere
+    if (
+        save is not None
+    ):  # the policy after `steps` updates: rlmesh's own weights at that version, to sample from elsewhere
         trainer.model.save_pretrained(save)
         trainer.processing_class.save_pretrained(save)
     return rows
@@ -164,13 +177,20 @@ def greedy_eval(model: Any, tokenizer: Any, rows: list[dict[str, Any]]) -> dict[
     model.eval()
     rewards, lengths = [], []
     for row in rows:
-        ids = tokenizer.apply_chat_template(messages(row), add_generation_prompt=True, tokenize=True, return_tensors="pt", return_dict=True)
+        ids = tokenizer.apply_chat_template(
+            messages(row), add_generation_prompt=True, tokenize=True, return_tensors="pt", return_dict=True
+        )
         out = model.generate(
-            **ids, max_new_tokens=MAX_NEW_TOKENS, do_sample=False, eos_token_id=tokenizer.eos_token_id,
+            **ids,
+            max_new_tokens=MAX_NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
-        completion = out[0, ids["input_ids"].shape[1]:]
-        rewards.append(float(parse_last_integer(tokenizer.decode(completion, skip_special_tokens=True)) == row["answer"]))
+        completion = out[0, ids["input_ids"].shape[1] :]
+        rewards.append(
+            float(parse_last_integer(tokenizer.decode(completion, skip_special_tokens=True)) == row["answer"])
+        )
         lengths.append(len(completion))
     model.train(was_training)
     return {"eval/reward_mean": statistics.fmean(rewards), "eval/completion_length": statistics.fmean(lengths)}
@@ -181,11 +201,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--eval-every", type=int, default=7, help="0: no eval")
-    parser.add_argument("--loss-type", default="dapo", help="TRL loss_type; dapo = global token mean (rlmesh's token-mean)")
+    parser.add_argument(
+        "--loss-type", default="dapo", help="TRL loss_type; dapo = global token mean (rlmesh's token-mean)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, required=True, help="JSONL, one line per step")
-    parser.add_argument("--check-prompts", type=Path, help="an rlmesh run's rollouts.jsonl to compare prompt token ids with")
-    parser.add_argument("--replay", type=Path, help="an rlmesh run dir: TRL's updates on its samples, step by step; then exit")
+    parser.add_argument(
+        "--check-prompts", type=Path, help="an rlmesh run's rollouts.jsonl to compare prompt token ids with"
+    )
+    parser.add_argument(
+        "--replay", type=Path, help="an rlmesh run dir: TRL's updates on its samples, step by step; then exit"
+    )
     parser.add_argument("--replay-steps", type=int, default=1)
     parser.add_argument("--replay-save", type=Path, help="save the model after the replayed steps here")
     args = parser.parse_args()
@@ -203,7 +229,9 @@ def main() -> None:
     task = SumDigitsTask(num_digits=2, num_validation=40)
     rows = train_rows(task, args.seed, args.steps)
     validation = task.load_dataset("validation")
-    dataset = Dataset.from_list([{"prompt": messages(row), "answer": row["answer"], "number": row["number"]} for row in rows])
+    dataset = Dataset.from_list(
+        [{"prompt": messages(row), "answer": row["answer"], "number": row["number"]} for row in rows]
+    )
 
     config = GRPOConfig(
         output_dir=str(args.out.parent / f"{args.out.stem}-trl"),
@@ -288,12 +316,17 @@ def main() -> None:
             r = self.record
             print(
                 f"step {step}: {r['time/step_s']:.1f} s, reward {r['reward_mean']:.3f}, length {r['completion_length']:.1f}, "
-                f"grad_norm {r['grad_norm']:.3f}", flush=True,
+                f"grad_norm {r['grad_norm']:.3f}",
+                flush=True,
             )
 
     recorder = Recorder()
     trainer = GRPOTrainer(
-        model=model, reward_funcs=digit_sum_reward, args=config, train_dataset=dataset, processing_class=tokenizer,
+        model=model,
+        reward_funcs=digit_sum_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
         callbacks=[recorder],
     )
     if args.replay:
@@ -304,7 +337,9 @@ def main() -> None:
         out.flush()
     trainer.train()
     out.close()
-    print(f"median step {statistics.median(recorder.step_times):.2f} s over {len(recorder.step_times)} steps (wall incl. generation)")
+    print(
+        f"median step {statistics.median(recorder.step_times):.2f} s over {len(recorder.step_times)} steps (wall incl. generation)"
+    )
 
 
 if __name__ == "__main__":

@@ -38,15 +38,23 @@ def main() -> None:
     for step, samples in sorted(steps.items()):
         flat = packing_metrics(pack_batch(samples, seq_len=seq_len, pad_token_id=0, prefix_sharing=False))
         tree = packing_metrics(pack_batch(samples, seq_len=seq_len, pad_token_id=0, prefix_sharing=True))
-        for key, value in (("logical", tree["train/logical_tokens"]), ("forward", tree["train/forward_tokens"]),
-                           ("flat_eff", flat["train/packing_efficiency"]), ("tree_eff", tree["train/packing_efficiency"])):
+        for key, value in (
+            ("logical", tree["train/logical_tokens"]),
+            ("forward", tree["train/forward_tokens"]),
+            ("flat_eff", flat["train/packing_efficiency"]),
+            ("tree_eff", tree["train/packing_efficiency"]),
+        ):
             totals[key] += value
-        print(f"{step:4d}  {tree['train/logical_tokens']:7.0f}  {tree['train/forward_tokens']:9.0f}  "
-              f"{tree['train/logical_tokens'] / tree['train/forward_tokens']:4.2f}  {flat['train/packing_efficiency']:24.2f}  "
-              f"{tree['train/packing_efficiency']:17.2f}")
+        print(
+            f"{step:4d}  {tree['train/logical_tokens']:7.0f}  {tree['train/forward_tokens']:9.0f}  "
+            f"{tree['train/logical_tokens'] / tree['train/forward_tokens']:4.2f}  {flat['train/packing_efficiency']:24.2f}  "
+            f"{tree['train/packing_efficiency']:17.2f}"
+        )
     n = len(steps)
-    print(f" all  {totals['logical']:7.0f}  {totals['forward']:9.0f}  {totals['logical'] / totals['forward']:4.2f}  "
-          f"{totals['flat_eff'] / n:24.2f}  {totals['tree_eff'] / n:17.2f}   (seq_len {seq_len}, {n} steps)")
+    print(
+        f" all  {totals['logical']:7.0f}  {totals['forward']:9.0f}  {totals['logical'] / totals['forward']:4.2f}  "
+        f"{totals['flat_eff'] / n:24.2f}  {totals['tree_eff'] / n:17.2f}   (seq_len {seq_len}, {n} steps)"
+    )
 
 
 if __name__ == "__main__":

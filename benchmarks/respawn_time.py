@@ -20,7 +20,13 @@ from rl.loop.controller import Controller
 
 async def measure(config_path: str) -> None:
     with tempfile.TemporaryDirectory() as output_dir:
-        overrides = {"run.output_dir": output_dir, "run.steps": "3", "run.eval_every": "0", "generator.num_replicas": "2", "wandb.enabled": "false"}
+        overrides = {
+            "run.output_dir": output_dir,
+            "run.steps": "3",
+            "run.eval_every": "0",
+            "generator.num_replicas": "2",
+            "wandb.enabled": "false",
+        }
         controller = Controller(load_config(config_path, overrides))
         await controller.setup()
         try:
@@ -36,7 +42,9 @@ async def measure(config_path: str) -> None:
         finally:
             await controller.shutdown()
     [(lost_at, serving_at)] = generators.recoveries
-    print(f"SIGKILL -> loss noticed {lost_at - killed_at:.1f} s -> replacement taking traffic {serving_at - killed_at:.1f} s")
+    print(
+        f"SIGKILL -> loss noticed {lost_at - killed_at:.1f} s -> replacement taking traffic {serving_at - killed_at:.1f} s"
+    )
 
 
 def main() -> None:

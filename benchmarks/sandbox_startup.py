@@ -33,9 +33,11 @@ def main() -> None:
     args = parser.parse_args()
     seconds = asyncio.run(measure(args.calls, not args.no_isolate))
     load = os.getloadavg()
-    print(f"{args.calls} calls: median {statistics.median(seconds) * 1000:.1f} ms, "
-          f"p10 {statistics.quantiles(seconds, n=10)[0] * 1000:.1f} ms, p90 {statistics.quantiles(seconds, n=10)[-1] * 1000:.1f} ms "
-          f"(load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})")
+    print(
+        f"{args.calls} calls: median {statistics.median(seconds) * 1000:.1f} ms, "
+        f"p10 {statistics.quantiles(seconds, n=10)[0] * 1000:.1f} ms, p90 {statistics.quantiles(seconds, n=10)[-1] * 1000:.1f} ms "
+        f"(load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f})"
+    )
 
 
 if __name__ == "__main__":

@@ -95,8 +95,10 @@ def table(samples: list[tuple[int, dict[str, float]]], warmup: int, unit: str) -
     """Markdown: one row per key, its value at each sampled step from warm-up on, and its growth per 100 steps after."""
     after = [(step, values) for step, values in samples if step >= warmup]
     keys = sorted({key for _, values in after for key in values})
-    lines = [f"| {unit} | " + " | ".join(f"step {step}" for step, _ in after) + " | growth / 100 steps |",
-             "|---" * (len(after) + 2) + "|"]
+    lines = [
+        f"| {unit} | " + " | ".join(f"step {step}" for step, _ in after) + " | growth / 100 steps |",
+        "|---" * (len(after) + 2) + "|",
+    ]
     for key in keys:
         points = [(step, values[key]) for step, values in after if key in values]
         cells = " | ".join(f"{values[key]:.0f}" if key in values else "-" for _, values in after)
@@ -117,12 +119,34 @@ def main() -> None:
     args = parser.parse_args()
     marker = uuid.uuid4().hex
     output_dir = Path(tempfile.mkdtemp(prefix="rlmesh-soak-"))
-    command = [sys.executable, "-m", "rl.cli", "train", "--config", args.config, "--run.steps", str(args.steps),
-               "--run.output_dir", str(output_dir), "--checkpoint.every_steps", str(args.checkpoint_every),
-               "--sample_logging.enabled", "true", "--run.log_rollouts", "true", *args.overrides]
+    command = [
+        sys.executable,
+        "-m",
+        "rl.cli",
+        "train",
+        "--config",
+        args.config,
+        "--run.steps",
+        str(args.steps),
+        "--run.output_dir",
+        str(output_dir),
+        "--checkpoint.every_steps",
+        str(args.checkpoint_every),
+        "--sample_logging.enabled",
+        "true",
+        "--run.log_rollouts",
+        "true",
+        *args.overrides,
+    ]
     print(" ".join(command), flush=True)
-    launcher = subprocess.Popen(command, cwd=REPO, env={**os.environ, MARKER_ENV: marker, "PYTHONUNBUFFERED": "1"},
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    launcher = subprocess.Popen(
+        command,
+        cwd=REPO,
+        env={**os.environ, MARKER_ENV: marker, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     rss: list[tuple[int, dict[str, float]]] = []
     private: list[tuple[int, dict[str, float]]] = []
     disk: list[tuple[int, dict[str, float]]] = []
@@ -131,23 +155,32 @@ def main() -> None:
         if not (line.startswith("step ") and " v" in line):
             continue
         step = int(line.split()[1])
-        if step < args.steps and (step == 1 or step == args.warmup or (step > args.warmup and (step - args.warmup) % args.every == 0)):
+        if step < args.steps and (
+            step == 1 or step == args.warmup or (step > args.warmup and (step - args.warmup) % args.every == 0)
+        ):
             run_dirs = [path for path in output_dir.iterdir() if path.is_dir()]
             rss_mb, private_mb = memory_by_role(marker, launcher.pid)
             rss.append((step, rss_mb))
             private.append((step, private_mb))
             disk.append((step, run_dir_mb(run_dirs[0]) if run_dirs else {}))
             load = " ".join(f"{value:.1f}" for value in os.getloadavg())
-            print(f"step {step:4d}  {time.monotonic() - start:7.0f} s  load {load}  RSS MB "
-                  + "  ".join(f"{name}={mb:.0f}" for name, mb in sorted(rss[-1][1].items()))
-                  + "  private MB " + "  ".join(f"{name}={mb:.0f}" for name, mb in sorted(private[-1][1].items()))
-                  + "  run dir MB " + "  ".join(f"{name}={mb:.1f}" for name, mb in sorted(disk[-1][1].items())), flush=True)
+            print(
+                f"step {step:4d}  {time.monotonic() - start:7.0f} s  load {load}  RSS MB "
+                + "  ".join(f"{name}={mb:.0f}" for name, mb in sorted(rss[-1][1].items()))
+                + "  private MB "
+                + "  ".join(f"{name}={mb:.0f}" for name, mb in sorted(private[-1][1].items()))
+                + "  run dir MB "
+                + "  ".join(f"{name}={mb:.1f}" for name, mb in sorted(disk[-1][1].items())),
+                flush=True,
+            )
     launcher.wait()
-    print(f"\nexit code {launcher.returncode} after {time.monotonic() - start:.0f} s, run dir under {output_dir}, "
-          f"load average now {' '.join(f'{value:.1f}' for value in os.getloadavg())}")
+    print(
+        f"\nexit code {launcher.returncode} after {time.monotonic() - start:.0f} s, run dir under {output_dir}, "
+        f"load average now {' '.join(f'{value:.1f}' for value in os.getloadavg())}"
+    )
     print(f"\nRSS (MB) by role from warm-up (step {args.warmup}) on:\n" + table(rss, args.warmup, "role"))
-    print(f"\nPrivate memory (MB) by role from warm-up on:\n" + table(private, args.warmup, "role"))
-    print(f"\nRun directory (MB) by part from warm-up on:\n" + table(disk, args.warmup, "part"))
+    print("\nPrivate memory (MB) by role from warm-up on:\n" + table(private, args.warmup, "role"))
+    print("\nRun directory (MB) by part from warm-up on:\n" + table(disk, args.warmup, "part"))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,11 @@ Message = dict[str, Any]
 def message_text(message: Message) -> str:
     """A message's text: its string content, or the text parts of a multi-part content joined."""
     content = message.get("content") or ""
-    return content if isinstance(content, str) else "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return (
+        content
+        if isinstance(content, str)
+        else "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    )
 
 
 class ToolCallError(BaseModel):

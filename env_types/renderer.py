@@ -35,8 +35,8 @@ from pydantic import BaseModel, ConfigDict, field_validator
 from renderers import Message, Renderer, ToolCall, ToolCallParseStatus, ToolSpec
 from renderers.base import MODEL_RENDERER_MAP
 
-from rl.assets import resolve_model_path
 from env_types.messages import ToolCallError
+from rl.assets import resolve_model_path
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -143,9 +143,7 @@ def _escaped(renderer: Renderer, messages: list[Message]) -> list[Message]:
     return escaped
 
 
-def render_prompt(
-    renderer: Renderer, messages: list[Message], *, tools: list[ToolSpec] | None = None
-) -> list[int]:
+def render_prompt(renderer: Renderer, messages: list[Message], *, tools: list[ToolSpec] | None = None) -> list[int]:
     """Prompt token ids for the next assistant turn after `messages` (control text in their content stays text)."""
     return renderer.render_ids(_escaped(renderer, messages), tools=tools, add_generation_prompt=True)
 
@@ -168,7 +166,11 @@ def parse_completion(
         parsed = renderer.parse_response(completion_ids, prompt_ids=prompt_ids, tools=tools)
     except ValueError:  # e.g. a 5000-digit integer in a tool call's JSON (int parsing limit)
         text = renderer._tokenizer.decode(completion_ids, skip_special_tokens=True)
-        return {"role": "assistant", "content": text, "invalid_tool_calls": [{"raw": text[:2000], "error": "invalid_json"}]}
+        return {
+            "role": "assistant",
+            "content": text,
+            "invalid_tool_calls": [{"raw": text[:2000], "error": "invalid_json"}],
+        }
     message: Message = {"role": "assistant", "content": parsed.content}
     if parsed.reasoning_content is not None:
         message["reasoning_content"] = parsed.reasoning_content

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rl.algorithms.config import bypass_origin
-from rl.config import Config, ConfigError, dump_toml, load_config
 from rl.components import import_object
+from rl.config import Config, ConfigError, dump_toml, load_config
 from tasks.build import build_task
 
 if TYPE_CHECKING:
@@ -58,11 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     for name, help_text in (
         ("train", "run training"),
         ("validate", "print the resolved config and start nothing"),
-        ("bench", "measure generation, training, the sync and async loops and weight sync; write bench.json and bench.md"),
+        (
+            "bench",
+            "measure generation, training, the sync and async loops and weight sync; write bench.json and bench.md",
+        ),
     ):
         command = commands.add_parser(name, help=help_text)
         command.add_argument("--config", help="TOML config file (defaults apply to anything it leaves out)")
-        command.add_argument("--resume", metavar="RUN_DIR", type=Path, help="continue RUN_DIR from its newest checkpoint")
+        command.add_argument(
+            "--resume", metavar="RUN_DIR", type=Path, help="continue RUN_DIR from its newest checkpoint"
+        )
     new_task = commands.add_parser("new-task", help="write a task package (task, rubric, config, test) to start from")
     new_task.add_argument("name", help="package name, a lower-case Python identifier")
     new_task.add_argument("--dir", default=".", help="folder to create the package in")
@@ -78,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "train":
         from rl.processes.interrupts import InterruptibleRun
 
-        interruptible = InterruptibleRun()  # before any other thread starts (numpy, Monarch): see rl/processes/interrupts.py
+        interruptible = (
+            InterruptibleRun()
+        )  # before any other thread starts (numpy, Monarch): see rl/processes/interrupts.py
     from rl.checkpoint import run_dir
     from rl.checkpoint.resume import resume_config, take_over
 
@@ -111,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     run_lock = None
     if resume_from is not None:
         try:
-            run_lock = take_over(args.resume, resume_from)  # one writer: a second launcher on this run directory is refused
+            run_lock = take_over(
+                args.resume, resume_from
+            )  # one writer: a second launcher on this run directory is refused
         except run_dir.RunDirBusy as exc:
             print(f"rlmesh: cannot resume: {exc}", file=sys.stderr)
             return 2
@@ -161,7 +170,9 @@ def _new_task(name: str, directory: str, extra: list[str]) -> int:
     except ValueError as exc:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return 2
-    print(f"wrote {package}/ (task.py, config.toml, test_task.py); run its test with: python -m pytest {package}/test_task.py")
+    print(
+        f"wrote {package}/ (task.py, config.toml, test_task.py); run its test with: python -m pytest {package}/test_task.py"
+    )
     return 0
 
 

@@ -23,8 +23,16 @@ REWARD_FNS: dict[str, str] = {
     "answer_is_number": "tasks.sum_digits:answer_is_number",
     **{
         name: f"rubrics.builtins:{name}"
-        for name in ("exact_match", "numeric_match", "math_verify", "answer_tag_format", "boxed_format",
-                     "length_penalty", "env_reward", "diversity_bonus")
+        for name in (
+            "exact_match",
+            "numeric_match",
+            "math_verify",
+            "answer_tag_format",
+            "boxed_format",
+            "length_penalty",
+            "env_reward",
+            "diversity_bonus",
+        )
     },
     "judge": "rubrics.judge:judge",
 }
@@ -53,7 +61,9 @@ def resolve(name_or_path: str, registry: dict[str, str], kind: str) -> Any:
         return import_object(registry[name_or_path])
     if ":" in name_or_path or "." in name_or_path:
         return import_object(name_or_path)
-    raise ValueError(f"unknown {kind} {name_or_path!r}: registered {kind}s are {sorted(registry)}, or give 'package.module:Name'")
+    raise ValueError(
+        f"unknown {kind} {name_or_path!r}: registered {kind}s are {sorted(registry)}, or give 'package.module:Name'"
+    )
 
 
 def fn_name(fn: Any) -> str:

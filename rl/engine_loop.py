@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Literal
+from typing import Any, Literal
 
 OnWeightUpdate = Literal["finish", "resubmit"]
 

@@ -82,6 +82,8 @@ class NonfiniteSteps:
             self.in_row = 0
             return None
         self.in_row += 1
-        warning = (f"step {step}: gradient norm {metrics.get('train/grad_norm')} is not finite; the update was skipped "
-                   f"({self.in_row} in a row, trainer.max_nonfinite_steps = {self.limit})")
+        warning = (
+            f"step {step}: gradient norm {metrics.get('train/grad_norm')} is not finite; the update was skipped "
+            f"({self.in_row} in a row, trainer.max_nonfinite_steps = {self.limit})"
+        )
         return warning, self.in_row >= self.limit

@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import traceback
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Protocol
+from typing import Any, Protocol
 
 from env_types.message_env import MessageEnv
-from rollouts.renderer_env import RendererEnv, RendererEnvConfig
 from rl.components import fn_name
+from rollouts.renderer_env import RendererEnv, RendererEnvConfig
 from rollouts.reward_value import MAX_ABS_REWARD, InvalidReward, checked_reward
 from rollouts.types import Completion, GenerationRequest, Rollout, RolloutGroup, RolloutStatus
 
@@ -49,7 +50,10 @@ class RolloutContext:
 
     def new_rollout(self) -> Rollout:
         return Rollout(
-            rollout_id=f"{self.row_id}/{self.sample_index}", group_id=self.row_id, task_name=self.task_name, sample_index=self.sample_index
+            rollout_id=f"{self.row_id}/{self.sample_index}",
+            group_id=self.row_id,
+            task_name=self.task_name,
+            sample_index=self.sample_index,
         )
 
 
@@ -59,7 +63,9 @@ RolloutFn = Callable[[dict[str, Any], RolloutContext], Awaitable["Rollout | None
 async def task_rollout(row: dict[str, Any], context: RolloutContext) -> Rollout:
     """The task's environment for this row, run to a terminal status."""
     rollout = context.new_rollout()
-    env = RendererEnv(context.task.make_env(row), context.renderer, context.env_config, rollout, run_seed=context.run_seed)
+    env = RendererEnv(
+        context.task.make_env(row), context.renderer, context.env_config, rollout, run_seed=context.run_seed
+    )
     request = await env.start()
     while request is not None:
         try:
@@ -97,7 +103,9 @@ def _check_own_reward(rollout: Rollout, rollout_fn: RolloutFn, task: EnvMaker) -
         rollout.reward = rubric.error_reward if rubric is not None and rubric.error_reward is not None else 0.0
 
 
-def join_by_row(row_id: str, task_name: str, row: dict[str, Any], results: list[tuple[int, Rollout | None]]) -> RolloutGroup:
+def join_by_row(
+    row_id: str, task_name: str, row: dict[str, Any], results: list[tuple[int, Rollout | None]]
+) -> RolloutGroup:
     """The group of one row from its `(sample_index, result)` pairs; None results are dropped."""
     rollouts = []
     for sample_index, rollout in sorted(results, key=lambda item: item[0]):
@@ -122,4 +130,6 @@ async def rollout_group(
     async def sample(index: int) -> tuple[int, Rollout | None]:
         return index, await run_sample(rollout_fn, row, context(index))
 
-    return join_by_row(row_id, task_name, row, list(await asyncio.gather(*(sample(index) for index in range(group_size)))))
+    return join_by_row(
+        row_id, task_name, row, list(await asyncio.gather(*(sample(index) for index in range(group_size))))
+    )

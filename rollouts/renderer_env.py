@@ -140,7 +140,12 @@ class RendererEnv:
         if len(self.rollout.turns) >= self.config.max_turns:
             return await self._finish(RolloutStatus.TRUNCATED)
         next_prompt_token_ids = next_turn_prompt(
-            self.renderer, self._messages, self._prompt_token_ids, completion.token_ids, env_step.messages, tools=self._tools
+            self.renderer,
+            self._messages,
+            self._prompt_token_ids,
+            completion.token_ids,
+            env_step.messages,
+            tools=self._tools,
         )
         self._messages.extend(env_step.messages)
         return await self._next_request(next_prompt_token_ids)
@@ -159,7 +164,11 @@ class RendererEnv:
         if budget <= 0:
             return await self._finish(RolloutStatus.TRUNCATED)
         self._prompt_token_ids = prompt_token_ids
-        seed = None if self.run_seed is None else sampling_seed(self.run_seed, self.rollout.rollout_id, len(self.rollout.turns))
+        seed = (
+            None
+            if self.run_seed is None
+            else sampling_seed(self.run_seed, self.rollout.rollout_id, len(self.rollout.turns))
+        )
         return GenerationRequest(prompt_token_ids=prompt_token_ids, max_new_tokens=budget, seed=seed)
 
     async def _finish(self, status: RolloutStatus) -> None:

@@ -28,10 +28,16 @@ def checked_reward(value: Any, source: str, max_abs: float = MAX_ABS_REWARD) -> 
     except OverflowError:
         raise InvalidReward(f"{source} returned {_short(value)}, too large for a float") from None
     if not math.isfinite(number) or abs(number) > max_abs:
-        raise InvalidReward(f"{source} returned {_short(value)}, outside the allowed rewards [-{max_abs:g}, {max_abs:g}]")
+        raise InvalidReward(
+            f"{source} returned {_short(value)}, outside the allowed rewards [-{max_abs:g}, {max_abs:g}]"
+        )
     return number
 
 
 def _short(value: Any) -> str:
-    text = repr(value) if not isinstance(value, int) or value.bit_length() < 256 else f"an integer of {value.bit_length()} bits"
+    text = (
+        repr(value)
+        if not isinstance(value, int) or value.bit_length() < 256
+        else f"an integer of {value.bit_length()} bits"
+    )
     return text if len(text) <= 80 else text[:77] + "..."

@@ -43,7 +43,7 @@ def tag_contents(text: str, tag: str = "answer") -> list[str]:
         end = text.find(closing, start + len(opening))
         if end == -1:
             break
-        contents.append(text[start + len(opening):end])
+        contents.append(text[start + len(opening) : end])
         position = end + len(closing)
     return contents
 
@@ -72,7 +72,12 @@ def extract_answer(text: str, how: Extract) -> str | None:
 
 
 def exact_match(
-    rollout: Rollout, example: dict[str, Any], *, answer_key: str = "answer", extract: Extract = "text", case_sensitive: bool = False
+    rollout: Rollout,
+    example: dict[str, Any],
+    *,
+    answer_key: str = "answer",
+    extract: Extract = "text",
+    case_sensitive: bool = False,
 ) -> float:
     """1 when the extracted answer equals `example[answer_key]` (whitespace-trimmed), else 0."""
     answer = extract_answer(rollout.last_assistant_text(), extract)

@@ -19,12 +19,12 @@ from __future__ import annotations
 import asyncio
 import re
 import string
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from rollouts.types import Completion, GenerationFailed, GenerationRequest
-from rl.components import import_object
 from env_types.renderer import parse_completion, render_prompt
-from rollouts.types import Rollout
+from rl.components import import_object
+from rollouts.types import Completion, GenerationFailed, GenerationRequest, Rollout
 
 GenerateFn = Callable[[list[GenerationRequest]], Awaitable[list["Completion | GenerationFailed"]]]
 """A generator's batch call: one completion per request, or a `GenerationFailed` for a request that failed."""
@@ -101,7 +101,9 @@ class Judge:
 
     async def __call__(self, rollout: Rollout, example: dict[str, Any]) -> float:
         prompt_ids = render_prompt(self.renderer, self.messages(rollout, example))
-        completion = await self._submit(GenerationRequest(prompt_token_ids=prompt_ids, max_new_tokens=self.max_new_tokens))
+        completion = await self._submit(
+            GenerationRequest(prompt_token_ids=prompt_ids, max_new_tokens=self.max_new_tokens)
+        )
         reply = parse_completion(self.renderer, completion.token_ids, prompt_ids=prompt_ids)
         return self.parser(reply.get("content") or "")
 
@@ -127,9 +129,9 @@ class Judge:
     async def _send(self, batch: list[tuple[GenerationRequest, asyncio.Future]]) -> None:
         try:
             results = await asyncio.wait_for(self.generate([request for request, _ in batch]), self.timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             results = [GenerationFailed(f"judge call took longer than {self.timeout_s:g} s")] * len(batch)
-        except Exception as exc:  # noqa: BLE001 - every waiting rollout gets the failure
+        except Exception as exc:
             results = [GenerationFailed(f"judge call failed: {exc!r}")] * len(batch)
         for (_, future), result in zip(batch, results):
             if future.done():
@@ -162,9 +164,19 @@ def connect_model(name: str, generate: GenerateFn, renderer: Any) -> None:
         del _JUDGES[key]
 
 
-async def judge(rollout: Rollout, example: dict[str, Any], *, model: str, template: str = DEFAULT_TEMPLATE,
-                parser: str = "yes_no", system_prompt: str | None = None, max_new_tokens: int = 32,
-                max_batch: int = 64, batch_window_s: float = 0.05, timeout_s: float = 60.0) -> float:
+async def judge(
+    rollout: Rollout,
+    example: dict[str, Any],
+    *,
+    model: str,
+    template: str = DEFAULT_TEMPLATE,
+    parser: str = "yes_no",
+    system_prompt: str | None = None,
+    max_new_tokens: int = 32,
+    max_batch: int = 64,
+    batch_window_s: float = 0.05,
+    timeout_s: float = 60.0,
+) -> float:
     """The config-facing judge: grades with the connected frozen model `model` (one `Judge` per settings)."""
     if parser not in PARSERS and ":" not in parser:
         raise ValueError(f"unknown judge parser {parser!r}; use one of {sorted(PARSERS)} or an import path pkg.mod:fn")
@@ -173,6 +185,15 @@ async def judge(rollout: Rollout, example: dict[str, Any], *, model: str, templa
         if model not in _MODELS:
             raise JudgeError(f"no frozen model {model!r} is connected for judging (declare it under [models.{model}])")
         generate, renderer = _MODELS[model]
-        _JUDGES[key] = Judge(generate, renderer, template=template, parser=parser, system_prompt=system_prompt,
-                             max_new_tokens=max_new_tokens, max_batch=max_batch, batch_window_s=batch_window_s, timeout_s=timeout_s)
+        _JUDGES[key] = Judge(
+            generate,
+            renderer,
+            template=template,
+            parser=parser,
+            system_prompt=system_prompt,
+            max_new_tokens=max_new_tokens,
+            max_batch=max_batch,
+            batch_window_s=batch_window_s,
+            timeout_s=timeout_s,
+        )
     return await _JUDGES[key](rollout, example)

@@ -19,15 +19,16 @@ import logging
 import pickle
 import threading
 import traceback
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rollouts.types import Rollout, RolloutStatus
-from rubrics import workers
 from rl.components import fn_name
 from rollouts.reward_value import MAX_ABS_REWARD, InvalidReward, checked_reward
+from rollouts.types import Rollout, RolloutStatus
+from rubrics import workers
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,10 @@ class Rubric:
         """The reward of a rollout that is not graded by the functions, None if it is graded."""
         if rollout.status in (RolloutStatus.ERROR, RolloutStatus.TIMEOUT, RolloutStatus.ABORTED):
             return Reward(total=self.error_reward, error=rollout.error) if self.error_reward is not None else None
-        if rollout.status in (RolloutStatus.TRUNCATED, RolloutStatus.PROMPT_OVERFLOW) and self.truncation_reward is not None:
+        if (
+            rollout.status in (RolloutStatus.TRUNCATED, RolloutStatus.PROMPT_OVERFLOW)
+            and self.truncation_reward is not None
+        ):
             return Reward(total=self.truncation_reward)
         if rollout.status is RolloutStatus.PROMPT_OVERFLOW:
             return Reward(total=self._fallback_reward)
@@ -157,7 +161,9 @@ class Rubric:
     def _failed(self, exc: RewardFunctionError) -> Reward:
         return Reward(total=self._fallback_reward, error=str(exc), timed_out=exc.timed_out)
 
-    async def _score_components(self, rollout: Rollout, example: dict[str, Any]) -> dict[str, float] | RewardFunctionError:
+    async def _score_components(
+        self, rollout: Rollout, example: dict[str, Any]
+    ) -> dict[str, float] | RewardFunctionError:
         fns = [reward_fn for reward_fn in self.reward_fns if not reward_fn.group]
         try:
             values = await asyncio.gather(*(self._call(reward_fn, rollout, example) for reward_fn in fns))
@@ -197,7 +203,7 @@ class Rubric:
                 except (pickle.PicklingError, TypeError, AttributeError) as exc:
                     _warn_thread_fallback(reward_fn.key, exc)
             return await asyncio.wait_for(_call_off_loop(reward_fn.fn, *args), self.timeout_s)
-        except (asyncio.TimeoutError, workers.WorkerTimeout):
+        except (TimeoutError, workers.WorkerTimeout):
             raise RewardFunctionError(
                 f"reward function {reward_fn.key!r} took longer than {self.timeout_s} s", timed_out=True
             ) from None
@@ -206,8 +212,6 @@ class Rubric:
         except Exception as exc:
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             raise RewardFunctionError(f"reward function {reward_fn.key!r} raised: {detail}") from exc
-
-
 
 
 def _settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> None:
@@ -221,7 +225,7 @@ def _settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> No
 
 
 def _is_async(fn: Any) -> bool:
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))  # noqa: B004 (a callable object's async __call__)
 
 
 _WARNED: set[str] = set()
@@ -231,8 +235,12 @@ def _warn_thread_fallback(key: str, exc: BaseException) -> None:
     if key in _WARNED:
         return
     _WARNED.add(key)
-    logger.warning("reward function %r cannot be sent to a worker process (%s); it runs in a thread, where a call "
-                   "past its deadline cannot be stopped and holds the event loop while it holds the GIL", key, exc)
+    logger.warning(
+        "reward function %r cannot be sent to a worker process (%s); it runs in a thread, where a call "
+        "past its deadline cannot be stopped and holds the event loop while it holds the GIL",
+        key,
+        exc,
+    )
 
 
 async def _call_off_loop(fn: Callable[..., Any], *args: Any) -> Any:

@@ -26,7 +26,8 @@ import sys
 import threading
 import traceback
 import weakref
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _HEADER = struct.Struct("<Q")
 MAX_WORKERS = max(1, min(4, len(os.sched_getaffinity(0))))
@@ -51,7 +52,10 @@ class _Worker:
     def __init__(self) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "rubrics.workers", str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
+            [sys.executable, "-m", "rubrics.workers", str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
         )
 
     def call(self, payload: bytes) -> tuple[bool, Any]:
@@ -140,7 +144,7 @@ def _serve(parent_pid: int) -> None:
                 importlib.invalidate_caches()
             fn, args = pickle.loads(call)
             reply = pickle.dumps((True, fn(*args)))
-        except BaseException as exc:  # noqa: BLE001 - reported to the rubric, which names the function
+        except BaseException as exc:
             reply = pickle.dumps((False, "".join(traceback.format_exception_only(type(exc), exc)).strip()))
         replies.write(_HEADER.pack(len(reply)) + reply)
         replies.flush()

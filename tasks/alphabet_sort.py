@@ -17,11 +17,61 @@ from rollouts.types import Message, Rollout
 from rubrics.rubric import RewardFn, Rubric
 from tasks.task import Split, Task
 
-NAMES = (
-    "Olivia Liam Emma Noah Ava Elijah Sophia Mateo Isabella Lucas Mia Levi Amelia Ezra Harper Asher Evelyn "
-    "James Luna Leo Camila Aiden Gianna Grayson Elena Hudson Aria Ethan Ellie Jack Nora Owen Zoe Wyatt Hazel "
-    "Henry Ivy Kai Ruby Miles Quinn Theo Uma Victor Wren Xavier Yara Zane Bella Caleb Daisy Felix Greta"
-).split()
+NAMES = [
+    "Olivia",
+    "Liam",
+    "Emma",
+    "Noah",
+    "Ava",
+    "Elijah",
+    "Sophia",
+    "Mateo",
+    "Isabella",
+    "Lucas",
+    "Mia",
+    "Levi",
+    "Amelia",
+    "Ezra",
+    "Harper",
+    "Asher",
+    "Evelyn",
+    "James",
+    "Luna",
+    "Leo",
+    "Camila",
+    "Aiden",
+    "Gianna",
+    "Grayson",
+    "Elena",
+    "Hudson",
+    "Aria",
+    "Ethan",
+    "Ellie",
+    "Jack",
+    "Nora",
+    "Owen",
+    "Zoe",
+    "Wyatt",
+    "Hazel",
+    "Henry",
+    "Ivy",
+    "Kai",
+    "Ruby",
+    "Miles",
+    "Quinn",
+    "Theo",
+    "Uma",
+    "Victor",
+    "Wren",
+    "Xavier",
+    "Yara",
+    "Zane",
+    "Bella",
+    "Caleb",
+    "Daisy",
+    "Felix",
+    "Greta",
+]
 FIRST = "Sort these names alphabetically. Reply with just the sorted names, one per line.\n\n{names}"
 MORE = "Add these names and reply with the full sorted list, one per line.\n\n{names}"
 
@@ -83,7 +133,14 @@ class AlphabetSortTask(Task):
 
     row_fields = ("batches",)
 
-    def __init__(self, num_train: int = 2000, num_validation: int = 64, num_turns: int = 3, names_per_turn: int = 2, seed: int = 0):
+    def __init__(
+        self,
+        num_train: int = 2000,
+        num_validation: int = 64,
+        num_turns: int = 3,
+        names_per_turn: int = 2,
+        seed: int = 0,
+    ):
         if num_turns * names_per_turn > len(NAMES):
             raise ValueError(f"num_turns * names_per_turn must be <= {len(NAMES)}")
         rng = random.Random(seed)

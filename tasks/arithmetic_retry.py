@@ -30,16 +30,27 @@ def make_problem(rng: random.Random) -> dict[str, Any]:
     a, b = rng.randint(2, 60), rng.randint(2, 40)
     kind = rng.choice(["add", "sub", "mul", "two_step"])
     if kind == "add":
-        return {"question": f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", "answer": str(a + b)}
+        return {
+            "question": f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?",
+            "answer": str(a + b),
+        }
     if kind == "sub":
         a += b
-        return {"question": f"{name} has {a} {item} and gives away {b}. How many {item} are left?", "answer": str(a - b)}
+        return {
+            "question": f"{name} has {a} {item} and gives away {b}. How many {item} are left?",
+            "answer": str(a - b),
+        }
     if kind == "mul":
         a, b = rng.randint(2, 12), rng.randint(2, 12)
-        return {"question": f"{name} has {a} boxes with {b} {item} in each. How many {item} is that in total?", "answer": str(a * b)}
+        return {
+            "question": f"{name} has {a} boxes with {b} {item} in each. How many {item} is that in total?",
+            "answer": str(a * b),
+        }
     c = rng.randint(1, 9)
-    return {"question": f"{name} buys {a} {item}, then {b} more, then loses {c}. How many {item} does {name} have?",
-            "answer": str(a + b - c)}
+    return {
+        "question": f"{name} buys {a} {item}, then {b} more, then loses {c}. How many {item} does {name} have?",
+        "answer": str(a + b - c),
+    }
 
 
 def is_correct(text: str, answer: str) -> bool:
@@ -79,7 +90,14 @@ class ArithmeticRetryTask(Task):
 
     row_fields = ("question", "answer")
 
-    def __init__(self, num_train: int = 2000, num_validation: int = 64, max_tries: int = 3, retry_penalty: float = 0.0, seed: int = 0):
+    def __init__(
+        self,
+        num_train: int = 2000,
+        num_validation: int = 64,
+        max_tries: int = 3,
+        retry_penalty: float = 0.0,
+        seed: int = 0,
+    ):
         if max_tries < 1:
             raise ValueError(f"max_tries must be >= 1, got {max_tries}")
         rng = random.Random(seed)

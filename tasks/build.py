@@ -7,8 +7,8 @@ import inspect
 from dataclasses import dataclass
 from typing import Any
 
-from rl.config.tasks import RubricConfig, TaskConfig
 from rl.components import REWARD_FNS, TASKS, import_object, resolve
+from rl.config.tasks import RubricConfig, TaskConfig
 from rollouts.fanout import RolloutFn, task_rollout
 from rubrics.rubric import RewardFn, Rubric
 from tasks.datasets import check_rows, load_file_rows

@@ -43,7 +43,9 @@ class CalculatorEnv(ToolEnv):
         self.expression = expression
 
     async def reset(self) -> ResetOutput:
-        return ResetOutput(messages=[{"role": "user", "content": PROMPT.format(expression=self.expression)}], tools=self.tool_specs())
+        return ResetOutput(
+            messages=[{"role": "user", "content": PROMPT.format(expression=self.expression)}], tools=self.tool_specs()
+        )
 
     async def answer(self, assistant_message: Message) -> StepOutput:
         return StepOutput(done=True)
@@ -64,8 +66,16 @@ class CalculatorToolTask(Task):
 
     row_fields = ("expression", "answer")
 
-    def __init__(self, num_train: int = 2000, num_validation: int = 64, seed: int = 0, tool_use_weight: float = 0.0,
-                 timeout_s: float = 5.0, memory_mb: int = 256, isolate: bool = True):
+    def __init__(
+        self,
+        num_train: int = 2000,
+        num_validation: int = 64,
+        seed: int = 0,
+        tool_use_weight: float = 0.0,
+        timeout_s: float = 5.0,
+        memory_mb: int = 256,
+        isolate: bool = True,
+    ):
         rng = random.Random(seed)
         rows: dict[str, int] = {}
         while len(rows) < num_train + num_validation:

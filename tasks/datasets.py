@@ -39,7 +39,9 @@ def load_file_rows(path: str, columns: dict[str, str], required: tuple[str, ...]
     available = {renamed.get(column, column) for column in table.column_names}
     missing = sorted(field for field in required if field not in available)
     if missing:
-        raise ValueError(f"{path}: rows need field(s) {missing}; map them with data.columns (the file has {table.column_names})")
+        raise ValueError(
+            f"{path}: rows need field(s) {missing}; map them with data.columns (the file has {table.column_names})"
+        )
     return rows
 
 

@@ -11,12 +11,64 @@ from rollouts.types import Message, Rollout
 from rubrics.rubric import RewardFn, Rubric
 from tasks.task import Split, Task
 
-WORDS = (
-    "apple river stone cloud music paper garden silver window orange planet bridge candle forest ocean "
-    "pencil rocket tiger yellow violet summer winter mirror basket butter castle dragon engine falcon "
-    "guitar harbor island jacket kettle lemon marble needle pillow quartz rabbit saddle tunnel velvet "
-    "wagon zipper anchor button copper desert feather glacier hammer ladder meadow nickel puzzle"
-).split()
+WORDS = [
+    "apple",
+    "river",
+    "stone",
+    "cloud",
+    "music",
+    "paper",
+    "garden",
+    "silver",
+    "window",
+    "orange",
+    "planet",
+    "bridge",
+    "candle",
+    "forest",
+    "ocean",
+    "pencil",
+    "rocket",
+    "tiger",
+    "yellow",
+    "violet",
+    "summer",
+    "winter",
+    "mirror",
+    "basket",
+    "butter",
+    "castle",
+    "dragon",
+    "engine",
+    "falcon",
+    "guitar",
+    "harbor",
+    "island",
+    "jacket",
+    "kettle",
+    "lemon",
+    "marble",
+    "needle",
+    "pillow",
+    "quartz",
+    "rabbit",
+    "saddle",
+    "tunnel",
+    "velvet",
+    "wagon",
+    "zipper",
+    "anchor",
+    "button",
+    "copper",
+    "desert",
+    "feather",
+    "glacier",
+    "hammer",
+    "ladder",
+    "meadow",
+    "nickel",
+    "puzzle",
+]
 
 PROMPT = "Reverse the following text character by character. Reply with only the reversed text.\n\nText: {text}"
 
@@ -42,7 +94,9 @@ class ReverseTextTask(Task):
 
     row_fields = ("text", "answer")
 
-    def __init__(self, num_train: int = 2000, num_validation: int = 64, min_words: int = 1, max_words: int = 3, seed: int = 0):
+    def __init__(
+        self, num_train: int = 2000, num_validation: int = 64, min_words: int = 1, max_words: int = 3, seed: int = 0
+    ):
         if not 1 <= min_words <= max_words:
             raise ValueError(f"need 1 <= min_words <= max_words, got {min_words}, {max_words}")
         rng = random.Random(seed)
@@ -51,7 +105,9 @@ class ReverseTextTask(Task):
         while len(texts) < num_train + num_validation:
             attempts += 1
             if attempts > 100 * (num_train + num_validation):
-                raise ValueError(f"cannot draw {num_train + num_validation} distinct texts of {min_words}-{max_words} words")
+                raise ValueError(
+                    f"cannot draw {num_train + num_validation} distinct texts of {min_words}-{max_words} words"
+                )
             texts[" ".join(rng.choices(WORDS, k=rng.randint(min_words, max_words)))] = None
         ordered = list(texts)
         self.splits = {"validation": ordered[:num_validation], "train": ordered[num_validation:]}

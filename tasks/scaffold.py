@@ -63,7 +63,7 @@ class {task_class}(Task):
         return Rubric([RewardFn(exact_match, weight=1.0), RewardFn(shows_work, weight=0.0)], truncation_reward=None, error_reward=0.0)
 '''
 
-_CONFIG = '''# rlmesh train --config {name}/config.toml   (run from the folder that contains {name}/)
+_CONFIG = """# rlmesh train --config {name}/config.toml   (run from the folder that contains {name}/)
 [model]
 path = "smollm2-135m-instruct"
 
@@ -80,7 +80,7 @@ name = "{name}"
 steps = 10
 groups_per_step = 4
 eval_every = 5
-'''
+"""
 
 _TEST = '''"""{title}: hand-checked rewards, and rollouts of the tiny random Qwen3 through the real loop pieces."""
 
@@ -120,6 +120,7 @@ async def test_runs_on_the_tiny_model():
             assert rollout.turns and 0.0 <= rollout.reward <= 1.0
 '''
 
+
 def write_task_package(name: str, directory: Path) -> Path:
     """Write `directory/name/` (task, config, test); refuses names that are not identifiers and existing folders."""
     if not name.isidentifier() or keyword.iskeyword(name) or not name.islower():
@@ -128,7 +129,12 @@ def write_task_package(name: str, directory: Path) -> Path:
     if package.exists():
         raise ValueError(f"{package} already exists")
     camel = "".join(part.capitalize() for part in name.split("_"))
-    fields = {"name": name, "title": name.replace("_", " ").capitalize(), "task_class": f"{camel}Task", "env_class": f"{camel}Env"}
+    fields = {
+        "name": name,
+        "title": name.replace("_", " ").capitalize(),
+        "task_class": f"{camel}Task",
+        "env_class": f"{camel}Env",
+    }
     package.mkdir(parents=True)
     (package / "__init__.py").write_text("")
     (package / "task.py").write_text(_TASK.format(**fields))

@@ -76,7 +76,11 @@ class SumDigitsTask(Task):
     def load_dataset(self, split: Split) -> list[dict[str, Any]]:
         numbers = self.train_numbers if split == "train" else self.validation_numbers
         return [
-            {"number": number, "answer": sum(int(d) for d in str(number)), "prompt": self.prompt_template.format(number=number)}
+            {
+                "number": number,
+                "answer": sum(int(d) for d in str(number)),
+                "prompt": self.prompt_template.format(number=number),
+            }
             for number in numbers
         ]
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from rollouts.renderer_env import RendererEnv, RendererEnvConfig
-from rollouts.types import Completion, GenerationFailed, GenerationRequest
-from rl.assets import resolve_model_path
 from env_types.renderer import RendererConfig, stop_token_ids
-from rollouts.types import Rollout, RolloutGroup, RolloutStatus
+from rl.assets import resolve_model_path
+from rollouts.renderer_env import RendererEnv, RendererEnvConfig
+from rollouts.types import Completion, GenerationFailed, GenerationRequest, Rollout, RolloutGroup, RolloutStatus
 from rubrics.rubric import apply_reward
 from tasks.task import Task
 
@@ -24,11 +24,21 @@ BatchGenerate = Callable[[list[GenerationRequest]], Awaitable[list["Completion |
 """One completion per request, or a `GenerationFailed` for a request that failed."""
 
 
-async def play(task: Task, row: dict[str, Any], renderer: Any, env_config: RendererEnvConfig, generate: BatchGenerate,
-               *, rollout_id: str = "test/0", sample_index: int = 0) -> Rollout:
+async def play(
+    task: Task,
+    row: dict[str, Any],
+    renderer: Any,
+    env_config: RendererEnvConfig,
+    generate: BatchGenerate,
+    *,
+    rollout_id: str = "test/0",
+    sample_index: int = 0,
+) -> Rollout:
     """One rollout of `row`, its environment run to a terminal status."""
     group_id = rollout_id.rpartition("/")[0]
-    rollout = Rollout(rollout_id=rollout_id, group_id=group_id, task_name=type(task).__name__, sample_index=sample_index)
+    rollout = Rollout(
+        rollout_id=rollout_id, group_id=group_id, task_name=type(task).__name__, sample_index=sample_index
+    )
     env = RendererEnv(task.make_env(copy.deepcopy(row)), renderer, env_config, rollout)
     request = await env.start()
     while request is not None:
@@ -40,13 +50,23 @@ async def play(task: Task, row: dict[str, Any], renderer: Any, env_config: Rende
     return rollout
 
 
-async def play_group(task: Task, row: dict[str, Any], renderer: Any, env_config: RendererEnvConfig, generate: BatchGenerate,
-                     *, group_size: int = 1, group_id: str = "test") -> RolloutGroup:
+async def play_group(
+    task: Task,
+    row: dict[str, Any],
+    renderer: Any,
+    env_config: RendererEnvConfig,
+    generate: BatchGenerate,
+    *,
+    group_size: int = 1,
+    group_id: str = "test",
+) -> RolloutGroup:
     """`group_size` rollouts of `row` (one after another), scored by `task.score_group`; rubric `build_rubric()` if unset."""
     if not hasattr(task, "rubric"):
         task.rubric = task.build_rubric()
-    rollouts = [await play(task, row, renderer, env_config, generate, rollout_id=f"{group_id}/{index}", sample_index=index)
-                for index in range(group_size)]
+    rollouts = [
+        await play(task, row, renderer, env_config, generate, rollout_id=f"{group_id}/{index}", sample_index=index)
+        for index in range(group_size)
+    ]
     for rollout, reward in zip(rollouts, await task.score_group(rollouts, row)):
         apply_reward(rollout, reward)
     return RolloutGroup(group_id=group_id, task_name=type(task).__name__, example=row, rollouts=rollouts)
@@ -68,13 +88,22 @@ def transformers_generate(model_path: str, renderer: Any, *, temperature: float 
             for _ in range(request.max_new_tokens):
                 logits = model(torch.tensor([ids])).logits[0, -1].float()  # [V]
                 log_probs = torch.log_softmax(logits / max(temperature, 1e-6), dim=-1)
-                token = int(torch.multinomial(log_probs.exp(), 1, generator=generator)) if temperature > 0 else int(logits.argmax())
+                token = (
+                    int(torch.multinomial(log_probs.exp(), 1, generator=generator))
+                    if temperature > 0
+                    else int(logits.argmax())
+                )
                 ids.append(token)
                 logprobs.append(float(log_probs[token]))
                 if token in stops:
                     finish_reason = "stop"
                     break
-        return Completion(token_ids=ids[len(request.prompt_token_ids) :], logprobs=logprobs, finish_reason=finish_reason, policy_version=0)
+        return Completion(
+            token_ids=ids[len(request.prompt_token_ids) :],
+            logprobs=logprobs,
+            finish_reason=finish_reason,
+            policy_version=0,
+        )
 
     async def generate(requests: list[GenerationRequest]) -> list[Completion | GenerationFailed]:
         return [await asyncio.to_thread(sample, request) for request in requests]
@@ -94,5 +123,7 @@ async def run_task(
     """`group_size` scored rollouts of every row, sampled from `model_path` with transformers."""
     built_renderer = RendererConfig(name=renderer).build(model_path)
     generate = transformers_generate(model_path, built_renderer)
-    return [await play_group(task, row, built_renderer, env, generate, group_size=group_size, group_id=f"test/{index}")
-            for index, row in enumerate(rows)]
+    return [
+        await play_group(task, row, built_renderer, env, generate, group_size=group_size, group_id=f"test/{index}")
+        for index, row in enumerate(rows)
+    ]

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 
-
 TESTS = Path(__file__).resolve().parent
 MARKER_OF_FOLDER = {"e2e": "e2e", "adversarial": "adversarial", "gpu": "gpu"}  # tests/<folder>/... gets the marker
 

@@ -19,7 +19,10 @@ FLOORS = [  # the ground first; a folder of `rl/` and a module directly in `rl/`
     {"tools", "rubrics", "rl/services", "rl/algorithms"},
     {"rl/config"},
     {"rl/metrics", "rl/processes", "tasks"},
-    {"rl/training", "rl/checkpoint"},  # the trainer's step statistics are the metrics system's; a resume repairs the logs
+    {
+        "rl/training",
+        "rl/checkpoint",
+    },  # the trainer's step statistics are the metrics system's; a resume repairs the logs
     {"rl/weights"},
     {"actors"},
     {"rl/loop"},
@@ -54,7 +57,10 @@ def imports(path: Path, modules: dict[str, Path]) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.update(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module for alias in node.names)
+            found.update(
+                f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                for alias in node.names
+            )
     return {name for name in found if name in modules}
 
 
@@ -68,7 +74,9 @@ def test_every_folder_imports_only_floors_below_it():
         source = room(name)
         for target in map(room, imports(path, modules)):
             if source != target and target != "rl" and floor_of[target] >= floor_of[source]:
-                upward.append(f"{path.relative_to(ROOT)}: {source} (floor {floor_of[source]}) imports {target} (floor {floor_of[target]})")
+                upward.append(
+                    f"{path.relative_to(ROOT)}: {source} (floor {floor_of[source]}) imports {target} (floor {floor_of[target]})"
+                )
     assert not upward, "imports that do not go down a floor:\n" + "\n".join(sorted(upward))
 
 
@@ -83,9 +91,13 @@ def test_no_modules_import_each_other_in_a_circle():
         state[name] = 1
         for target in sorted(graph[name]):
             if state.get(target) == 1:
-                circles.append(" -> ".join(path[path.index(target):] + [name, target]) if target in path else f"{name} -> {target}")
+                circles.append(
+                    " -> ".join([*path[path.index(target) :], name, target])
+                    if target in path
+                    else f"{name} -> {target}"
+                )
             elif target not in state:
-                visit(target, path + [name])
+                visit(target, [*path, name])
         state[name] = 2
 
     for name in sorted(graph):
@@ -97,6 +109,8 @@ def test_no_modules_import_each_other_in_a_circle():
 def test_the_controller_reads_like_its_algorithm():
     """Issue 16's sizes: the controller under about 300 lines, `train()` under about 35 (plumbing lives below it)."""
     source = (ROOT / "rl" / "loop" / "controller.py").read_text()
-    train = next(node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.AsyncFunctionDef) and node.name == "train")
+    train = next(
+        node for node in ast.walk(ast.parse(source)) if isinstance(node, ast.AsyncFunctionDef) and node.name == "train"
+    )
     assert len(source.splitlines()) <= 300
     assert train.end_lineno - train.lineno + 1 <= 35

@@ -83,7 +83,10 @@ def _v2(mounts: list[tuple[str, str, str]], paths: dict[str, str]) -> CgroupPare
 def _v1(mounts: list[tuple[str, str, str]], paths: dict[str, str]) -> CgroupParents | None:
     found = {}
     for controller in ("memory", "pids"):
-        point = next((point for point, fstype, options in mounts if fstype == "cgroup" and controller in options.split(",")), None)
+        point = next(
+            (point for point, fstype, options in mounts if fstype == "cgroup" and controller in options.split(",")),
+            None,
+        )
         if point is None or controller not in paths:
             return None
         found[controller] = Path(point + paths[controller].rstrip("/"))

@@ -169,7 +169,9 @@ def _tree(fn_module: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]
         if not os.path.isdir(entry) or any(entry == prefix or entry.startswith(prefix + os.sep) for prefix in prefixes):
             continue
         for child in os.scandir(entry):
-            importable = child.name.endswith(".py") or (child.is_dir() and os.path.exists(os.path.join(child.path, "__init__.py")))
+            importable = child.name.endswith(".py") or (
+                child.is_dir() and os.path.exists(os.path.join(child.path, "__init__.py"))
+            )
             if importable and not child.name.startswith("."):
                 paths.add(child.path)
     for top in {fn_module.partition(".")[0], "tools"}:
@@ -179,7 +181,9 @@ def _tree(fn_module: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]
                 paths.add(os.path.realpath(location))
     existing = sorted(path for path in paths if os.path.exists(path))
     # a path inside another bound path is already there
-    kept = [path for path in existing if not any(path.startswith(other + os.sep) for other in existing if other != path)]
+    kept = [
+        path for path in existing if not any(path.startswith(other + os.sep) for other in existing if other != path)
+    ]
     return tuple(kept), tuple(links)
 
 
@@ -209,9 +213,13 @@ class Sandbox:
         host_dirs: list[str] = []
         try:
             if parents is not None:  # a few writes to cgroupfs, done here so that a cancellation cannot orphan it
-                group = cgroup.CallCgroup(parents, (self.limits.memory_mb + self.limits.scratch_mb) << 20, self.limits.max_processes + 4)
+                group = cgroup.CallCgroup(
+                    parents, (self.limits.memory_mb + self.limits.scratch_mb) << 20, self.limits.max_processes + 4
+                )
             command, env, cwd = self._command(fn_path, group, host_dirs)
-            nproc = self.isolate and group is None  # outside a user namespace RLIMIT_NPROC would count all this user's processes
+            nproc = (
+                self.isolate and group is None
+            )  # outside a user namespace RLIMIT_NPROC would count all this user's processes
             request = json.dumps({"fn": fn_path, "arguments": arguments, "limits": asdict(self.limits), "nproc": nproc})
             return await self._communicate(command, env, cwd, request.encode(), group)
         finally:
@@ -220,32 +228,91 @@ class Sandbox:
             for directory in host_dirs:
                 _remove_tree(directory)
 
-    def _command(self, fn_path: str, group: cgroup.CallCgroup | None, host_dirs: list[str]) -> tuple[list[str], dict[str, str], str]:
+    def _command(
+        self, fn_path: str, group: cgroup.CallCgroup | None, host_dirs: list[str]
+    ) -> tuple[list[str], dict[str, str], str]:
         runner = [sys.executable, "-P", "-s", "-m", "tools.sandbox"]  # -P: no script directory or cwd on sys.path
         python_path = os.pathsep.join(os.path.realpath(path) for path in sys.path if path and os.path.isdir(path))
-        env = {"PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin", "PYTHONPATH": python_path, "PYTHONDONTWRITEBYTECODE": "1",
-               "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "LANG": "C.UTF-8"}
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+            "PYTHONPATH": python_path,
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "OMP_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "LANG": "C.UTF-8",
+        }
         if self.isolate:
             env.update(HOME=_SCRATCH, TMPDIR=_SCRATCH)
             binds, links = _tree(fn_path.partition(":")[0])
             if _backend() == "bwrap":
                 scratch = str(self.limits.scratch_mb << 20)
                 # scratch first: a checkout or venv under /tmp is bound on top of it, not hidden by it
-                command = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-                           "--size", scratch, "--tmpfs", _SCRATCH]
+                command = [
+                    "bwrap",
+                    "--unshare-all",
+                    "--unshare-user",
+                    "--die-with-parent",
+                    "--new-session",
+                    "--cap-drop",
+                    "ALL",
+                    "--size",
+                    scratch,
+                    "--tmpfs",
+                    _SCRATCH,
+                ]
                 for path in binds:
                     command += ["--ro-bind", path, path]
                 for link, target in links:
                     command += ["--symlink", target, link]
-                command += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--size", scratch, "--tmpfs", "/dev/shm",
-                            "--remount-ro", "/", "--chdir", _SCRATCH, "--", *runner]
+                command += [
+                    "--proc",
+                    "/proc",
+                    "--dev",
+                    "/dev",
+                    "--remount-ro",
+                    "/dev",
+                    "--size",
+                    scratch,
+                    "--tmpfs",
+                    "/dev/shm",
+                    "--remount-ro",
+                    "/",
+                    "--chdir",
+                    _SCRATCH,
+                    "--",
+                    *runner,
+                ]
             else:
-                root = tempfile.mkdtemp(prefix="rlmesh-sandbox-root-")  # an empty mount point, never written on the host
+                root = tempfile.mkdtemp(
+                    prefix="rlmesh-sandbox-root-"
+                )  # an empty mount point, never written on the host
                 host_dirs.append(root)
-                env.update(RLMESH_ROOT=root, RLMESH_BINDS="\n".join(binds), RLMESH_SCRATCH_BYTES=str(self.limits.scratch_mb << 20),
-                           RLMESH_LINKS="\n".join(f"{link}={target}" for link, target in links))
-                command = ["unshare", "--user", "--map-root-user", "--net", "--pid", "--fork", "--kill-child=SIGKILL", "--mount",
-                           "--ipc", "--uts", "--propagation", "private", "sh", "-c", _UNSHARE_SETUP, "sandbox-setup", *runner]
+                env.update(
+                    RLMESH_ROOT=root,
+                    RLMESH_BINDS="\n".join(binds),
+                    RLMESH_SCRATCH_BYTES=str(self.limits.scratch_mb << 20),
+                    RLMESH_LINKS="\n".join(f"{link}={target}" for link, target in links),
+                )
+                command = [
+                    "unshare",
+                    "--user",
+                    "--map-root-user",
+                    "--net",
+                    "--pid",
+                    "--fork",
+                    "--kill-child=SIGKILL",
+                    "--mount",
+                    "--ipc",
+                    "--uts",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    _UNSHARE_SETUP,
+                    "sandbox-setup",
+                    *runner,
+                ]
             cwd = "/"
         else:
             cwd = tempfile.mkdtemp(prefix="rlmesh-sandbox-")
@@ -257,10 +324,17 @@ class Sandbox:
             command = ["sh", "-c", _ENTER_CGROUP, "sandbox-cgroup", *command]
         return command, env, cwd
 
-    async def _communicate(self, command: list[str], env: dict[str, str], cwd: str, request: bytes, group: cgroup.CallCgroup | None) -> str:
+    async def _communicate(
+        self, command: list[str], env: dict[str, str], cwd: str, request: bytes, group: cgroup.CallCgroup | None
+    ) -> str:
         process = await asyncio.create_subprocess_exec(
-            *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            cwd=cwd, env=env, start_new_session=True,
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
         )
         stdout, stderr = bytearray(), bytearray()
         overflow = asyncio.Event()
@@ -292,7 +366,9 @@ class Sandbox:
         finished = asyncio.ensure_future(finish())
         stopped = asyncio.ensure_future(overflow.wait())
         try:
-            done, _ = await asyncio.wait({finished, stopped}, timeout=self.limits.timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {finished, stopped}, timeout=self.limits.timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
             if stopped in done:
                 raise SandboxError(f"the tool wrote more than {MAX_OUTPUT_BYTES >> 20} MiB of output and was stopped")
             if finished not in done:
@@ -327,6 +403,7 @@ def _remove_tree(path: str) -> None:
 def _apply_limits(limits: SandboxLimits, nproc: bool) -> None:
     """In the runner, before the tool is imported: the limits every process it starts inherits (the hard
     limits cannot be raised again: no capability is left)."""
+
     def cap(kind: int, value: int) -> None:
         resource.setrlimit(kind, (value, value))
 
@@ -358,7 +435,9 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-def _read_result(returncode: int, stdout: bytes, stderr: bytes, limits: SandboxLimits, out_of_memory: bool = False) -> str:
+def _read_result(
+    returncode: int, stdout: bytes, stderr: bytes, limits: SandboxLimits, out_of_memory: bool = False
+) -> str:
     """The tool's result from the runner's last stdout line; anything malformed is a `SandboxError` for the model."""
     if out_of_memory:
         raise SandboxError(f"the tool ran out of memory (the sandbox's limit is {limits.memory_mb} MB) and was killed")
@@ -371,12 +450,19 @@ def _read_result(returncode: int, stdout: bytes, stderr: bytes, limits: SandboxL
         # unshare --fork re-raises its child's fatal signal on itself; for SIGKILL (the hard CPU limit)
         # that fails and it exits 1 with "sigprocmask unblock failed" instead.
         killed_inside_unshare = b"sigprocmask unblock failed" in stderr
-        if killed_inside_unshare or returncode in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGKILL):
+        if killed_inside_unshare or returncode in (
+            -signal.SIGXCPU,
+            128 + signal.SIGXCPU,
+            -signal.SIGKILL,
+            128 + signal.SIGKILL,
+        ):
             raise SandboxError(f"the tool was killed (CPU limit {limits.cpu_s} s or a signal)")
         detail = stderr.decode(errors="replace").strip().splitlines()[-1:] or [f"exit status {returncode}"]
         raise SandboxError(f"the tool process failed: {detail[0]}")
     if not isinstance(result, dict) or not isinstance(result.get("ok"), bool):
-        raise SandboxError(f"the tool's output is malformed (its last line is not the runner's result): {lines[-1][:200]!r}")
+        raise SandboxError(
+            f"the tool's output is malformed (its last line is not the runner's result): {lines[-1][:200]!r}"
+        )
     field = "result" if result["ok"] else "error"
     if not isinstance(result.get(field), str):
         raise SandboxError(f"the tool's output is malformed ({field!r} is not text): {lines[-1][:200]!r}")
@@ -405,7 +491,7 @@ def _child_main() -> None:
             value = fn(**request["arguments"])
         text = printed.getvalue() if value is None else value if isinstance(value, str) else json.dumps(value)
         result = {"ok": True, "result": text}
-    except BaseException as exc:  # noqa: BLE001 - everything the tool does wrong is reported, not raised
+    except BaseException as exc:
         result = {"ok": False, "error": _describe(exc)}
     sys.stdout.write("\n" + json.dumps(result) + "\n")
 

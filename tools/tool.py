@@ -19,7 +19,12 @@ from rollouts.types import Message, ToolCallError
 from tools.sandbox import Sandbox, SandboxError, SandboxLimits
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
-    "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,), "object": (dict,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
     "null": (type(None),),
 }
 
@@ -36,7 +41,10 @@ class Tool:
 
     def spec(self) -> dict[str, Any]:
         """The tool as chat templates expect it (OpenAI function format)."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description, "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
     def check_arguments(self, arguments: Any) -> str | None:
         """What is wrong with `arguments` for this tool, None if they fit its schema.
@@ -109,10 +117,12 @@ class ToolEnv(MessageEnv):
             errors.extend([error] if error is not None else [])
         for bad in invalid:
             # Parse failures are recorded on the turn by the renderer env; here the model is told.
-            messages.append(tool_message(
-                f"Error: your tool call could not be parsed ({bad['error']}): {bad['raw'][:200]!r}. "
-                'A tool call is a JSON object {"name": <tool name>, "arguments": {...}}.'
-            ))
+            messages.append(
+                tool_message(
+                    f"Error: your tool call could not be parsed ({bad['error']}): {bad['raw'][:200]!r}. "
+                    'A tool call is a JSON object {"name": <tool name>, "arguments": {...}}.'
+                )
+            )
         return StepOutput(messages=messages, done=False, tool_call_errors=errors)
 
     async def call_tool(self, call: dict[str, Any]) -> tuple[str, ToolCallError | None]:
@@ -127,7 +137,9 @@ class ToolEnv(MessageEnv):
             return f"Error: {detail}.", ToolCallError(kind="unknown_tool", tool=name, detail=detail)
         problem = tool.check_arguments(arguments)
         if problem is not None:
-            return f"Error: bad arguments for {name!r}: {problem}.", ToolCallError(kind="bad_arguments", tool=name, detail=problem)
+            return f"Error: bad arguments for {name!r}: {problem}.", ToolCallError(
+                kind="bad_arguments", tool=name, detail=problem
+            )
         if self._sandbox is None:
             self._sandbox = Sandbox(self.limits, isolate=self.isolate)
         try:

@@ -45,7 +45,9 @@ def max_rl_advantages(rewards: torch.Tensor) -> torch.Tensor:
     return centered / mean if mean > 0 else torch.zeros_like(centered)
 
 
-def whiten_over_tokens(advantages: list[torch.Tensor], lengths: list[torch.Tensor], eps: float = 1e-8) -> list[torch.Tensor]:
+def whiten_over_tokens(
+    advantages: list[torch.Tensor], lengths: list[torch.Tensor], eps: float = 1e-8
+) -> list[torch.Tensor]:
     """REINFORCE++ (baseline variant): group-centred advantages whitened over the step's tokens.
 
     Each rollout's advantage stands on each of its `lengths` trained tokens, as verl's

@@ -12,7 +12,8 @@ A new credit-assignment scheme is a subclass registered in `rl.algorithms.regist
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable, ClassVar
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
 
 import torch
 
@@ -33,7 +34,9 @@ class Algorithm:
     trains_rl: ClassVar[bool] = True
     """Trains the rl component, which needs the live policy's sampling logprobs (so no frozen sampler)."""
 
-    def __init__(self, config: AlgorithmConfig, task: str, renderer: Any = None, prompt_logprobs: PromptLogprobsFn | None = None):
+    def __init__(
+        self, config: AlgorithmConfig, task: str, renderer: Any = None, prompt_logprobs: PromptLogprobsFn | None = None
+    ):
         self.config = config
         self.task = task
         self.renderer = renderer
@@ -78,4 +81,6 @@ class Algorithm:
 
     async def samples(self, group: RolloutGroup, rollouts: list[Rollout]) -> list[TrainSample]:
         """The training samples of a credited group's trainable `rollouts`: rl on the sampled tokens."""
-        return [sample for rollout in rollouts for sample in rollout_to_samples(rollout, float(rollout.advantage or 0.0))]
+        return [
+            sample for rollout in rollouts for sample in rollout_to_samples(rollout, float(rollout.advantage or 0.0))
+        ]

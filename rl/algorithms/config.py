@@ -47,18 +47,29 @@ PRESETS: dict[str, dict[str, Any]] = {
     "decoupled_token_is": dict(rollout_is="token", rollout_is_threshold=2.0, bypass_mode=False),
     "decoupled_seq_is": dict(rollout_is="sequence", rollout_is_threshold=2.0, bypass_mode=False),
     "decoupled_seq_is_rs": dict(
-        rollout_is="sequence", rollout_is_threshold=2.0, rollout_rs="sequence", rollout_rs_threshold=2.0,
-        rollout_rs_threshold_lower=0.5, bypass_mode=False,
+        rollout_is="sequence",
+        rollout_is_threshold=2.0,
+        rollout_rs="sequence",
+        rollout_rs_threshold=2.0,
+        rollout_rs_threshold_lower=0.5,
+        bypass_mode=False,
     ),
     "decoupled_geo_rs": dict(
-        rollout_rs="geometric", rollout_rs_threshold=1.001, rollout_rs_threshold_lower=0.999,
-        rollout_token_veto_threshold=1e-4, bypass_mode=False,
+        rollout_rs="geometric",
+        rollout_rs_threshold=1.001,
+        rollout_rs_threshold_lower=0.999,
+        rollout_token_veto_threshold=1e-4,
+        bypass_mode=False,
     ),
     "ppo_is_bypass": dict(rollout_is="token", rollout_is_threshold=2.0, bypass_mode=True, use_policy_gradient=False),
     "pg_is": dict(rollout_is="sequence", rollout_is_threshold=2.0, bypass_mode=True, use_policy_gradient=True),
     "pg_rs": dict(
-        rollout_rs="geometric", rollout_rs_threshold=1.001, rollout_rs_threshold_lower=0.999,
-        rollout_token_veto_threshold=1e-4, bypass_mode=True, use_policy_gradient=True,
+        rollout_rs="geometric",
+        rollout_rs_threshold=1.001,
+        rollout_rs_threshold_lower=0.999,
+        rollout_token_veto_threshold=1e-4,
+        bypass_mode=True,
+        use_policy_gradient=True,
     ),
     "disabled": dict(),
 }
@@ -97,11 +108,19 @@ class RolloutCorrectionConfig(Section):
         if isinstance(data, dict) and data.get("preset") in PRESETS:
             preset = dict(PRESETS[data["preset"]])
             if "rollout_rs_threshold" in data and "rollout_rs_threshold_lower" not in data:
-                preset.pop("rollout_rs_threshold_lower", None)  # a user's upper bound gets its reciprocal, not the preset's lower
+                preset.pop(
+                    "rollout_rs_threshold_lower", None
+                )  # a user's upper bound gets its reciprocal, not the preset's lower
             data = {**preset, **data}
         return data
 
-    @field_validator("rollout_is_threshold", "rollout_rs_threshold", "rollout_rs_threshold_lower", "rollout_token_veto_threshold", mode="before")
+    @field_validator(
+        "rollout_is_threshold",
+        "rollout_rs_threshold",
+        "rollout_rs_threshold_lower",
+        "rollout_token_veto_threshold",
+        mode="before",
+    )
     @classmethod
     def _positive_number(cls, value: Any, info: Any) -> Any:
         if value is None:
@@ -138,7 +157,9 @@ class RolloutCorrectionConfig(Section):
     @property
     def corrects(self) -> bool:
         """Whether anything beyond diagnostics is applied (weights, rejection or veto)."""
-        return self.rollout_is is not None or self.rollout_rs is not None or self.rollout_token_veto_threshold is not None
+        return (
+            self.rollout_is is not None or self.rollout_rs is not None or self.rollout_token_veto_threshold is not None
+        )
 
 
 class EchoRoleWeights(Section):
@@ -187,7 +208,9 @@ class AlgorithmConfig(Section):
     clip_eps_high: float = Field(0.28, ge=0)
     dual_clip_c: float | None = Field(None, gt=1)
     """ppo: bound the loss of negative-advantage tokens at -c·A (dual-clip PPO); None = off."""
-    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = "token-mean"
+    aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = (
+        "token-mean"
+    )
     """Unset: "seq-mean-token-mean" for gspo (one mean per sequence, as the paper, verl and SkyRL), else "token-mean"."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the KL to a frozen copy of the initial policy; 0 loads no reference."""
@@ -235,7 +258,9 @@ def bypass_rule(config: Any) -> tuple[bool, str]:
     if config.run.max_policy_staleness > 0:
         reasons.append(f"run.max_policy_staleness = {config.run.max_policy_staleness} (rollouts of older policies)")
     if trainer.ppo_n_minibatches > 1:
-        reasons.append(f"trainer.ppo_n_minibatches = {trainer.ppo_n_minibatches} (later minibatches start from a moved policy)")
+        reasons.append(
+            f"trainer.ppo_n_minibatches = {trainer.ppo_n_minibatches} (later minibatches start from a moved policy)"
+        )
     frozen = sorted({config.algorithm.for_task(task.algorithm).sampler for task in config.tasks} - {POLICY})
     if frozen:
         reasons.append(f"frozen samplers {frozen}")
@@ -259,4 +284,6 @@ def bypass_origin(config: Any) -> str:
     value = str(correction.bypass_mode).lower()
     if correction.bypass_mode == rule:
         return f"algorithm.rollout_correction.bypass_mode = {value}, as the run's rule decides: {reason}"
-    return f"algorithm.rollout_correction.bypass_mode = {value}, set by the config; the run's rule would choose {reason}"
+    return (
+        f"algorithm.rollout_correction.bypass_mode = {value}, set by the config; the run's rule would choose {reason}"
+    )

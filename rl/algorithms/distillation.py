@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING, Any
 
+from env_types.renderer import render_prompt
 from rl.algorithms.base import Algorithm
 from rl.algorithms.config import POLICY, AlgorithmConfig
 from rl.algorithms.streams import ce_only, distill, rollout_to_samples
 from rl.packing.rows import TrainSample
-from env_types.renderer import render_prompt
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 
 if TYPE_CHECKING:
@@ -38,7 +38,9 @@ class SFT(Algorithm):
         """The row's demonstration as a one-turn rollout; its tokens carry logprob 0 and were not sampled."""
         demo = row.get(self.config.demo_key)
         if demo is None:
-            raise KeyError(f"task {self.task!r}: sft needs the dataset key {self.config.demo_key!r} (algorithm.demo_key)")
+            raise KeyError(
+                f"task {self.task!r}: sft needs the dataset key {self.config.demo_key!r} (algorithm.demo_key)"
+            )
         env = context.task.make_env(row)
         timeout = context.env_config.env_timeout_s
         reset = await asyncio.wait_for(env.reset(), timeout)
@@ -50,8 +52,12 @@ class SFT(Algorithm):
         rollout = context.new_rollout()
         rollout.turns.append(
             RolloutTurn(
-                prompt_messages=list(reset.messages), prompt_token_ids=full[:common], completion_token_ids=full[common:],
-                completion_logprobs=[0.0] * (len(full) - common), assistant_message=reply, finish_reason="stop",
+                prompt_messages=list(reset.messages),
+                prompt_token_ids=full[:common],
+                completion_token_ids=full[common:],
+                completion_logprobs=[0.0] * (len(full) - common),
+                assistant_message=reply,
+                finish_reason="stop",
             )
         )
         rollout.status = rollout.status.transition(RolloutStatus.COMPLETED)
@@ -99,7 +105,9 @@ class OPSD(Algorithm):
         """The live policy, shown the demonstration in the first prompt, scores each sampled token."""
         demo = group.example.get(self.config.demo_key)
         if demo is None:
-            raise KeyError(f"task {self.task!r}: opsd needs the dataset key {self.config.demo_key!r} (algorithm.demo_key)")
+            raise KeyError(
+                f"task {self.task!r}: opsd needs the dataset key {self.config.demo_key!r} (algorithm.demo_key)"
+            )
         out: list[TrainSample] = []
         for rollout in rollouts:
             samples = rollout_to_samples(rollout, 0.0)
@@ -108,7 +116,9 @@ class OPSD(Algorithm):
             first = rollout.turns[0]
             messages = [dict(m) for m in first.prompt_messages]
             last_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
-            messages[last_user]["content"] = f"{messages[last_user]['content']}\n\nA correct answer, for reference: {demo}"
+            messages[last_user]["content"] = (
+                f"{messages[last_user]['content']}\n\nA correct answer, for reference: {demo}"
+            )
             demo_prompt = self.renderer.render_ids(messages, add_generation_prompt=True)
             sample = samples[0]  # the demonstration conditions the first prompt; later re-rendered samples are dropped
             cut = len(first.prompt_token_ids)

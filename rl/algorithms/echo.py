@@ -16,5 +16,7 @@ class Echo(GRPO):
         return [
             sample
             for rollout in rollouts
-            for sample in rollout_to_samples(rollout, float(rollout.advantage or 0.0), env_weights=weights, renderer=self.renderer)
+            for sample in rollout_to_samples(
+                rollout, float(rollout.advantage or 0.0), env_weights=weights, renderer=self.renderer
+            )
         ]

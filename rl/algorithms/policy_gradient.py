@@ -56,7 +56,8 @@ class ReinforcePP(Algorithm):
         if not rollouts:
             return
         [whitened] = adv.whiten_over_tokens(
-            [torch.tensor([r.advantage for r in rollouts])], [torch.tensor([float(r.num_completion_tokens) for r in rollouts])]
+            [torch.tensor([r.advantage for r in rollouts])],
+            [torch.tensor([float(r.num_completion_tokens) for r in rollouts])],
         )
         for rollout, value in zip(rollouts, whitened.tolist()):
             rollout.advantage = value
@@ -85,5 +86,7 @@ class Custom(Algorithm):
     def advantages(self, rewards: torch.Tensor, rollouts: list[Rollout]) -> torch.Tensor:
         values = self.fn(rewards.tolist(), rollouts)
         if len(values) != len(rollouts):
-            raise ValueError(f"{self.config.custom_advantage_fn} returned {len(values)} advantages for {len(rollouts)} rollouts")
+            raise ValueError(
+                f"{self.config.custom_advantage_fn} returned {len(values)} advantages for {len(rollouts)} rollouts"
+            )
         return torch.tensor([float(v) for v in values], dtype=torch.float32)

@@ -58,11 +58,17 @@ def check_algorithms(config: Any) -> None:
             raise ValueError(f"models.{name}.path: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
     for index, task in enumerate(config.tasks):
         algorithm = config.algorithm.for_task(task.algorithm)
-        where = f"tasks.{index}.algorithm" if task.algorithm is not None and task.algorithm.type is not None else "algorithm"
+        where = (
+            f"tasks.{index}.algorithm"
+            if task.algorithm is not None and task.algorithm.type is not None
+            else "algorithm"
+        )
         for key in ("teacher", "sampler"):
             name = getattr(algorithm, key)
             if name is not None and name != POLICY and name not in models:
-                raise ValueError(f"{where}.{key} = {name!r} is not a declared model (known: {sorted(models)} or 'policy')")
+                raise ValueError(
+                    f"{where}.{key} = {name!r} is not a declared model (known: {sorted(models)} or 'policy')"
+                )
         try:
             cls = algorithm_class(algorithm.type)
         except ValueError as exc:

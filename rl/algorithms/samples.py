@@ -32,9 +32,15 @@ DROPPED_ZERO_ADV = "rollouts/dropped_zero_adv_groups"
 class SampleBuilder:
     """Credits each scored group once and turns a step's groups into samples and per-task advantage metrics."""
 
-    def __init__(self, algorithms: dict[str, AlgorithmConfig], renderers: dict[str, Any], prompt_logprobs: PromptLogprobsFn | None):
+    def __init__(
+        self,
+        algorithms: dict[str, AlgorithmConfig],
+        renderers: dict[str, Any],
+        prompt_logprobs: PromptLogprobsFn | None,
+    ):
         self.algorithms: dict[str, Algorithm] = {
-            task: build_algorithm(config, task, renderers.get(task), prompt_logprobs) for task, config in algorithms.items()
+            task: build_algorithm(config, task, renderers.get(task), prompt_logprobs)
+            for task, config in algorithms.items()
         }
 
     def assign(self, group: RolloutGroup) -> str | None:
@@ -61,7 +67,9 @@ class SampleBuilder:
         if reason is not None:
             return reason
         trainable = self.algorithms[group.task_name].trainable(group)
-        fits = any(len(sample.input_ids) <= seq_len for rollout in trainable for sample in rollout_to_samples(rollout, 0.0))
+        fits = any(
+            len(sample.input_ids) <= seq_len for rollout in trainable for sample in rollout_to_samples(rollout, 0.0)
+        )
         return None if fits else DROPPED
 
     async def build(self, groups: list[RolloutGroup]) -> tuple[list[TrainSample], dict[str, float]]:
@@ -87,7 +95,8 @@ class SampleBuilder:
             algorithm = self.algorithms[task]
             algorithm.step_advantages([group for group, _ in kept if group.task_name == task])
             values = torch.tensor(
-                [r.advantage or 0.0 for group, trainable in kept if group.task_name == task for r in trainable], dtype=torch.float64
+                [r.advantage or 0.0 for group, trainable in kept if group.task_name == task for r in trainable],
+                dtype=torch.float64,
             )
             metrics[f"advantage/{task}/mean"] = float(values.mean())
             metrics[f"advantage/{task}/std"] = float(values.std(unbiased=False))

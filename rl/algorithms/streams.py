@@ -22,7 +22,11 @@ def env_token_roles(renderer: Any, previous: RolloutTurn, prompt_ids: list[int])
     """
     new_messages = previous.env_messages
     bridged = renderer.bridge_to_next_turn(previous.prompt_token_ids, previous.completion_token_ids, new_messages)
-    if bridged is not None and list(bridged.token_ids) == prompt_ids and len(bridged.message_indices) == len(prompt_ids):
+    if (
+        bridged is not None
+        and list(bridged.token_ids) == prompt_ids
+        and len(bridged.message_indices) == len(prompt_ids)
+    ):
         return [new_messages[i]["role"] if i >= 0 else None for i in bridged.message_indices]
     if previous.assistant_message is None:
         return None
@@ -54,7 +58,9 @@ def rollout_to_samples(
 
     def close_sample() -> None:
         # A sample's version is its oldest sampled token's: staleness is measured from it.
-        samples.append(TrainSample(input_ids, loss_mask, sampling_logprobs, advantage, min(versions), ce_weights=ce_weights))
+        samples.append(
+            TrainSample(input_ids, loss_mask, sampling_logprobs, advantage, min(versions), ce_weights=ce_weights)
+        )
 
     previous: RolloutTurn | None = None
     for turn in rollout.turns:
@@ -84,8 +90,13 @@ def rollout_to_samples(
 def distill(sample: TrainSample, teacher_logprobs: list[float]) -> TrainSample:
     """The sample retargeted to the ref_kl component: its sampled tokens pulled towards the teacher."""
     return TrainSample(
-        sample.input_ids, sample.loss_mask, sample.sampling_logprobs, 0.0, sample.policy_version,
-        rl_weights=[0.0] * len(sample.input_ids), ref_kl_weights=[float(m) for m in sample.loss_mask],
+        sample.input_ids,
+        sample.loss_mask,
+        sample.sampling_logprobs,
+        0.0,
+        sample.policy_version,
+        rl_weights=[0.0] * len(sample.input_ids),
+        ref_kl_weights=[float(m) for m in sample.loss_mask],
         ref_logprobs=list(teacher_logprobs),
     )
 
@@ -93,6 +104,10 @@ def distill(sample: TrainSample, teacher_logprobs: list[float]) -> TrainSample:
 def ce_only(sample: TrainSample) -> TrainSample:
     """The sample retargeted to the ce component: cross-entropy on its sampled tokens, nothing else."""
     return TrainSample(
-        sample.input_ids, [False] * len(sample.input_ids), [0.0] * len(sample.input_ids), 0.0, sample.policy_version,
+        sample.input_ids,
+        [False] * len(sample.input_ids),
+        [0.0] * len(sample.input_ids),
+        0.0,
+        sample.policy_version,
         ce_weights=[float(m) for m in sample.loss_mask],
     )

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rl.checkpoint import store as checkpoint
 from rl.checkpoint import run_dir as run_dirs
+from rl.checkpoint import store as checkpoint
 from rl.config import Config, ConfigError, load_config
 
 RESUMABLE_KEYS = (
@@ -42,7 +42,9 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(data, dict):
         return {key: value for name, item in data.items() for key, value in _flatten(item, f"{prefix}{name}.").items()}
     if isinstance(data, list) and data and all(isinstance(item, dict) for item in data):
-        return {key: value for index, item in enumerate(data) for key, value in _flatten(item, f"{prefix}{index}.").items()}
+        return {
+            key: value for index, item in enumerate(data) for key, value in _flatten(item, f"{prefix}{index}.").items()
+        }
     return {prefix.rstrip("."): data}
 
 
@@ -90,7 +92,10 @@ def truncate_logs(run_dir: Path, step: int) -> None:
             try:
                 record = json.loads(line)
             except ValueError:
-                print(f"rlmesh: warning: {path} line {number} is not a whole record (a write cut short): dropped", file=sys.stderr)
+                print(
+                    f"rlmesh: warning: {path} line {number} is not a whole record (a write cut short): dropped",
+                    file=sys.stderr,
+                )
                 continue
             if record["step"] <= step:
                 kept.append(line + "\n")
@@ -106,7 +111,9 @@ def restore_logs(run_dir: Path, resume_from: Path) -> None:
     truncate_logs(run_dir, step)
     record = checkpoint.read_step_record(resume_from)
     metrics_path = run_dir / "metrics.jsonl"
-    logged = metrics_path.exists() and any(json.loads(line)["step"] == step for line in metrics_path.read_text().splitlines())
+    logged = metrics_path.exists() and any(
+        json.loads(line)["step"] == step for line in metrics_path.read_text().splitlines()
+    )
     if record is None or logged:
         return
     metrics, samples = record

@@ -28,7 +28,9 @@ class RunDirLock:
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
-        self._fd: int | None = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by actor processes
+        self._fd: int | None = os.open(
+            run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644
+        )  # not inherited by actor processes
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -36,7 +38,11 @@ class RunDirLock:
             self.release()
             raise RunDirBusy(f"{run_dir} is in use by {holder}; a run directory has one writer at a time") from None
         os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n".encode(), 0)
+        os.pwrite(
+            self._fd,
+            f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S %Z')}\n".encode(),
+            0,
+        )
         _HELD.add(run_dir.resolve())
 
     def release(self) -> None:

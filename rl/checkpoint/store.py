@@ -63,7 +63,9 @@ def newest_checkpoint(run_dir: Path) -> Path:
     """The newest committed checkpoint; a clear error when there is none."""
     checkpoints = committed_checkpoints(run_dir)
     if not checkpoints:
-        raise FileNotFoundError(f"{run_dir} has no committed checkpoint under {checkpoint_root(run_dir)}; nothing to resume")
+        raise FileNotFoundError(
+            f"{run_dir} has no committed checkpoint under {checkpoint_root(run_dir)}; nothing to resume"
+        )
     return checkpoints[-1]
 
 
@@ -75,7 +77,9 @@ def newest_loadable(run_dir: Path) -> Path:
         if reason is None:
             return path
         print(f"rlmesh: warning: skipping checkpoint {path.name}: {reason}", file=sys.stderr)
-    raise FileNotFoundError(f"{run_dir}: every committed checkpoint is damaged (see the warnings above); nothing to resume")
+    raise FileNotFoundError(
+        f"{run_dir}: every committed checkpoint is damaged (see the warnings above); nothing to resume"
+    )
 
 
 def damage(path: Path) -> str | None:
@@ -110,7 +114,9 @@ def unreadable(path: Path) -> str | None:
         for item in metadata.storage_data.values():
             file = path / "trainer" / item.relative_path
             if item.offset + item.length > file.stat().st_size:
-                raise ValueError(f"{item.relative_path} ends at byte {file.stat().st_size}, its index reads to {item.offset + item.length}")
+                raise ValueError(
+                    f"{item.relative_path} ends at byte {file.stat().st_size}, its index reads to {item.offset + item.length}"
+                )
 
     parts = {
         "run_state.json": lambda: int(read_run_state(path)["step"]),
@@ -118,7 +124,10 @@ def unreadable(path: Path) -> str | None:
         "trainer/": trainer_index,
         "step_record.json": lambda: read_step_record(path),
         "services.json": lambda: read_service_counters(path),
-        **{f"rng/{file.name}": functools.partial(torch.load, file, weights_only=True) for file in sorted((path / "rng").glob("*.pt"))},
+        **{
+            f"rng/{file.name}": functools.partial(torch.load, file, weights_only=True)
+            for file in sorted((path / "rng").glob("*.pt"))
+        },
     }
     for name, read in parts.items():
         try:
@@ -225,7 +234,9 @@ def read_run_state(path: Path) -> dict[str, Any]:
 def write_step_record(path: Path, metrics: dict[str, Any], samples: dict[str, list[dict[str, Any]]]) -> None:
     """The step's reduced metrics and samples, committed with the checkpoint: a kill between the commit
     and the step's log lines loses neither."""
-    (path / "step_record.json").write_text(json.dumps({"metrics": metrics, "samples": samples}, sort_keys=True, default=str) + "\n")
+    (path / "step_record.json").write_text(
+        json.dumps({"metrics": metrics, "samples": samples}, sort_keys=True, default=str) + "\n"
+    )
 
 
 def read_step_record(path: Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]] | None:
@@ -247,14 +258,19 @@ def read_service_counters(path: Path) -> dict[str, dict[str, Any]]:
 
 def rng_state() -> dict[str, Any]:
     """This process's python, numpy and torch RNG states, as plain containers and tensors (loadable with `weights_only=True`)."""
-    numpy_state = np.random.get_state(legacy=False)  # {"bit_generator", "state": {"key": uint32 [624], "pos"}, "has_gauss", "gauss"}
+    numpy_state = np.random.get_state(
+        legacy=False
+    )  # {"bit_generator", "state": {"key": uint32 [624], "pos"}, "has_gauss", "gauss"}
     numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
     return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
-    numpy_state = {**state["numpy"], "state": {**state["numpy"]["state"], "key": state["numpy"]["state"]["key"].numpy().astype(np.uint32)}}
+    numpy_state = {
+        **state["numpy"],
+        "state": {**state["numpy"]["state"], "key": state["numpy"]["state"]["key"].numpy().astype(np.uint32)},
+    }
     np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
 
@@ -268,7 +284,10 @@ def load_rng(path: Path, process: str) -> None:
     """Restore `process`'s RNG; one missing (a replica lost while the checkpoint was written) keeps its own, with a warning."""
     file = path / "rng" / f"{process}.pt"
     if not file.is_file():
-        print(f"rlmesh: warning: {path.name} has no RNG state of {process}; it continues from its own seed", file=sys.stderr)
+        print(
+            f"rlmesh: warning: {path.name} has no RNG state of {process}; it continues from its own seed",
+            file=sys.stderr,
+        )
         return
     set_rng_state(torch.load(file, weights_only=True))
 
@@ -279,7 +298,10 @@ def save_trainer(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opti
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()}, checkpoint_id=path / "trainer")
+    dcp.save(
+        {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()},
+        checkpoint_id=path / "trainer",
+    )
 
 
 def load_trainer(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:

@@ -1,6 +1,5 @@
 """Where the roles run: one host, local processes, Slurm or Kubernetes, and how many hosts each role gets."""
 
-
 from __future__ import annotations
 
 from typing import Literal
@@ -68,5 +67,3 @@ class ClusterConfig(Section):
     """Environment of every process on an allocated host (they do not inherit the launcher's), e.g. HF_HOME."""
     slurm: SlurmOptions = SlurmOptions()
     kubernetes: KubernetesOptions | None = None
-
-

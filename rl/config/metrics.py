@@ -1,6 +1,5 @@
 """Where metrics and sample logs go: wandb and the sample filters."""
 
-
 from __future__ import annotations
 
 from typing import Annotated, Literal
@@ -46,5 +45,3 @@ class SampleLoggingConfig(Section):
 
     enabled: bool = True
     filters: SampleFilters = SampleFilters()
-
-

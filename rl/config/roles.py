@@ -1,6 +1,5 @@
 """The sections of the roles: the policy model, its generators (vLLM) and its trainer, and how weights move between them."""
 
-
 from __future__ import annotations
 
 import re
@@ -10,7 +9,6 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from rl.section import Device, DType, Section
-
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
 
@@ -120,5 +118,3 @@ class WeightSyncConfig(Section):
     transport: Literal["shared_memory", "torchstore"] = "shared_memory"
     """"shared_memory": bytes through a shared file on this host, torchstore carries a versioned handle;
     "torchstore": every tensor through the store (needed when trainer and generators are on different hosts)."""
-
-

@@ -15,13 +15,13 @@ from typing import Any
 from pydantic import Field, ValidationError, model_validator
 
 from rl.algorithms.config import AlgorithmConfig, FrozenModelConfig
-from rl.section import Section
-from rl.services.config import ServicesConfig
 from rl.config.cluster import ClusterConfig
 from rl.config.metrics import SampleLoggingConfig, WandbConfig
 from rl.config.roles import GeneratorConfig, ModelConfig, TrainerConfig, WeightSyncConfig
 from rl.config.run import CheckpointConfig, RunConfig
 from rl.config.tasks import TaskConfig
+from rl.section import Section
+from rl.services.config import ServicesConfig
 
 _PRECISION_BITS = {"float32": 24, "bfloat16": 8, "float16": 11}
 
@@ -59,7 +59,9 @@ class Config(Section):
                 )
             if task.env.max_total_tokens > self.generator.max_model_len:
                 raise ValueError(f"tasks.{index}.env.max_total_tokens exceeds generator.max_model_len")
-        from rl.algorithms.registry import check_algorithms  # the algorithm classes import torch: not at config import time
+        from rl.algorithms.registry import (
+            check_algorithms,  # the algorithm classes import torch: not at config import time
+        )
 
         check_algorithms(self)
         self._check_cluster()
@@ -67,9 +69,14 @@ class Config(Section):
         return self
 
     def _check_services(self) -> None:
-        replicas = {"generator": self.generator.num_replicas, **{f"models.{name}": model.replicas for name, model in self.models.items()}}
+        replicas = {
+            "generator": self.generator.num_replicas,
+            **{f"models.{name}": model.replicas for name, model in self.models.items()},
+        }
         for role, count in replicas.items():
-            needed = (self.services.models if role.startswith("models.") else self.services.generator).min_healthy_replicas
+            needed = (
+                self.services.models if role.startswith("models.") else self.services.generator
+            ).min_healthy_replicas
             if needed > count:
                 raise ValueError(f"services: min_healthy_replicas ({needed}) exceeds the {count} replicas of {role}")
 
@@ -77,22 +84,32 @@ class Config(Section):
         cluster, trainer = self.cluster, self.trainer
         trainer_hosts = cluster.hosts.trainer  # 0: on the launcher's host
         if trainer.num_hosts != max(1, trainer_hosts):
-            raise ValueError(f"trainer.num_hosts = {trainer.num_hosts} but the cluster gives the trainer {max(1, trainer_hosts)} host(s) (cluster.hosts.trainer)")
+            raise ValueError(
+                f"trainer.num_hosts = {trainer.num_hosts} but the cluster gives the trainer {max(1, trainer_hosts)} host(s) (cluster.hosts.trainer)"
+            )
         if cluster.scheduler == "local" and any(count > 1 for count in cluster.hosts.allocated().values()):
-            raise ValueError("cluster.scheduler = 'local' has one host; use 'process', 'slurm' or 'kubernetes' for more")
+            raise ValueError(
+                "cluster.scheduler = 'local' has one host; use 'process', 'slurm' or 'kubernetes' for more"
+            )
         if self.generator.num_replicas % max(1, cluster.hosts.generator):
-            raise ValueError(f"generator.num_replicas ({self.generator.num_replicas}) must be a multiple of cluster.hosts.generator")
+            raise ValueError(
+                f"generator.num_replicas ({self.generator.num_replicas}) must be a multiple of cluster.hosts.generator"
+            )
         if cluster.scheduler == "kubernetes" and cluster.kubernetes is None:
             raise ValueError("cluster.scheduler = 'kubernetes' needs a [cluster.kubernetes] section (image, namespace)")
         apart = cluster.scheduler != "local" and (trainer_hosts > 0 or cluster.hosts.generator > 0)
         if apart and self.weight_sync.transport != "torchstore":
-            raise ValueError("trainer and generators on different hosts: set weight_sync.transport = 'torchstore' (shared memory is one host's)")
+            raise ValueError(
+                "trainer and generators on different hosts: set weight_sync.transport = 'torchstore' (shared memory is one host's)"
+            )
 
     def _check_precision(self) -> None:
         from rl.precision import native_bf16, resolve_compute_dtype
 
         trainer = self.trainer
-        checkable = trainer.device == "cuda" or self.cluster.hosts.trainer == 0  # a CPU elsewhere cannot be asked from here
+        checkable = (
+            trainer.device == "cuda" or self.cluster.hosts.trainer == 0
+        )  # a CPU elsewhere cannot be asked from here
         native = native_bf16(trainer.device) if checkable else False
         trainer.dtype = resolve_compute_dtype(trainer.dtype, trainer.param_dtype, native)
         if trainer.dtype == "bfloat16" and trainer.device == "cpu" and checkable and not native:
@@ -102,7 +119,9 @@ class Config(Section):
                 "(the main job's first bf16 step had not finished after 6 min; fp32 takes ~15 s). Use 'auto' or 'float32'"
             )
         if trainer.attention == "flex_attention" and trainer.device == "cpu":
-            raise ValueError("trainer.attention = 'flex_attention' on CPU: FlexAttention has no backward on CPU (torch 2.13); use 'sdpa'")
+            raise ValueError(
+                "trainer.attention = 'flex_attention' on CPU: FlexAttention has no backward on CPU (torch 2.13); use 'sdpa'"
+            )
         if trainer.param_dtype != "float32" and not trainer.pure_low_precision:
             raise ValueError(
                 f"trainer.param_dtype = {trainer.param_dtype!r}: low-precision parameters barely train at RL learning "
@@ -110,9 +129,13 @@ class Config(Section):
                 "trainer.pure_low_precision = true to insist"
             )
         if trainer.dtype == "float16" and trainer.param_dtype != "float16":
-            raise ValueError("trainer.dtype = 'float16': fp16 autocast needs loss scaling, which rlmesh does not do; use 'bfloat16'")
+            raise ValueError(
+                "trainer.dtype = 'float16': fp16 autocast needs loss scaling, which rlmesh does not do; use 'bfloat16'"
+            )
         if _PRECISION_BITS[trainer.dtype] > _PRECISION_BITS[trainer.param_dtype]:
-            raise ValueError(f"trainer.dtype ({trainer.dtype}) is wider than trainer.param_dtype ({trainer.param_dtype})")
+            raise ValueError(
+                f"trainer.dtype ({trainer.dtype}) is wider than trainer.param_dtype ({trainer.param_dtype})"
+            )
         if self.generator.dtype == "auto":
             self.generator.dtype = trainer.param_dtype
 

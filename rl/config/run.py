@@ -1,8 +1,6 @@
 """The run's length, seeds, evaluation and output directory, and its checkpoints."""
 
-
 from __future__ import annotations
-
 
 from pydantic import Field
 
@@ -47,5 +45,3 @@ class CheckpointConfig(Section):
     """Write a checkpoint every N optimizer steps; 0 = only the final one (always written when a run ends)."""
     keep: int = Field(2, ge=1)
     """Newest committed checkpoints kept; older ones are deleted after each commit."""
-
-

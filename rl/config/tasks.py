@@ -1,16 +1,15 @@
 """A task entry of the run: which task, its data and its rubric."""
 
-
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
-from rollouts.renderer_env import RendererEnvConfig
-from rl.algorithms.config import TaskAlgorithmConfig
 from env_types.renderer import RendererConfig
+from rl.algorithms.config import TaskAlgorithmConfig
 from rl.section import Section
+from rollouts.renderer_env import RendererEnvConfig
 
 
 class RubricConfig(Section):
@@ -80,5 +79,3 @@ class TaskConfig(Section):
     data: DataConfig | None = None
     algorithm: TaskAlgorithmConfig | None = None
     """Overrides of `[algorithm]` for this task (type, teacher, sampler, ...); None = `[algorithm]` as is."""
-
-

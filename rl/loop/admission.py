@@ -34,7 +34,9 @@ class Admission:
         self._changed = asyncio.Condition()
 
     def capacity(self) -> int:
-        staleness_room = (self.policy_version + self.max_staleness + 1) * self.rows_per_step - (self.accepted + self.running)
+        staleness_room = (self.policy_version + self.max_staleness + 1) * self.rows_per_step - (
+            self.accepted + self.running
+        )
         return min(self.max_concurrent - self.running, staleness_room)
 
     async def acquire(self) -> int:

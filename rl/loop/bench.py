@@ -84,7 +84,13 @@ def weight_sync_floor(config: Config) -> dict[str, float]:
     finally:
         llm.llm_engine.engine_core.shutdown()
     megabytes = sum(t.numel() * t.element_size() for t in cast.values()) / 2**20
-    return {"cast_s": cast_s, "copy_s": copy_s, "reload_s": reload_s, "total_s": cast_s + copy_s + reload_s, "megabytes": megabytes}
+    return {
+        "cast_s": cast_s,
+        "copy_s": copy_s,
+        "reload_s": reload_s,
+        "total_s": cast_s + copy_s + reload_s,
+        "megabytes": megabytes,
+    }
 
 
 def parameter_count(config: Config) -> int:
@@ -114,7 +120,8 @@ async def run_loop(config: Config, staleness: int, name: str) -> dict[str, float
         "trained_tokens_per_s": sum(step["train/num_loss_tokens"] for step in steps) / seconds,
         "train_forward_tokens_per_s": sum(step["train/forward_tokens"] for step in steps) / train_seconds,
         "train_logical_tokens_per_s": sum(step["train/logical_tokens"] for step in steps) / train_seconds,
-        "prefix_sharing_gain": sum(step["train/logical_tokens"] for step in steps) / sum(step["train/forward_tokens"] for step in steps),
+        "prefix_sharing_gain": sum(step["train/logical_tokens"] for step in steps)
+        / sum(step["train/forward_tokens"] for step in steps),
         "generation_s": mean("time/generation_s"),
         "train_s": mean("time/train_s"),
         "weight_sync_s": mean("time/weight_sync_s"),
@@ -132,19 +139,35 @@ def table(results: dict[str, Any]) -> str:
     peaks = ", ".join(f"{dtype} {gflops:.0f}" for dtype, gflops in results["matmul_peak_gflops"].items())
     rows = [
         ("generation alone (tokens/s)", f"{sync['generation_tokens_per_s']:.0f}"),
-        ("training alone: forwarded, logical tokens/s", f"{sync['train_forward_tokens_per_s']:.0f}, {sync['train_logical_tokens_per_s']:.0f}"),
+        (
+            "training alone: forwarded, logical tokens/s",
+            f"{sync['train_forward_tokens_per_s']:.0f}, {sync['train_logical_tokens_per_s']:.0f}",
+        ),
         ("prefix-sharing gain (logical / forwarded tokens)", f"{sync['prefix_sharing_gain']:.2f}"),
         (f"matmul peak, GFLOP/s ({results['native_bf16']})", peaks),
-        (f"training, share of the {results['trainer_dtype']} matmul peak (forwarded tokens)", f"{results['trainer_peak_fraction']:.2f}"),
+        (
+            f"training, share of the {results['trainer_dtype']} matmul peak (forwarded tokens)",
+            f"{results['trainer_peak_fraction']:.2f}",
+        ),
     ]
     for name, loop in loops.items():
-        rows.append((f"{name} loop: s/step, trained tokens/s", f"{loop['s_per_step']:.2f}, {loop['trained_tokens_per_s']:.1f}"))
+        rows.append(
+            (f"{name} loop: s/step, trained tokens/s", f"{loop['s_per_step']:.2f}, {loop['trained_tokens_per_s']:.1f}")
+        )
     for name in ("async_1", "async_2"):
         rows.append((f"{name} / sync throughput", f"{results['ratios'][name + '_vs_sync']:.2f}"))
-        rows.append((f"{name} overlap ratio, mean version offset", f"{loops[name]['overlap_ratio']:.2f}, {loops[name]['version_offset_mean']:.2f}"))
+        rows.append(
+            (
+                f"{name} overlap ratio, mean version offset",
+                f"{loops[name]['overlap_ratio']:.2f}, {loops[name]['version_offset_mean']:.2f}",
+            )
+        )
     rows += [
         ("sync s/step vs generation + training + sync alone", f"{results['ratios']['sync_vs_phases']:.2f}"),
-        ("weight sync s (loop) vs in-process floor", f"{sync['weight_sync_s']:.2f} vs {results['weight_sync_floor']['total_s']:.2f}"),
+        (
+            "weight sync s (loop) vs in-process floor",
+            f"{sync['weight_sync_s']:.2f} vs {results['weight_sync_floor']['total_s']:.2f}",
+        ),
         ("packing efficiency (real / all forwarded positions)", f"{sync['packing_efficiency']:.2f}"),
     ]
     lines = [f"`rlmesh bench` on {results['model']} ({results['machine']})", "", "| measure | value |", "|---|---|"]
@@ -161,7 +184,9 @@ async def bench(config: Config) -> dict[str, Any]:
         "trainer_dtype": config.trainer.dtype,
         "native_bf16": f"native bf16: {'yes' if native else 'no'}",
         "matmul_peak_gflops": {  # a bf16 matmul without native support runs PyTorch's reference GEMM: a smaller one suffices
-            name: matmul_peak_gflops(TORCH_DTYPES[name], config.trainer.cpus, size=2048 if native or name == "float32" else 512)
+            name: matmul_peak_gflops(
+                TORCH_DTYPES[name], config.trainer.cpus, size=2048 if native or name == "float32" else 512
+            )
             for name in dict.fromkeys(("float32", "bfloat16", config.trainer.dtype))
         },
         "loops": {},

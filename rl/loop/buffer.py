@@ -41,7 +41,9 @@ class RolloutBuffer:
             if group is None:
                 self._queue.put_nowait(None)  # later gets see the end too
                 break
-            if is_frozen_sampled(group) or is_fresh(group.min_policy_version, trainer_policy_version, self.max_staleness):
+            if is_frozen_sampled(group) or is_fresh(
+                group.min_policy_version, trainer_policy_version, self.max_staleness
+            ):
                 groups.append(group)
             else:
                 evicted.append(group)

@@ -17,7 +17,9 @@ if TYPE_CHECKING:
     from tasks.build import BuiltTask
 
 
-def row_limit(rows_by_task: dict[str, list[dict[str, Any]]], *, epochs: float | None, max_rows: int | None) -> int | None:
+def row_limit(
+    rows_by_task: dict[str, list[dict[str, Any]]], *, epochs: float | None, max_rows: int | None
+) -> int | None:
     """Rows a run may draw: `epochs` passes over all tasks' rows and/or `max_rows`, the smaller; None = unlimited."""
     limits = [max_rows] if max_rows is not None else []
     if epochs is not None:
@@ -29,7 +31,11 @@ class RowStream:
     """Deterministic stream of `(task_name, row)` pairs, endless unless it has a `limit`."""
 
     def __init__(
-        self, rows_by_task: dict[str, list[dict[str, Any]]], weights: dict[str, float], seed: int, limit: int | None = None
+        self,
+        rows_by_task: dict[str, list[dict[str, Any]]],
+        weights: dict[str, float],
+        seed: int,
+        limit: int | None = None,
     ):
         empty = [name for name, rows in rows_by_task.items() if not rows]
         if empty:
@@ -86,6 +92,8 @@ def training_stream(tasks: dict[str, BuiltTask], run: RunConfig, cursor: int) ->
     plans: `run.steps`, or fewer when `run.epochs` / `run.max_rows` leave rows for fewer steps."""
     train_rows = {name: task.load_rows("train") for name, task in tasks.items()}
     limit = row_limit(train_rows, epochs=run.epochs, max_rows=run.max_rows)
-    stream = RowStream(train_rows, {name: task.config.weight for name, task in tasks.items()}, seed=run.seed, limit=limit)
+    stream = RowStream(
+        train_rows, {name: task.config.weight for name, task in tasks.items()}, seed=run.seed, limit=limit
+    )
     stream.seek(cursor)
     return stream, run.steps if limit is None else min(run.steps, limit // run.groups_per_step)

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import monarch.actor
 import monarch.config
@@ -25,8 +26,8 @@ from tqdm import tqdm
 from actors.generator import Generator
 from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
-from rl.checkpoint import store as checkpoint
 from rl.algorithms.config import POLICY, FrozenModelConfig
+from rl.checkpoint import store as checkpoint
 from rl.config import Config
 from rl.config.roles import GeneratorConfig, SamplingConfig
 from rl.metrics.actor import gather_states
@@ -39,7 +40,6 @@ from rl.services.service import Service, after_run_fault_hook
 from rl.weights import sync as weight_sync
 from rollouts.types import Completion, GenerationFailed, GenerationRequest, RolloutGroup, RolloutStatus
 
-
 RESUME_HINT = "resume from the last checkpoint with `rlmesh train --resume RUN_DIR`"
 
 
@@ -51,7 +51,7 @@ async def within(call: Awaitable[Any], what: str, key: str, timeout_s: float) ->
     """Await an actor call within `timeout_s` (config key `key`); DeadlineMissed, naming both, instead of hanging."""
     try:
         return await asyncio.wait_for(call, timeout_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise DeadlineMissed(f"{what} took longer than {key}={timeout_s} s; {RESUME_HINT}") from None
 
 
@@ -84,7 +84,9 @@ class Roles:
 
     @property
     def services(self) -> list[Service]:
-        return [service for service in (self.generators, self.reward) if service is not None] + list(self.frozen.values())
+        return [service for service in (self.generators, self.reward) if service is not None] + list(
+            self.frozen.values()
+        )
 
     async def start(self, stop_token_ids: list[int], planned_steps: int) -> None:
         """Start the store and spawn the actors, each kind on its own processes."""
@@ -99,28 +101,53 @@ class Roles:
         spawn_procs = (await asyncio.to_thread(self.placement.allocate)).spawn_procs  # the [cluster] hosts of each role
         transport = config.weight_sync.transport
         self.trainer, trainer_procs = await spawn_trainer(
-            spawn_procs, config.trainer, PolicyTrainer, config.trainer, config.algorithm, config.model.path, planned_steps,
-            weight_transport=transport, wire_dtype=config.generator.dtype,
+            spawn_procs,
+            config.trainer,
+            PolicyTrainer,
+            config.trainer,
+            config.algorithm,
+            config.model.path,
+            planned_steps,
+            weight_transport=transport,
+            wire_dtype=config.generator.dtype,
         )
         self._proc_meshes = [trainer_procs]
         generator_args = (config.generator, config.model.path, transport, stop_token_ids)
         self.generators = Service(
-            "generator", Generator, lambda replica: (*generator_args, replica), replicas=config.generator.num_replicas,
-            config=config.services.generator, on_fatal=self.stop_run, prepare=self._load_policy, release="shutdown",
+            "generator",
+            Generator,
+            lambda replica: (*generator_args, replica),
+            replicas=config.generator.num_replicas,
+            config=config.services.generator,
+            on_fatal=self.stop_run,
+            prepare=self._load_policy,
+            release="shutdown",
             spawn_procs=self.placement.replica_procs("generator", gpus_per_proc=config.generator.tensor_parallel_size),
         )
         model_paths = {name: model.path for name, model in config.models.items()}
         reward_args = (config.tasks, config.run.reward_concurrency, model_paths, config.generator.eval_sampling)
         self.reward = Service(
-            "reward", RewardActor, lambda replica: (*reward_args, replica), replicas=config.services.reward.replicas, config=config.services.reward,
-            spawn_procs=self.placement.replica_procs("reward"), on_fatal=self.stop_run, prepare=self._connect_models,
+            "reward",
+            RewardActor,
+            lambda replica: (*reward_args, replica),
+            replicas=config.services.reward.replicas,
+            config=config.services.reward,
+            spawn_procs=self.placement.replica_procs("reward"),
+            on_fatal=self.stop_run,
+            prepare=self._connect_models,
         )
         for name, model in config.models.items():
             args = (frozen_generator(config.generator, model), model.path, transport, stop_token_ids)
             self.frozen[name] = Service(
-                f"frozen_{name}", Generator, lambda replica, args=args: (*args, replica),
-                replicas=model.replicas, config=config.services.models, spawn_procs=self.placement.frozen_procs(name), on_fatal=self.stop_run,
-                config_key="services.models", release="shutdown",
+                f"frozen_{name}",
+                Generator,
+                lambda replica, args=args: (*args, replica),
+                replicas=model.replicas,
+                config=config.services.models,
+                spawn_procs=self.placement.frozen_procs(name),
+                on_fatal=self.stop_run,
+                config_key="services.models",
+                release="shutdown",
             )
         trainer_started = asyncio.wait_for(self.trainer.initialized, config.services.generator.start_timeout_s)
         frozen_started = asyncio.gather(*(service.start() for service in self.frozen.values()))
@@ -160,7 +187,9 @@ class Roles:
         """Each frozen model's healthy replica actors (for `judge` reward functions in the reward actors)."""
         return {name: service.actors() for name, service in self.frozen.items()}
 
-    async def generate(self, request: GenerationRequest, sampling: SamplingConfig, key: str, sampler: str = POLICY) -> Completion:
+    async def generate(
+        self, request: GenerationRequest, sampling: SamplingConfig, key: str, sampler: str = POLICY
+    ) -> Completion:
         """One completion from the policy's generators or frozen model `sampler` (sticky by `key`); raises `GenerationFailed` if the generator failed it."""
         service = self.generators if sampler == POLICY else self.frozen[sampler]
         [result] = await service.generate.route([request], sampling, key=key)
@@ -192,7 +221,9 @@ class Roles:
         """The trainer publishes its weights as `policy_version` within `run.weight_sync_timeout_s`."""
         push = self.trainer.push_weights.call_one(policy_version)
         timeout_s = self.config.run.weight_sync_timeout_s
-        await within(push, f"trainer weight push (policy version {policy_version})", "run.weight_sync_timeout_s", timeout_s)
+        await within(
+            push, f"trainer weight push (policy version {policy_version})", "run.weight_sync_timeout_s", timeout_s
+        )
 
     def trainer_call(self, call: Awaitable[Any], what: str) -> Awaitable[Any]:
         """A trainer call (not the weight push) within `trainer.call_timeout_s`."""
@@ -204,22 +235,31 @@ class Roles:
         trainer, timeout_s = self.trainer, self.config.run.metrics_timeout_s
         states, missed = await gather_states([trainer, *self.reward.actors()], timeout_s)
         if any(mesh is trainer for mesh in missed):
-            raise DeadlineMissed(f"gathering the trainer's metric states took longer than run.metrics_timeout_s={timeout_s} s "
-                                 f"(or failed); {RESUME_HINT}")
+            raise DeadlineMissed(
+                f"gathering the trainer's metric states took longer than run.metrics_timeout_s={timeout_s} s "
+                f"(or failed); {RESUME_HINT}"
+            )
         if missed:
-            tqdm.write(f"rlmesh: warning: {len(missed)} reward replica(s) did not hand over their metric states within "
-                       f"run.metrics_timeout_s; left out of step {step}", file=sys.stderr)
+            tqdm.write(
+                f"rlmesh: warning: {len(missed)} reward replica(s) did not hand over their metric states within "
+                f"run.metrics_timeout_s; left out of step {step}",
+                file=sys.stderr,
+            )
         return states
 
     async def save_checkpoint(self, path: Path) -> None:
         """The roles' part of a checkpoint: the trainer's model, optimizer and RNG, each reward replica's RNG, the services' counters."""
         save = self.trainer_call(self.trainer.save_checkpoint.call_one(str(path)), "checkpoint save")
-        await asyncio.gather(save, self.reward.save_rng.fanout(str(path), timeout_s=self.config.services.reward.call_timeout_s))
+        await asyncio.gather(
+            save, self.reward.save_rng.fanout(str(path), timeout_s=self.config.services.reward.call_timeout_s)
+        )
         checkpoint.write_service_counters(path, {service.name: service.counters() for service in self.services})
 
     async def load_checkpoint(self, path: Path) -> None:
         load = self.trainer_call(self.trainer.load_checkpoint.call_one(str(path)), "checkpoint load")
-        await asyncio.gather(load, self.reward.load_rng.fanout(str(path), timeout_s=self.config.services.reward.call_timeout_s))
+        await asyncio.gather(
+            load, self.reward.load_rng.fanout(str(path), timeout_s=self.config.services.reward.call_timeout_s)
+        )
         saved = checkpoint.read_service_counters(path)
         for service in self.services:
             if service.name in saved:
@@ -229,7 +269,9 @@ class Roles:
         """Stop every actor process and the store; safe after a partial start."""
         self._shutting_down = True
         actor_processes = monarch_processes()
-        await asyncio.gather(self._stop_trainer(), *(service.stop() for service in self.services), return_exceptions=True)
+        await asyncio.gather(
+            self._stop_trainer(), *(service.stop() for service in self.services), return_exceptions=True
+        )
         await asyncio.to_thread(reap, actor_processes, 5)  # a stopped mesh's processes may still be exiting
         self._proc_meshes = []
         self._actors_ready = False
@@ -251,5 +293,5 @@ class Roles:
         stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes), return_exceptions=True)
         try:
             await asyncio.wait_for(stopping, 8)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass  # a mesh stops only once its actors have started (vLLM may still be loading): reaped below

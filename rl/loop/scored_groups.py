@@ -16,7 +16,13 @@ class ScoredGroups:
         self.tasks, self.renderers, self.roles, self.run_seed = tasks, renderers, roles, run_seed
 
     async def make(
-        self, row_id: str, task_name: str, row: dict, group_size: int, sampling: SamplingConfig, sampler: str = POLICY,
+        self,
+        row_id: str,
+        task_name: str,
+        row: dict,
+        group_size: int,
+        sampling: SamplingConfig,
+        sampler: str = POLICY,
         rollout_fn: RolloutFn | None = None,
     ) -> RolloutGroup:
         """A row's group: `group_size` rollouts on the generator service (or frozen model `sampler`), then its rewards.
@@ -26,8 +32,13 @@ class ScoredGroups:
 
         def context(sample_index: int) -> RolloutContext:
             return RolloutContext(
-                row_id=row_id, sample_index=sample_index, task_name=task_name, task=task.task, renderer=self.renderers[task_name],
-                env_config=task.config.env, generate=lambda request: self.roles.generate(request, sampling, row_id, sampler),
+                row_id=row_id,
+                sample_index=sample_index,
+                task_name=task_name,
+                task=task.task,
+                renderer=self.renderers[task_name],
+                env_config=task.config.env,
+                generate=lambda request: self.roles.generate(request, sampling, row_id, sampler),
                 run_seed=self.run_seed,
             )
 

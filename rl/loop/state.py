@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from rl.checkpoint import store as checkpoint
-from rl.config import Config, dump_toml
-from rl.loop.roles import Roles
 from rl.checkpoint.resume import take_over
 from rl.checkpoint.run_dir import RunDirLock, claim_fresh, held_here
+from rl.config import Config, dump_toml
+from rl.loop.roles import Roles
 
 
 def open_run_dir(run_dir: Path, config_toml: str, resume_from: Path | None) -> tuple[Path, RunDirLock | None]:
@@ -70,7 +70,11 @@ def due_after(step: int, planned_steps: int, config: Config, data_ran_out: bool)
 
 
 async def save_checkpoint(
-    run_dir: Path, state: RunState, roles: Roles, config: Config, record: tuple[dict[str, Any], dict[str, Any]] | None = None,
+    run_dir: Path,
+    state: RunState,
+    roles: Roles,
+    config: Config,
+    record: tuple[dict[str, Any], dict[str, Any]] | None = None,
 ) -> float:
     """Commit a checkpoint of step `state.step`: the roles' part, the step's reduced `record` (metrics, samples) when it
     has one, this process's RNG, the run state and the config (`rl.checkpoint`); returns seconds spent."""

@@ -82,7 +82,9 @@ class JsonlBackend:
             self.samples_file = open(self.samples_path, "a")
         for key, rows in samples.items():
             for row in rows:
-                self.samples_file.write(json.dumps({"step": step, "key": key, **row}, default=str) + "\n")  # any value: as text
+                self.samples_file.write(
+                    json.dumps({"step": step, "key": key, **row}, default=str) + "\n"
+                )  # any value: as text
         self.samples_file.flush()
 
     def close(self) -> None:
@@ -102,7 +104,13 @@ class WandbBackend:
         import wandb
 
         self.wandb = wandb
-        self.run = wandb.init(project=config.project, name=run_config["run"]["name"], dir=str(run_dir), mode=config.mode, config=run_config)
+        self.run = wandb.init(
+            project=config.project,
+            name=run_config["run"]["name"],
+            dir=str(run_dir),
+            mode=config.mode,
+            config=run_config,
+        )
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         self.run.log(metrics, step=step)

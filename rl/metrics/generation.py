@@ -42,7 +42,13 @@ class GenerationStats:
         now = time.perf_counter()
         seconds = self.seconds + (now - self.busy_since if self.running else 0.0)
         drained = GenerationStats(seconds, self.completion_tokens, self.dropped_groups, self.dropped_zero_adv_groups)
-        self.seconds, self.completion_tokens, self.dropped_groups, self.dropped_zero_adv_groups, self.busy_since = 0.0, 0, 0, 0, now
+        self.seconds, self.completion_tokens, self.dropped_groups, self.dropped_zero_adv_groups, self.busy_since = (
+            0.0,
+            0,
+            0,
+            0,
+            now,
+        )
         return drained
 
 
@@ -52,7 +58,9 @@ def batch_metrics(
     """A consumed batch's metrics: drops and evictions, version offsets against `policy_version`, generation
     throughput, the consumer's wait, and `rl.metrics.standard.rollout_metrics`."""
     rollouts = [rollout for group in groups for rollout in group.rollouts]
-    policy_sampled = [r for r in rollouts if r.turns and r.metadata.get("sampler", "policy") == "policy"]  # frozen samplers never age
+    policy_sampled = [
+        r for r in rollouts if r.turns and r.metadata.get("sampler", "policy") == "policy"
+    ]  # frozen samplers never age
     offsets = [policy_version - min(r.policy_versions) for r in policy_sampled]
     metrics: dict[str, float] = {
         "rollouts/evicted_stale_groups": evicted,

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from tqdm import tqdm
 
@@ -22,7 +23,12 @@ from rollouts.types import RolloutGroup
 
 class MetricsLogger:
     def __init__(
-        self, run_dir: Path, *, log_rollouts: bool, wandb: WandbConfig | None = None, run_config: dict[str, Any] | None = None,
+        self,
+        run_dir: Path,
+        *,
+        log_rollouts: bool,
+        wandb: WandbConfig | None = None,
+        run_config: dict[str, Any] | None = None,
         backends: list[Backend] | None = None,
     ):
         """`log_rollouts`: `run.log_rollouts`; `wandb` (None = off) with `run_config`, the resolved config wandb records."""
@@ -72,14 +78,22 @@ class MetricsLogger:
                 getattr(backend, method)(payload, step)
             except Exception as exc:  # a logging failure must not end a training run
                 self.backends.remove(backend)
-                tqdm.write(f"rlmesh: warning: {backend.name} logging failed and is off for the rest of the run: {exc!r}", file=sys.stderr)
+                tqdm.write(
+                    f"rlmesh: warning: {backend.name} logging failed and is off for the rest of the run: {exc!r}",
+                    file=sys.stderr,
+                )
 
     def log_rollouts(self, step: int, kind: str, groups: list[RolloutGroup]) -> None:
         if self.rollouts_file is None:
             return
         for group in groups:
             for rollout in group.rollouts:
-                record = {"step": step, "kind": kind, "example": group.example, "rollout": rollout.model_dump(mode="json")}
+                record = {
+                    "step": step,
+                    "kind": kind,
+                    "example": group.example,
+                    "rollout": rollout.model_dump(mode="json"),
+                }
                 self.rollouts_file.write(json.dumps(record) + "\n")
         self.rollouts_file.flush()
 

@@ -193,7 +193,15 @@ class StepStats:
         values = values.detach().double().flatten()
         if values.numel() == 0:
             return
-        new = torch.stack([values.sum(), values.new_tensor(float(values.numel())), (values * values).sum(), values.min(), values.max()])
+        new = torch.stack(
+            [
+                values.sum(),
+                values.new_tensor(float(values.numel())),
+                (values * values).sum(),
+                values.min(),
+                values.max(),
+            ]
+        )
         old = self.summaries.get(name)
         if old is not None:
             new = torch.cat([old[:3] + new[:3], torch.minimum(old[3:4], new[3:4]), torch.maximum(old[4:], new[4:])])
@@ -209,11 +217,20 @@ class StepStats:
         parts = [total.reshape(1) for total in self.totals.values()] + list(self.summaries.values())
         device = parts[0].device if parts else None
         flat = torch.cat([part.to(device) for part in parts]).tolist() if parts else []
-        out: dict[str, State] = {name: {"reduction": Reduce.SUM.value, "sum": value} for name, value in zip(self.totals, flat)}
+        out: dict[str, State] = {
+            name: {"reduction": Reduce.SUM.value, "sum": value} for name, value in zip(self.totals, flat)
+        }
         rest = flat[len(self.totals) :]
         for i, name in enumerate(self.summaries):
             total, count, sumsq, low, high = rest[5 * i : 5 * i + 5]
-            out[name] = {"reduction": Reduce.SUMMARY.value, "sum": total, "count": count, "sumsq": sumsq, "min": low, "max": high}
+            out[name] = {
+                "reduction": Reduce.SUMMARY.value,
+                "sum": total,
+                "count": count,
+                "sumsq": sumsq,
+                "min": low,
+                "max": high,
+            }
         return out
 
 
@@ -242,7 +259,9 @@ class MetricCollector:
             if state is None:
                 state = new_state(reduction)
             elif state["reduction"] != reduction.value:
-                raise ValueError(f"metric {key!r} is already recorded with Reduce.{Reduce(state['reduction']).name} this step")
+                raise ValueError(
+                    f"metric {key!r} is already recorded with Reduce.{Reduce(state['reduction']).name} this step"
+                )
             add_value(state, key, value)
             self._states[key] = state
 

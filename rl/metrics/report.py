@@ -15,10 +15,10 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 from rl.metrics.sample_log import sample_record
-from rollouts.types import Rollout  # noqa: E402
+from rollouts.types import Rollout
 
 PHASES = {"perf/sample_wait_time": "wait for rollouts", "time/train_s": "train", "time/weight_sync_s": "weight sync"}
 """The timed phases of a step (metrics.jsonl key -> label); the rest of `time/step_s` is "eval + other"."""
@@ -85,17 +85,35 @@ def phase_plot(records: list[dict[str, Any]], path: Path) -> bool:
 def plots(records: list[dict[str, Any]], out: Path) -> list[str]:
     """Write every plot the run's metrics allow; returns their file names."""
     keys = {key for record in records for key in record}
-    tasks = sorted({key.split("/")[1] for key in keys if key.startswith("reward/") and key.endswith("/mean") and key.count("/") == 2})
-    rewards = ["reward/mean", "eval/reward/mean"] + [f"{prefix}reward/{task}/mean" for task in tasks for prefix in ("", "eval/")]
+    tasks = sorted(
+        {
+            key.split("/")[1]
+            for key in keys
+            if key.startswith("reward/") and key.endswith("/mean") and key.count("/") == 2
+        }
+    )
+    rewards = ["reward/mean", "eval/reward/mean"] + [
+        f"{prefix}reward/{task}/mean" for task in tasks for prefix in ("", "eval/")
+    ]
     if len(tasks) == 1:  # one task: its lines equal the overall ones
         rewards = ["reward/mean", "eval/reward/mean"]
     made = []
     specs = [
         ("reward.png", rewards, "reward (train: sampled; eval: held-out greedy)", "reward"),
-        ("response_length.png", ["rollouts/completion_tokens_mean", "rollouts/completion_tokens_max"], "response length", "tokens"),
+        (
+            "response_length.png",
+            ["rollouts/completion_tokens_mean", "rollouts/completion_tokens_max"],
+            "response length",
+            "tokens",
+        ),
         ("truncation.png", ["rollouts/truncation_rate"], "truncated responses", "fraction"),
         ("entropy.png", ["rollouts/entropy"], "sampler entropy per token (mean -logprob of sampled tokens)", "nats"),
-        ("kl_clip.png", ["train/kl", "train/mismatch_k3", "train/clip_frac_low", "train/clip_frac_high"], "KL and clip fractions", ""),
+        (
+            "kl_clip.png",
+            ["train/kl", "train/mismatch_k3", "train/clip_frac_low", "train/clip_frac_high"],
+            "KL and clip fractions",
+            "",
+        ),
         ("loss.png", ["loss", "train/pg_loss", "train/grad_norm"], "loss and gradient norm", ""),
         ("policy_lag.png", ["rollouts/policy_lag_max"], "policy lag", "versions"),
     ]
@@ -113,7 +131,10 @@ def last_samples(run_dir: Path, steps: int) -> list[dict[str, Any]]:
     if not samples:
         records = [record for record in read_jsonl(run_dir / "rollouts.jsonl") if record["kind"] == "train"]
         samples = [
-            {"step": record["step"], **sample_record(rollout, episode_id=index, target=None, advantage=rollout.advantage)}
+            {
+                "step": record["step"],
+                **sample_record(rollout, episode_id=index, target=None, advantage=rollout.advantage),
+            }
             for index, record in enumerate(records)
             for rollout in [Rollout.model_validate(record["rollout"])]
         ]
@@ -135,7 +156,9 @@ def write_report(run_dir: Path, last_steps: int = 3, per_side: int = 5) -> Path:
     """Write `run_dir/report/` (PNGs + index.html); returns the page's path."""
     records = read_jsonl(run_dir / "metrics.jsonl")
     if not records:
-        raise FileNotFoundError(f"{run_dir / 'metrics.jsonl'} is missing or empty: not a run directory, or no step logged yet")
+        raise FileNotFoundError(
+            f"{run_dir / 'metrics.jsonl'} is missing or empty: not a run directory, or no step logged yet"
+        )
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
     images = plots(records, out)
@@ -143,7 +166,9 @@ def write_report(run_dir: Path, last_steps: int = 3, per_side: int = 5) -> Path:
     ranked = sorted(samples, key=lambda sample: sample["reward"])
     config = (run_dir / "config.toml").read_text() if (run_dir / "config.toml").exists() else "(no config.toml)"
     last = records[-1]
-    headline = ", ".join(f"{key} = {last[key]:.4g}" for key in ("reward/mean", "eval/reward/mean", "loss") if key in last)
+    headline = ", ".join(
+        f"{key} = {last[key]:.4g}" for key in ("reward/mean", "eval/reward/mean", "loss") if key in last
+    )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>rlmesh report: {html.escape(run_dir.name)}</title>
 <style>body{{font-family:sans-serif;margin:2em;max-width:1400px}} img{{max-width:680px;margin:4px}}

@@ -8,12 +8,13 @@ pick which ones reach the backends; the defaults keep the best and the worst sam
 from __future__ import annotations
 
 import random
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from rl.algorithms.streams import rollout_to_samples
+from rl.components import import_object
 from rl.config.metrics import SampleFilters, SampleLoggingConfig
 from rl.metrics.reduce import Reduce, record_metric
-from rl.components import import_object
 from rollouts.types import Rollout, RolloutGroup, message_text
 
 SAMPLES_KEY = "reward/samples"
@@ -73,7 +74,9 @@ class SampleFilter:
     def __init__(self, filters: SampleFilters, seed: int):
         self.filters = filters
         self.seed = seed
-        self.predicate: Callable[[dict[str, Any]], bool] | None = import_object(filters.predicate) if filters.predicate else None
+        self.predicate: Callable[[dict[str, Any]], bool] | None = (
+            import_object(filters.predicate) if filters.predicate else None
+        )
 
     def wants_step(self, step: int) -> bool:
         return step % self.filters.step == 0
@@ -104,9 +107,13 @@ class SampleFilter:
         ranked = [sample for sample in kept if sample["reward"] is not None]
         chosen: set[int] = set()
         if f.top_k != "off":
-            chosen.update(s["episode_id"] for s in sorted(ranked, key=lambda s: (-s["reward"], s["episode_id"]))[: f.top_k])
+            chosen.update(
+                s["episode_id"] for s in sorted(ranked, key=lambda s: (-s["reward"], s["episode_id"]))[: f.top_k]
+            )
         if f.bottom_k != "off":
-            chosen.update(s["episode_id"] for s in sorted(ranked, key=lambda s: (s["reward"], s["episode_id"]))[: f.bottom_k])
+            chosen.update(
+                s["episode_id"] for s in sorted(ranked, key=lambda s: (s["reward"], s["episode_id"]))[: f.bottom_k]
+            )
         return [sample for sample in ranked if sample["episode_id"] in chosen]
 
 
@@ -143,9 +150,13 @@ class SampleLogger:
             target = self.targets[group.task_name](group.example)
             for rollout in group.rollouts:
                 rollouts[episode_id] = rollout
-                samples.append(sample_record(rollout, episode_id=episode_id, target=target, advantage=rollout.advantage))
+                samples.append(
+                    sample_record(rollout, episode_id=episode_id, target=target, advantage=rollout.advantage)
+                )
                 episode_id += 1
         for sample in self.filter.select(samples, step):
             if self.reference_logprobs is not None:
-                sample["ref_logprobs"] = await mean_reference_logprob(rollouts[sample["episode_id"]], self.reference_logprobs)
+                sample["ref_logprobs"] = await mean_reference_logprob(
+                    rollouts[sample["episode_id"]], self.reference_logprobs
+                )
             record_metric(SAMPLES_KEY, sample, Reduce.SAMPLE)

@@ -70,7 +70,10 @@ def split_rows(rows: list[list[int]], lengths: list[int], shared: list[int], tar
             break
         r = max(cuttable, key=lambda r: row_cost(rows[r], lengths, shared))
         row = rows[r]
-        cut = min(range(1, len(row)), key=lambda c: max(row_cost(row[:c], lengths, shared), row_cost(row[c:], lengths, shared)))
+        cut = min(
+            range(1, len(row)),
+            key=lambda c: max(row_cost(row[:c], lengths, shared), row_cost(row[c:], lengths, shared)),
+        )
         rows[r : r + 1] = [row[:cut], row[cut:]]
     return rows
 
@@ -171,19 +174,31 @@ def check_trees(batch: TensorDict) -> None:
                 raise AssertionError(f"sample {i}: forward tokens differ from the sample's")
             if batch["fwd_position_ids"][r][nodes].tolist() != list(range(len(nodes))):
                 raise AssertionError(f"sample {i}: forward positions are not its depths")
-            if parent[nodes].tolist() != [-1] + nodes[:-1].tolist():
+            if parent[nodes].tolist() != [-1, *nodes[:-1].tolist()]:
                 raise AssertionError(f"sample {i}: a forward node's parent is not the sample's previous token")
-            prefix = torch.ones(len(nodes), len(nodes), dtype=torch.bool).tril()  # token t sees tokens 0..t of its sample ...
-            if not torch.equal(sees[nodes][:, nodes], prefix) or visible[nodes].tolist() != list(range(1, len(nodes) + 1)):  # ... and no more
+            prefix = torch.ones(
+                len(nodes), len(nodes), dtype=torch.bool
+            ).tril()  # token t sees tokens 0..t of its sample ...
+            if not torch.equal(sees[nodes][:, nodes], prefix) or visible[nodes].tolist() != list(
+                range(1, len(nodes) + 1)
+            ):  # ... and no more
                 raise AssertionError(f"sample {i}: a token attends to something other than its own prefix")
 
 
 def pack_batch(
-    samples: list[TrainSample], *, seq_len: int, pad_token_id: int, prefix_sharing: bool, rows_multiple_of: int = 1, min_rows: int = 1
+    samples: list[TrainSample],
+    *,
+    seq_len: int,
+    pad_token_id: int,
+    prefix_sharing: bool,
+    rows_multiple_of: int = 1,
+    min_rows: int = 1,
 ) -> TensorDict:
     """The trainer's batch: prefix trees (`pack_trees`), or samples side by side (`pack_samples`), without padding columns."""
     if prefix_sharing:
-        return pack_trees(samples, seq_len=seq_len, pad_token_id=pad_token_id, rows_multiple_of=rows_multiple_of, min_rows=min_rows)
+        return pack_trees(
+            samples, seq_len=seq_len, pad_token_id=pad_token_id, rows_multiple_of=rows_multiple_of, min_rows=min_rows
+        )
     return trim_padding(pack_samples(samples, seq_len=seq_len, pad_token_id=pad_token_id))
 
 
@@ -194,9 +209,15 @@ def packing_metrics(batch: TensorDict) -> dict[str, float]:
     """
     real = batch["sequence_ids"] >= 0  # [R,L]
     logical = float(real.sum())
-    if "fwd_index" in batch.keys():
-        nodes = torch.zeros(batch["fwd_input_ids"].shape).scatter_reduce(1, batch["fwd_index"], real.float(), "amax")  # [R,F], 1 on used nodes
+    if "fwd_index" in batch:
+        nodes = torch.zeros(batch["fwd_input_ids"].shape).scatter_reduce(
+            1, batch["fwd_index"], real.float(), "amax"
+        )  # [R,F], 1 on used nodes
         forward, positions = float(nodes.sum()), nodes.numel()
     else:
         forward, positions = logical, real.numel()
-    return {"train/packing_efficiency": forward / positions, "train/forward_tokens": forward, "train/logical_tokens": logical}
+    return {
+        "train/packing_efficiency": forward / positions,
+        "train/forward_tokens": forward,
+        "train/logical_tokens": logical,
+    }

@@ -53,14 +53,15 @@ class TrainSample:
         self.ref_logprobs = self.ref_logprobs if self.ref_logprobs is not None else [0.0] * n
         lengths = {"loss_mask": len(self.loss_mask), **{name: len(getattr(self, name)) for name in FLOAT_STREAMS}}
         if any(length != n for length in lengths.values()):
-            raise ValueError(f"TrainSample lengths differ: input_ids {n}, " + ", ".join(f"{k} {v}" for k, v in lengths.items()))
+            raise ValueError(
+                f"TrainSample lengths differ: input_ids {n}, " + ", ".join(f"{k} {v}" for k, v in lengths.items())
+            )
         if self.loss_mask[0]:
             raise ValueError("the first token has no prefix and cannot be a trained token (loss_mask[0] is True)")
         if self.rl_weights[0] or self.ce_weights[0] or self.ref_kl_weights[0]:
             raise ValueError("the first token has no prefix: its component weights must be 0")
         if any(w and not m for w, m in zip(self.rl_weights, self.loss_mask)):
             raise ValueError("rl_weights are nonzero on a token without sampling logprobs (loss_mask False)")
-
 
 
 def check_packable(samples: list, seq_len: int, packer: str) -> None:
@@ -72,6 +73,7 @@ def check_packable(samples: list, seq_len: int, packer: str) -> None:
             raise ValueError(
                 f"sample {i} has {len(sample.input_ids)} tokens, more than seq_len={seq_len}; filter over-long samples before packing"
             )
+
 
 def pack_samples(samples: list[TrainSample], *, seq_len: int, pad_token_id: int) -> TensorDict:
     """Pack samples into rows of `seq_len` tokens by first-fit decreasing; returns a TensorDict of batch [R].
@@ -141,7 +143,9 @@ def check_packing(batch: TensorDict, samples: list[TrainSample]) -> None:
         if key.startswith(FORWARD_PREFIX):
             continue
         if tuple(value.shape) != (batch.batch_size[0], seq_len):
-            raise AssertionError(f"packed stream {key!r} has shape {tuple(value.shape)}, expected {(batch.batch_size[0], seq_len)}")
+            raise AssertionError(
+                f"packed stream {key!r} has shape {tuple(value.shape)}, expected {(batch.batch_size[0], seq_len)}"
+            )
     sequence_ids = batch["sequence_ids"]
     pad = sequence_ids < 0
     for name in ("rl_weights", "ce_weights", "ref_kl_weights"):
@@ -172,7 +176,7 @@ def local_sequences(sequence_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def segments(micro_batch: TensorDict) -> tuple[torch.Tensor, int]:
     """`local_sequences` of a micro-batch, computed once and kept on it (`seq_index` [B,L], `seq_count`)."""
-    if "seq_index" not in micro_batch.keys():
+    if "seq_index" not in micro_batch:
         index, count = local_sequences(micro_batch["sequence_ids"])
         micro_batch["seq_index"] = index
         micro_batch.set_non_tensor("seq_count", count)

@@ -13,15 +13,19 @@ on every exit path.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from monarch.actor import HostMesh, default_bootstrap_cmd, this_host
 
-from rl.config.cluster import ClusterConfig
 from rl.algorithms.config import FrozenModelConfig
+from rl.config.cluster import ClusterConfig
 from rl.config.roles import GeneratorConfig, TrainerConfig
 
-def bootstrap_command(env: dict[str, str], device: str, first_gpu: int, gpus_per_proc: int) -> Callable[[Any], Any] | None:
+
+def bootstrap_command(
+    env: dict[str, str], device: str, first_gpu: int, gpus_per_proc: int
+) -> Callable[[Any], Any] | None:
     """Per-process bootstrap: `env`, plus on GPU the `gpus_per_proc` GPUs of the process's slot on its host.
 
     None (monarch's default) when there is nothing to set. The slot is the process's index on its host
@@ -52,9 +56,18 @@ def make_job(cluster: ClusterConfig) -> Any:
 
         slurm = cluster.slurm
         return SlurmJob(
-            meshes, python_exe=slurm.python_exe, slurm_args=slurm.slurm_args, job_name=slurm.job_name,
-            time_limit=slurm.time, partition=slurm.partition, log_dir=slurm.log_dir, gpus_per_node=slurm.gpus_per_node,
-            cpus_per_task=slurm.cpus_per_task, mem=slurm.mem, account=slurm.account, qos=slurm.qos,
+            meshes,
+            python_exe=slurm.python_exe,
+            slurm_args=slurm.slurm_args,
+            job_name=slurm.job_name,
+            time_limit=slurm.time,
+            partition=slurm.partition,
+            log_dir=slurm.log_dir,
+            gpus_per_node=slurm.gpus_per_node,
+            cpus_per_task=slurm.cpus_per_task,
+            mem=slurm.mem,
+            account=slurm.account,
+            qos=slurm.qos,
             job_start_timeout=slurm.job_start_timeout,
         )
     if cluster.scheduler == "kubernetes":
@@ -64,7 +77,11 @@ def make_job(cluster: ClusterConfig) -> Any:
         job = KubernetesJob(namespace=k8s.namespace, timeout=k8s.timeout)
         resources = {"nvidia.com/gpu": k8s.gpus_per_pod} if k8s.gpus_per_pod else None
         for role, count in meshes.items():
-            job.add_mesh(role, count, image_spec=ImageSpec(k8s.image, resources=resources, shared_memory_size=k8s.shared_memory_size))
+            job.add_mesh(
+                role,
+                count,
+                image_spec=ImageSpec(k8s.image, resources=resources, shared_memory_size=k8s.shared_memory_size),
+            )
         return job
     raise ValueError(f"scheduler {cluster.scheduler!r} allocates nothing")
 
@@ -76,7 +93,13 @@ class Placement:
     switches this process's transport to TCP, which the root client must be created with.
     """
 
-    def __init__(self, cluster: ClusterConfig, trainer: TrainerConfig, generator: GeneratorConfig, models: dict[str, FrozenModelConfig]):
+    def __init__(
+        self,
+        cluster: ClusterConfig,
+        trainer: TrainerConfig,
+        generator: GeneratorConfig,
+        models: dict[str, FrozenModelConfig],
+    ):
         """The roles' sections say how many processes and GPUs each takes: on the launcher's host the trainer's
         `num_procs` take the first GPUs, the generator replicas the next, the frozen models (`[models.<name>]`) the rest."""
         self.cluster = cluster
@@ -100,7 +123,9 @@ class Placement:
     def host_mesh(self, role: str) -> HostMesh:
         return self.hosts.get(role) or this_host()
 
-    def spawn_procs(self, role: str, per_host: dict[str, int], gpus_per_proc: int = 0, first_gpu: int | None = None) -> Any:
+    def spawn_procs(
+        self, role: str, per_host: dict[str, int], gpus_per_proc: int = 0, first_gpu: int | None = None
+    ) -> Any:
         """`per_host` processes on each of `role`'s hosts, each with its environment and its GPUs.
 
         `first_gpu` defaults to 0 on a role's own hosts; on the launcher's host the trainer takes the first
@@ -114,7 +139,9 @@ class Placement:
             per_host=per_host, bootstrap_command=bootstrap_command(env, device, first_gpu, gpus_per_proc)
         )
 
-    def replica_procs(self, role: str, gpus_per_proc: int = 0, offset: int = 0, device: str | None = None) -> Callable[[int], Any]:
+    def replica_procs(
+        self, role: str, gpus_per_proc: int = 0, offset: int = 0, device: str | None = None
+    ) -> Callable[[int], Any]:
         """Replica index -> a one-process proc mesh for it: replicas go round-robin over `role`'s hosts,
         and on each host take consecutive GPU slots (what `rl.services` spawns and respawns replicas with).
 
@@ -129,7 +156,9 @@ class Placement:
                 host = host.slice(hosts=slot % num_hosts)
             first_gpu = 0 if role in self.hosts else self._first_local_gpu(role)
             env = self.cluster.env if role in self.hosts else {}
-            command = bootstrap_command(env, device or self.trainer.device, first_gpu + (slot // num_hosts) * gpus_per_proc, gpus_per_proc)
+            command = bootstrap_command(
+                env, device or self.trainer.device, first_gpu + (slot // num_hosts) * gpus_per_proc, gpus_per_proc
+            )
             return host.spawn_procs(per_host={"procs": 1}, bootstrap_command=command)
 
         return spawn

@@ -21,7 +21,8 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Coroutine
+from collections.abc import Coroutine
+from typing import Any
 
 import psutil
 
@@ -88,7 +89,9 @@ class InterruptibleRun:
     def _watch(self) -> None:
         signal.sigwait(_SIGNALS)
         self.interrupted.set()
-        print("\nrlmesh: interrupt received, stopping the run (Ctrl-C again to stop at once)", file=sys.stderr, flush=True)
+        print(
+            "\nrlmesh: interrupt received, stopping the run (Ctrl-C again to stop at once)", file=sys.stderr, flush=True
+        )
         with self._lock:
             if self._loop is not None and self._task is not None:
                 self._loop.call_soon_threadsafe(self._task.cancel)

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable
+from collections.abc import Callable
 
 from rl.services.config import BreakerConfig
 from rollouts.types import RolloutGroup, RolloutStatus
-
 
 _FAILED = (RolloutStatus.ERROR, RolloutStatus.TIMEOUT, RolloutStatus.ABORTED)
 

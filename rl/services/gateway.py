@@ -34,7 +34,9 @@ class ServiceGateway(Actor):
         services, loop = _OPEN[self.key]
         if service not in services:
             raise KeyError(f"no service {service!r} behind this gateway (have {sorted(services)})")
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(services[service].call(endpoint, *args, key=key), loop))
+        return await asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(services[service].call(endpoint, *args, key=key), loop)
+        )
 
 
 @dataclass

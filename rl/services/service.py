@@ -25,8 +25,9 @@ import itertools
 import re
 import sys
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import psutil
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
@@ -35,7 +36,6 @@ from rl.services.config import ServiceConfig
 from rl.services.ledger import Ledger
 from rl.services.replica import ReplicaId, SpawnProcs
 from rl.services.router import Router
-
 
 _SERVICES = itertools.count()
 
@@ -133,13 +133,17 @@ class Service:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._context: contextvars.Context | None = None
         self._by_mesh: dict[str, Replica] = {}  # every replica ever spawned (old ones too), by actor mesh name
-        self._serial = next(_SERVICES)  # in mesh names: a late report about an earlier run's replica never matches a live one
+        self._serial = next(
+            _SERVICES
+        )  # in mesh names: a late report about an earlier run's replica never matches a live one
 
     def __getattr__(self, name: str) -> ServiceEndpoint:
         """`service.generate`: the endpoint `generate` of the service's actor class; a name it lacks is an AttributeError here."""
         actor_class = self.__dict__.get("actor_class")
         if name.startswith("_") or not hasattr(actor_class, name):
-            raise AttributeError(f"{type(self).__name__} {self.__dict__.get('name')!r}: {getattr(actor_class, '__name__', actor_class)} has no endpoint {name!r}")
+            raise AttributeError(
+                f"{type(self).__name__} {self.__dict__.get('name')!r}: {getattr(actor_class, '__name__', actor_class)} has no endpoint {name!r}"
+            )
         return ServiceEndpoint(self, name)
 
     async def start(self) -> None:
@@ -201,8 +205,14 @@ class Service:
                 poison = len(causes) >= 2 and causes[-1] == causes[-2]
                 if poison or attempt >= self.config.max_attempts:
                     self.failed_requests += 1
-                    why = f"the same way twice ({cause}): a poison request, not retried" if poison else f"({self.config_key}.max_attempts)"
-                    raise RequestFailed(f"{self.name}.{endpoint}: lost on {attempt} replicas {why}", timed_out=cause == _DEADLINE)
+                    why = (
+                        f"the same way twice ({cause}): a poison request, not retried"
+                        if poison
+                        else f"({self.config_key}.max_attempts)"
+                    )
+                    raise RequestFailed(
+                        f"{self.name}.{endpoint}: lost on {attempt} replicas {why}", timed_out=cause == _DEADLINE
+                    )
         finally:
             self.ledger.close(request)
 
@@ -212,7 +222,9 @@ class Service:
         call = asyncio.ensure_future(getattr(replica.actor, endpoint).call_one(*args))
         lost = asyncio.ensure_future(replica.lost.wait())
         try:
-            done, _ = await asyncio.wait({call, lost}, timeout=self.config.call_timeout_s, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                {call, lost}, timeout=self.config.call_timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
             if call in done:
                 try:
                     return None, call.result()
@@ -220,7 +232,10 @@ class Service:
                     self.lose(replica, str(exc))
                     return _DIED, None
             if lost not in done:
-                self.lose(replica, f"{endpoint} missed its deadline ({self.config_key}.call_timeout_s = {self.config.call_timeout_s})")
+                self.lose(
+                    replica,
+                    f"{endpoint} missed its deadline ({self.config_key}.call_timeout_s = {self.config.call_timeout_s})",
+                )
                 return _DEADLINE, None
             return _DIED, None
         finally:
@@ -234,7 +249,7 @@ class Service:
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), max(deadline - time.monotonic(), 0))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise RequestFailed(f"{self.name}: no healthy replica for {self.config_key}.start_timeout_s") from None
         return healthy
 
@@ -244,8 +259,11 @@ class Service:
         async def one(replica: Replica) -> Any:
             try:
                 return await asyncio.wait_for(getattr(replica.actor, endpoint).call_one(*args), timeout_s)
-            except (SupervisionError, asyncio.TimeoutError) as exc:
-                self.lose(replica, f"{endpoint} failed: {exc!r}" if str(exc) else f"{endpoint} missed its {timeout_s} s deadline")
+            except (TimeoutError, SupervisionError) as exc:
+                self.lose(
+                    replica,
+                    f"{endpoint} failed: {exc!r}" if str(exc) else f"{endpoint} missed its {timeout_s} s deadline",
+                )
 
         results = await asyncio.gather(*(one(self.replicas[index]) for index in self.healthy))
         return [result for result in results if result is not None]
@@ -262,7 +280,9 @@ class Service:
         A replica of an earlier service of the same name in this process (stopped, reported late) counts as handled too.
         """
         replica = self._by_mesh.get(failure.mesh_name.rpartition("-")[0])  # Monarch appends "-<id>" to the name given
-        if replica is not None and self._loop is not None:  # not in Monarch's thread's context: `this_host()` fails there
+        if (
+            replica is not None and self._loop is not None
+        ):  # not in Monarch's thread's context: `this_host()` fails there
             self._loop.call_soon_threadsafe(self.lose, replica, failure.report(), context=self._context)
         return self.owns(failure)
 
@@ -282,8 +302,11 @@ class Service:
         self._restart_times = [t for t in self._restart_times if replica.lost_at - t < self.config.restart_window_s]
         if len(self._restart_times) >= self.config.max_restarts:
             self._spawn_task(self._stop_procs(replica))
-            self._check_capacity(index, f"{self.name}: restart budget spent ({self.config_key}.max_restarts = {self.config.max_restarts} "
-                                        f"within restart_window_s = {self.config.restart_window_s})")
+            self._check_capacity(
+                index,
+                f"{self.name}: restart budget spent ({self.config_key}.max_restarts = {self.config.max_restarts} "
+                f"within restart_window_s = {self.config.restart_window_s})",
+            )
             return
         self._restart_times.append(replica.lost_at)
         self.restarts += 1
@@ -301,8 +324,12 @@ class Service:
                 self._check_capacity(index, f"{self.name}: replacement of replica {old.id} failed to start: {exc!r}")
                 return
             self.recoveries.append((old.lost_at, time.monotonic()))
-            print(f"rlmesh: {self.name} replica {index} replaced; serving again {time.monotonic() - old.lost_at:.1f} s after the loss "
-                  f"(stopping the old one: {stopped_at - old.lost_at:.1f} s)", file=sys.stderr, flush=True)
+            print(
+                f"rlmesh: {self.name} replica {index} replaced; serving again {time.monotonic() - old.lost_at:.1f} s after the loss "
+                f"(stopping the old one: {stopped_at - old.lost_at:.1f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
         finally:
             self.replacing.discard(index)
 
@@ -311,8 +338,10 @@ class Service:
         alive = len(set(self.healthy) | (self.replacing - {index}))
         print(f"rlmesh: {cause}", file=sys.stderr, flush=True)
         if alive < self.config.min_healthy_replicas:
-            self.on_fatal(f"{cause}; {alive} replicas left, fewer than {self.config_key}.min_healthy_replicas = "
-                          f"{self.config.min_healthy_replicas}")
+            self.on_fatal(
+                f"{cause}; {alive} replicas left, fewer than {self.config_key}.min_healthy_replicas = "
+                f"{self.config.min_healthy_replicas}"
+            )
 
     async def _probe_forever(self) -> None:
         while True:
@@ -330,7 +359,7 @@ class Service:
         busy = self.router.outstanding[replica.id.index]
         try:
             await asyncio.wait_for(replica.actor.ping.call_one(), self.config.probe_timeout_s)
-        except (SupervisionError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, SupervisionError) as exc:
             self.lose(replica, f"health probe failed ({busy} requests in flight): {exc!r}")
         finally:
             replica.probing = False
@@ -357,7 +386,10 @@ class Service:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         replicas = [replica for replica in self.replicas if replica is not None]
         if self.release is not None:
-            calls = [asyncio.wait_for(getattr(self.replicas[index].actor, self.release).call_one(), 10) for index in self.healthy]
+            calls = [
+                asyncio.wait_for(getattr(self.replicas[index].actor, self.release).call_one(), 10)
+                for index in self.healthy
+            ]
             await asyncio.gather(*calls, return_exceptions=True)
         for replica in replicas:
             replica.healthy = False
@@ -366,8 +398,12 @@ class Service:
 
     def counters(self) -> dict[str, Any]:
         """What `metrics` counts since the run began: a checkpoint saves it, so a resumed run counts on."""
-        return {"restarts": self.restarts, "resubmitted_requests": self.ledger.resubmitted,
-                "failed_requests": self.failed_requests, "served": list(self.router.served)}
+        return {
+            "restarts": self.restarts,
+            "resubmitted_requests": self.ledger.resubmitted,
+            "failed_requests": self.failed_requests,
+            "served": list(self.router.served),
+        }
 
     def restore_counters(self, saved: dict[str, Any]) -> None:
         """Continue from a checkpoint's `counters` (added to what this launcher counted so far, e.g. at start-up)."""
@@ -385,7 +421,9 @@ class Service:
             f"{prefix}/resubmitted_requests": self.ledger.resubmitted,
             f"{prefix}/failed_requests": self.failed_requests,
         }
-        metrics.update({f"{prefix}/replica_{index}/requests": served for index, served in enumerate(self.router.served)})
+        metrics.update(
+            {f"{prefix}/replica_{index}/requests": served for index, served in enumerate(self.router.served)}
+        )
         return metrics
 
 

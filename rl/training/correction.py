@@ -11,14 +11,14 @@ and its normalizer. Every diagnostic is logged under `rollout_corr/` with verl's
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from tensordict import TensorDict
 
 from rl.algorithms.config import RolloutCorrectionConfig
-from rl.packing.rows import segment_sum, segments
 from rl.metrics.reduce import Reduce, State, StepStats
+from rl.packing.rows import segment_sum, segments
 
 SAFETY_BOUND = 20.0
 """IS log-ratios are clamped to ±20 before exp: weights stay in [2e-9, 5e8]."""
@@ -60,7 +60,9 @@ def correct(
             stats.add(P + "rollout_is_ratio_fraction_high", (seq > math.log(threshold)).double())
             stats.add(P + "rollout_is_ratio_fraction_low", (seq < -math.log(threshold)).double())
         weights = torch.where(mask, bounded.clamp(max=threshold), 0.0).float()  # [B,L]
-        seq_weights = torch.exp(seq_log_ratio[live].clamp(-SAFETY_BOUND, SAFETY_BOUND))  # sequence ratios, bounded like verl's
+        seq_weights = torch.exp(
+            seq_log_ratio[live].clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        )  # sequence ratios, bounded like verl's
         stats.add(P + "rollout_is_seq", seq_weights)
         stats.add(P + "rollout_is_seq_fraction_high", (seq_log_ratio[live] > math.log(threshold)).double())
         stats.add(P + "rollout_is_seq_fraction_low", (seq_log_ratio[live] < -math.log(threshold)).double())
@@ -113,7 +115,12 @@ def normalize_is_weights(
 
 
 def offpolicy_metrics(
-    train_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, mask: torch.Tensor, index: torch.Tensor, count: int, stats: StepStats
+    train_logprobs: torch.Tensor,
+    rollout_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    index: torch.Tensor,
+    count: int,
+    stats: StepStats,
 ) -> None:
     """The trainer-vs-sampler gap on the policy-sampled tokens: KL, k3, χ², perplexities (seed's formulas)."""
     train = train_logprobs.detach().double()
@@ -125,8 +132,8 @@ def offpolicy_metrics(
     stats.add(P + "ratio_sq", torch.exp(2 * bounded)[mask])
     tokens = segment_sum(mask.double(), index, count)
     live = tokens > 0
-    mean_train = (segment_sum(torch.where(mask, train, 0.0), index, count)[live] / tokens[live])  # [S]
-    mean_rollout = (segment_sum(torch.where(mask, rollout, 0.0), index, count)[live] / tokens[live])
+    mean_train = segment_sum(torch.where(mask, train, 0.0), index, count)[live] / tokens[live]  # [S]
+    mean_rollout = segment_sum(torch.where(mask, rollout, 0.0), index, count)[live] / tokens[live]
     stats.add(P + "training_ppl", torch.exp(-mean_train))
     stats.add(P + "rollout_ppl", torch.exp(-mean_rollout))
     stats.add(P + "training_log_ppl", -mean_train)
@@ -141,12 +148,16 @@ def offpolicy_metrics(
 def correction_metrics(states: dict[str, State]) -> dict[str, float]:
     """The `rollout_corr/*` metrics of the step from its merged summary states, by verl's names."""
     out: dict[str, float] = {}
-    samples = {name: (s["sum"], s["count"], s["sumsq"], s["min"], s["max"]) for name, s in states.items() if s["reduction"] == Reduce.SUMMARY}
+    samples = {
+        name: (s["sum"], s["count"], s["sumsq"], s["min"], s["max"])
+        for name, s in states.items()
+        if s["reduction"] == Reduce.SUMMARY
+    }
     for name, (total, n, sumsq, low, high) in samples.items():
         if not name.startswith(P):
             continue
         mean = total / n
-        key = name[len(P):]
+        key = name[len(P) :]
         if key in ("rollout_is", "rollout_is_seq"):
             out[f"{name}_mean"] = mean
             out[f"{name}_std"] = math.sqrt(max(0.0, sumsq / n - mean * mean))

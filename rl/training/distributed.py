@@ -70,11 +70,15 @@ def shard(model: torch.nn.Module, *, device: str, param_dtype: torch.dtype | Non
     gradient reduction; None keeps the parameters' dtype (CPU uses autocast instead). Gradients are summed
     over ranks, not averaged: the loss is already normalized by global counts.
     """
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device, (dist.get_world_size(),))
-    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype is not None else MixedPrecisionPolicy()
+    policy = (
+        MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+        if param_dtype is not None
+        else MixedPrecisionPolicy()
+    )
     root = LogprobsModel(model)
     for layer in model.get_decoder().layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy)

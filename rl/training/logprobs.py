@@ -23,7 +23,9 @@ def entropy_of_logits(logits: torch.Tensor) -> torch.Tensor:
         return log_z - (torch.softmax(logits, dim=-1) * logits).sum(-1)
 
 
-def _head_log_softmax(lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _head_log_softmax(
+    lm_head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden: [N,H], targets: [N] -> ([N] float32 logprobs, [N] entropies or [0]) through the output layer."""
     logits = lm_head(hidden)  # [N,V]
     entropy = entropy_of_logits(logits) if with_entropy else logits.new_zeros(0, dtype=torch.float32)
@@ -57,13 +59,17 @@ def token_logprobs(
     distribution of each token [B,L], 0.0 where position_ids == 0 or outside `mask`.
     """
     if isinstance(model, LogprobsModel):  # sharded: the forward must run through the root unit
-        return model(input_ids, position_ids, mask=mask, parents=parents, subtree_end=subtree_end, return_entropy=return_entropy)
+        return model(
+            input_ids, position_ids, mask=mask, parents=parents, subtree_end=subtree_end, return_entropy=return_entropy
+        )
     # input_ids, position_ids: [B,L]
     columns = torch.arange(input_ids.shape[1], device=input_ids.device)  # [L]
     if parents is None:
         parents = torch.where(position_ids > 0, columns - 1, -1)  # [B,L]
     tree = {} if subtree_end is None else {"attention_mask": tree_attention_mask(model, subtree_end)}
-    hidden = model.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False, **tree).last_hidden_state  # [B,L,H]
+    hidden = model.get_decoder()(
+        input_ids=input_ids, position_ids=position_ids, use_cache=False, **tree
+    ).last_hidden_state  # [B,L,H]
     used = parents >= 0 if mask is None else mask & (parents >= 0)  # [B,L]: tokens whose logprob is computed
     rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None].expand_as(parents)  # [B,L]
     picked_hidden = hidden[rows[used], parents[used]]  # [N,H]: token t is predicted by its parent's output
@@ -72,9 +78,14 @@ def token_logprobs(
     recompute = torch.is_grad_enabled() and picked_hidden.requires_grad
     chunks, entropies = [], []
     for start in range(0, max(1, picked_targets.shape[0]), chunk_size):  # an empty chunk keeps the result in the graph
-        chunk_hidden, chunk_targets = picked_hidden[start : start + chunk_size], picked_targets[start : start + chunk_size]  # [C,H], [C]
+        chunk_hidden, chunk_targets = (
+            picked_hidden[start : start + chunk_size],
+            picked_targets[start : start + chunk_size],
+        )  # [C,H], [C]
         if recompute:  # the [C,V] logits are recomputed in backward, not kept
-            picked, entropy = checkpoint(_head_log_softmax, lm_head, chunk_hidden, chunk_targets, return_entropy, use_reentrant=False)
+            picked, entropy = checkpoint(
+                _head_log_softmax, lm_head, chunk_hidden, chunk_targets, return_entropy, use_reentrant=False
+            )
         else:
             picked, entropy = _head_log_softmax(lm_head, chunk_hidden, chunk_targets, return_entropy)
         chunks.append(picked)
@@ -82,7 +93,9 @@ def token_logprobs(
 
     def scatter(values: list[torch.Tensor]) -> torch.Tensor:
         """[N] values at the used positions -> [B,L], 0.0 elsewhere."""
-        return torch.zeros(used.shape, dtype=torch.float32, device=input_ids.device).masked_scatter(used, torch.cat(values))
+        return torch.zeros(used.shape, dtype=torch.float32, device=input_ids.device).masked_scatter(
+            used, torch.cat(values)
+        )
 
     logprobs = scatter(chunks)
     if not return_entropy:
@@ -106,9 +119,13 @@ def tree_attention_mask(model: torch.nn.Module, subtree_end: torch.Tensor) -> to
 
         return create_block_mask(tree, batch, None, length, length, device=subtree_end.device)
     if implementation != "sdpa":
-        raise ValueError(f"prefix-tree attention needs attn_implementation 'sdpa' or 'flex_attention', not {implementation!r}")
+        raise ValueError(
+            f"prefix-tree attention needs attn_implementation 'sdpa' or 'flex_attention', not {implementation!r}"
+        )
     columns = torch.arange(length, device=subtree_end.device)
-    return ((columns[None, :] <= columns[:, None]) & (columns[:, None] < subtree_end[:, None, :]))[:, None]  # [B,1,L(q),L(k)]
+    return ((columns[None, :] <= columns[:, None]) & (columns[:, None] < subtree_end[:, None, :]))[
+        :, None
+    ]  # [B,1,L(q),L(k)]
 
 
 def packed_logprobs(
@@ -119,16 +136,30 @@ def packed_logprobs(
     The tree forward gives each node's logprob [B,F]; every logical token takes its node's (a gather, whose
     backward sums the gradients of the samples sharing a node). `mask` [B,L] selects the logical tokens needed.
     """
-    if "fwd_input_ids" not in micro_batch.keys():
-        return token_logprobs(model, micro_batch["input_ids"], micro_batch["position_ids"], mask=mask, return_entropy=return_entropy)
+    if "fwd_input_ids" not in micro_batch:
+        return token_logprobs(
+            model, micro_batch["input_ids"], micro_batch["position_ids"], mask=mask, return_entropy=return_entropy
+        )
     index = micro_batch["fwd_index"]  # [B,L] forward column of each logical token
-    node_mask = torch.zeros_like(micro_batch["fwd_input_ids"], dtype=torch.int8).scatter_reduce(1, index, mask.to(torch.int8), "amax") > 0  # [B,F]
+    node_mask = (
+        torch.zeros_like(micro_batch["fwd_input_ids"], dtype=torch.int8).scatter_reduce(
+            1, index, mask.to(torch.int8), "amax"
+        )
+        > 0
+    )  # [B,F]
     out = token_logprobs(
-        model, micro_batch["fwd_input_ids"], micro_batch["fwd_position_ids"], mask=node_mask,
-        parents=micro_batch["fwd_parent"], subtree_end=micro_batch["fwd_subtree_end"], return_entropy=return_entropy,
+        model,
+        micro_batch["fwd_input_ids"],
+        micro_batch["fwd_position_ids"],
+        mask=node_mask,
+        parents=micro_batch["fwd_parent"],
+        subtree_end=micro_batch["fwd_subtree_end"],
+        return_entropy=return_entropy,
     )
     start = micro_batch["position_ids"] == 0  # [B,L]: first tokens and padding have no logprob
-    logical = [torch.where(start | ~mask, 0.0, values.gather(1, index)) for values in (out if return_entropy else (out,))]
+    logical = [
+        torch.where(start | ~mask, 0.0, values.gather(1, index)) for values in (out if return_entropy else (out,))
+    ]
     return tuple(logical) if return_entropy else logical[0]
 
 
@@ -148,4 +179,12 @@ class LogprobsModel(torch.nn.Module):
         subtree_end: torch.Tensor | None = None,
         return_entropy: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs(self.lm, input_ids, position_ids, mask=mask, parents=parents, subtree_end=subtree_end, return_entropy=return_entropy)
+        return token_logprobs(
+            self.lm,
+            input_ids,
+            position_ids,
+            mask=mask,
+            parents=parents,
+            subtree_end=subtree_end,
+            return_entropy=return_entropy,
+        )

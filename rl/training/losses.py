@@ -16,8 +16,8 @@ import torch
 from tensordict import TensorDict
 
 from rl.algorithms.config import AlgorithmConfig
-from rl.packing.rows import segment_sum, segments
 from rl.metrics.reduce import StepStats
+from rl.packing.rows import segment_sum, segments
 
 
 def ppo_clip_token_loss(
@@ -58,7 +58,9 @@ K3_BOUND = 10.0
 """k3 per token is clamped to [-K3_BOUND, K3_BOUND] (verl's `kl_penalty_forward`, SkyRL's `compute_approx_kl`)."""
 
 
-def kl_estimate(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, estimator: str, log_ratio_clamp: float = 20.0) -> torch.Tensor:
+def kl_estimate(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, estimator: str, log_ratio_clamp: float = 20.0
+) -> torch.Tensor:
     """Per-token estimate of KL(p || ref) on tokens sampled from p; k1 = logp - ref_logp clamped to ±clamp.
 
     k1: k1 (unbiased, may be negative); k2: k1²/2; k3: exp(-k1) + k1 - 1 (unbiased, >= 0), clamped to
@@ -80,7 +82,14 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, log_ratio_clamp
 
 
 def aggregate(
-    per_token: torch.Tensor, weights: torch.Tensor, index: torch.Tensor, count: int, totals: torch.Tensor, *, mode: str, horizon: int
+    per_token: torch.Tensor,
+    weights: torch.Tensor,
+    index: torch.Tensor,
+    count: int,
+    totals: torch.Tensor,
+    *,
+    mode: str,
+    horizon: int,
 ) -> torch.Tensor:
     """This micro-batch's share of a component's loss; `totals` = (global weighted tokens, global sequences).
 
@@ -101,7 +110,9 @@ def aggregate(
     return seq_sums.sum() / (totals[1].item() * horizon)
 
 
-def gspo_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
+def gspo_log_ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, index: torch.Tensor, count: int
+) -> torch.Tensor:
     """GSPO's token-level log ratio: sg(log s_seq) + logp - sg(logp), s_seq = exp(mean_t (logp - old_logp)).
 
     Its value is the sequence ratio on every token of the sequence; its gradient is the token's ∇logp·s_seq.
@@ -112,7 +123,12 @@ def gspo_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: tor
 
 
 def rl_token_loss(
-    logprobs: torch.Tensor, batch: TensorDict, mask: torch.Tensor, index: torch.Tensor, count: int, algorithm: AlgorithmConfig
+    logprobs: torch.Tensor,
+    batch: TensorDict,
+    mask: torch.Tensor,
+    index: torch.Tensor,
+    count: int,
+    algorithm: AlgorithmConfig,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token `rl` loss [B,L] before weighting, the clipped flags and the ratio r = π_θ/π_old.
 
@@ -130,7 +146,9 @@ def rl_token_loss(
         return weighted_pg_token_loss(logprobs, weights, advantages), no_clip, ratio
     eps = dict(clip_eps_low=algorithm.clip_eps_low, clip_eps_high=algorithm.clip_eps_high)
     if algorithm.loss == "ppo":
-        loss, clipped = ppo_clip_token_loss(logprobs, old_logprobs, advantages, dual_clip_c=algorithm.dual_clip_c, **eps)
+        loss, clipped = ppo_clip_token_loss(
+            logprobs, old_logprobs, advantages, dual_clip_c=algorithm.dual_clip_c, **eps
+        )
     elif algorithm.loss == "gspo":
         log_s = gspo_log_ratio(logprobs, old_logprobs, mask, index, count)
         loss, clipped = ppo_clip_token_loss(log_s, torch.zeros_like(log_s), advantages, **eps)
@@ -185,8 +203,10 @@ def compute_loss(
         stats.add("mismatch_k3", k3_kl(sampling, logprobs.detach())[mask])
         if algorithm.kl_coef > 0:
             kl = kl_estimate(
-                logprobs, torch.where(mask, batch["kl_ref_logprobs"], logprobs.detach()),
-                estimator=algorithm.kl_estimator, log_ratio_clamp=algorithm.kl_log_ratio_clamp,
+                logprobs,
+                torch.where(mask, batch["kl_ref_logprobs"], logprobs.detach()),
+                estimator=algorithm.kl_estimator,
+                log_ratio_clamp=algorithm.kl_log_ratio_clamp,
             )
             stats.add("kl", kl.detach()[mask])
             if not algorithm.kl_in_reward:
@@ -203,7 +223,9 @@ def compute_loss(
         mask = ref_weights != 0
         teacher = torch.where(mask, batch["ref_logprobs"], logprobs.detach())
         # Reverse KL as a policy-gradient signal: reward -(logp - teacher_logp) on each sampled token.
-        log_ratio = torch.clamp(logprobs.detach() - teacher, -algorithm.kl_log_ratio_clamp, algorithm.kl_log_ratio_clamp)
+        log_ratio = torch.clamp(
+            logprobs.detach() - teacher, -algorithm.kl_log_ratio_clamp, algorithm.kl_log_ratio_clamp
+        )
         per_token = torch.exp(logprobs - logprobs.detach()) * log_ratio  # value k1, gradient k1·∇logp
         ref_kl = aggregate(per_token, ref_weights, index, count, counts[2], **agg)
         loss = loss + ref_kl

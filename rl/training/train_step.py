@@ -12,18 +12,19 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from typing import Callable, ContextManager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 from tensordict import TensorDict
 
-from rl.training import correction
 from rl.algorithms.config import AlgorithmConfig
-from rl.training.losses import compute_loss, kl_estimate
-from rl.packing.rows import COMPONENTS, component_counts, segment_sum, segments
 from rl.metrics.reduce import StepStats, merge_all, step_metrics
+from rl.packing.rows import COMPONENTS, component_counts, segment_sum, segments
+from rl.training import correction
 from rl.training.distributed import Ranks
 from rl.training.logprobs import packed_logprobs
+from rl.training.losses import compute_loss, kl_estimate
 
 SPREAD = ("ratio",)
 """Trainer metrics logged with _mean/_std/_min/_max."""
@@ -53,8 +54,14 @@ def needs_old_pass(algorithm: AlgorithmConfig, n_minibatches: int) -> bool:
 
 
 def prepare(
-    micro_batches: list[TensorDict], model: torch.nn.Module, reference: torch.nn.Module | None,
-    algorithm: AlgorithmConfig, n_minibatches: int, stats: StepStats, compute: Callable[[], ContextManager], ranks: Ranks = Ranks(),
+    micro_batches: list[TensorDict],
+    model: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    algorithm: AlgorithmConfig,
+    n_minibatches: int,
+    stats: StepStats,
+    compute: Callable[[], AbstractContextManager],
+    ranks: Ranks = Ranks(),
 ) -> bool:
     """The no-grad pass: π_old, reference logprobs, KL-in-reward, IS weights and rejection, in place.
 
@@ -88,11 +95,15 @@ def prepare(
         for micro_batch in micro_batches:
             mask = micro_batch["rl_weights"] != 0
             index, count = segments(micro_batch)
-            kl = kl_estimate(micro_batch["sampling_logprobs"], micro_batch["kl_ref_logprobs"], estimator=algorithm.kl_estimator,
-                             log_ratio_clamp=algorithm.kl_log_ratio_clamp)
+            kl = kl_estimate(
+                micro_batch["sampling_logprobs"],
+                micro_batch["kl_ref_logprobs"],
+                estimator=algorithm.kl_estimator,
+                log_ratio_clamp=algorithm.kl_log_ratio_clamp,
+            )
             seq_kl = segment_sum(torch.where(mask, kl, 0.0), index, count)  # [S]
             micro_batch["advantages"] = micro_batch["advantages"] - algorithm.kl_coef * seq_kl[index]
-    if any("is_weights" in mb.keys() for mb in micro_batches):
+    if any("is_weights" in mb for mb in micro_batches):
         if rc.rollout_is_batch_normalize:
             correction.normalize_is_weights(micro_batches, rc.rollout_is, ranks.sum)
         for micro_batch in micro_batches:
@@ -114,7 +125,9 @@ def split_minibatches(micro_batches: list[TensorDict], n: int) -> list[list[Tens
     sequences indexed anew).
     """
     if n > len(micro_batches):
-        micro_batches = [row.exclude("seq_index", "seq_count") for micro_batch in micro_batches for row in micro_batch.split(1)]
+        micro_batches = [
+            row.exclude("seq_index", "seq_count") for micro_batch in micro_batches for row in micro_batch.split(1)
+        ]
     if n > len(micro_batches):
         raise ValueError(f"trainer.ppo_n_minibatches = {n} but the batch has only {len(micro_batches)} packed rows")
     size, extra = divmod(len(micro_batches), n)
@@ -144,7 +157,7 @@ def train_step(
     n_minibatches: int = 1,
     reference: torch.nn.Module | None = None,
     device: torch.device | str = "cpu",
-    compute: Callable[[], ContextManager] = contextlib.nullcontext,
+    compute: Callable[[], AbstractContextManager] = contextlib.nullcontext,
     ranks: Ranks = Ranks(),
 ) -> dict[str, float]:
     """K = `n_minibatches` optimizer steps over the batch; returns the step's metrics (reduced correctly).
@@ -178,7 +191,9 @@ def train_step(
             stats.add("ce_entropy", entropy[micro_batch["ce_weights"] != 0])
             if not diagnosed:
                 index, count = segments(micro_batch)
-                correction.offpolicy_metrics(logprobs, micro_batch["sampling_logprobs"], micro_batch["rl_weights"] != 0, index, count, stats)
+                correction.offpolicy_metrics(
+                    logprobs, micro_batch["sampling_logprobs"], micro_batch["rl_weights"] != 0, index, count, stats
+                )
             loss = compute_loss(logprobs, micro_batch, counts, algorithm, stats, horizon=horizon)
             loss.backward()
             stats.add_total("loss", loss.detach().double() / n_minibatches)
@@ -189,7 +204,9 @@ def train_step(
             continue
         optimizer.step()
         scheduler.step()
-    tokens = ranks.sum(torch.tensor(float(sum(int((mb["sequence_ids"] >= 0).sum()) for mb in micro_batches)), dtype=torch.float64))
+    tokens = ranks.sum(
+        torch.tensor(float(sum(int((mb["sequence_ids"] >= 0).sum()) for mb in micro_batches)), dtype=torch.float64)
+    )
     states = merge_all(ranks.gather(stats.states()))  # the step's one host sync of its statistics
     metrics = step_metrics(states, spread=SPREAD)
     metrics = {key: value for key, value in metrics.items() if not key.startswith(correction.P)}

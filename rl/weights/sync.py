@@ -72,9 +72,7 @@ async def _delete_version(policy_version: int) -> None:
     await asyncio.gather(*(ts.delete(k) for k in keys))
 
 
-async def push_state_dict(
-    state_dict: dict[str, torch.Tensor], policy_version: int, *, keep_versions: int = 1
-) -> None:
+async def push_state_dict(state_dict: dict[str, torch.Tensor], policy_version: int, *, keep_versions: int = 1) -> None:
     """Store ``state_dict`` as ``policy_version`` and delete all but the newest ``keep_versions``.
 
     Use ``keep_versions >= 2`` if generators may still be pulling the previous version.
@@ -170,7 +168,9 @@ class WeightPublisher:
         self.transport = transport
         self._slots: dict[int, tuple[SharedWeights, torch.Tensor]] = {}
 
-    def _slot(self, policy_version: int, state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> tuple[SharedWeights, torch.Tensor]:
+    def _slot(
+        self, policy_version: int, state_dict: dict[str, torch.Tensor], dtype: torch.dtype
+    ) -> tuple[SharedWeights, torch.Tensor]:
         slot = policy_version % 2
         if slot not in self._slots:
             layout: dict[str, tuple[int, tuple[int, ...], str]] = {}
@@ -178,7 +178,9 @@ class WeightPublisher:
             nbytes = 0
             for name, tensor in state_dict.items():
                 out_dtype = dtype if tensor.is_floating_point() else tensor.dtype
-                key = id(tensor) if isinstance(tensor, DTensor) else tensor.data_ptr()  # DTensor parameters: tied ones are one object
+                key = (
+                    id(tensor) if isinstance(tensor, DTensor) else tensor.data_ptr()
+                )  # DTensor parameters: tied ones are one object
                 if key not in offsets:
                     offsets[key] = nbytes
                     nbytes += -(-tensor.numel() * torch.empty((), dtype=out_dtype).element_size() // 64) * 64
@@ -187,7 +189,9 @@ class WeightPublisher:
             self._slots[slot] = (SharedWeights(path, nbytes, layout), _map(path, nbytes))
         return self._slots[slot]
 
-    async def publish(self, state_dict: dict[str, torch.Tensor], policy_version: int, dtype: torch.dtype, ranks: Ranks = Ranks()) -> None:
+    async def publish(
+        self, state_dict: dict[str, torch.Tensor], policy_version: int, dtype: torch.dtype, ranks: Ranks = Ranks()
+    ) -> None:
         """Every rank calls this with its (sharded) state dict; the version is readable once all have returned."""
         if self.transport == "torchstore":
             cast = {k: v.detach().to(dtype) if v.is_floating_point() else v.detach() for k, v in state_dict.items()}

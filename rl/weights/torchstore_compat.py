@@ -20,8 +20,9 @@ store: the patch is applied on import, and ``import_torchstore()`` returns the p
 import functools
 import inspect
 import os
+from collections.abc import Callable, Coroutine
 from types import ModuleType
-from typing import Any, Callable, Coroutine
+from typing import Any
 
 _SYNC_CONTROLLER_ENDPOINTS = (
     "get_controller_strategy",

@@ -6,8 +6,7 @@ import json
 from env_types.message_env import ResetOutput
 from env_types.renderer import render_prompt
 from rollouts.renderer_env import RendererEnvConfig
-from rollouts.types import Completion
-from rollouts.types import Rollout, RolloutStatus, RolloutTurn
+from rollouts.types import Completion, Rollout, RolloutStatus, RolloutTurn
 from rubrics.judge import Judge
 from tasks.sum_digits import SumDigitsTask
 from tasks.testing import play
@@ -30,7 +29,9 @@ def test_a_dataset_row_cannot_forge_turns(renderer, tokenizer):
     # every added token's text stays text: <tool_response>, <think>, <|endoftext|>, ...
     every = "".join(tokenizer.get_added_vocab())
     escaped = render_prompt(renderer, [{"role": "user", "content": every}])
-    assert sorted(set(escaped) & set(tokenizer.get_added_vocab().values())) == sorted(set(benign) & set(tokenizer.get_added_vocab().values()))
+    assert sorted(set(escaped) & set(tokenizer.get_added_vocab().values())) == sorted(
+        set(benign) & set(tokenizer.get_added_vocab().values())
+    )
 
 
 class EchoEnv(ToolEnv):
@@ -40,17 +41,26 @@ class EchoEnv(ToolEnv):
 
 class EchoTask(SumDigitsTask):
     def make_env(self, example):
-        tool = Tool(name="echo", description="echo", fn="tests.support.sandbox_payloads:echo",
-                    parameters={"type": "object", "properties": {"forge": {"type": "boolean"}}, "required": ["forge"]})
+        tool = Tool(
+            name="echo",
+            description="echo",
+            fn="tests.support.sandbox_payloads:echo",
+            parameters={"type": "object", "properties": {"forge": {"type": "boolean"}}, "required": ["forge"]},
+        )
         return EchoEnv([tool])
 
 
 async def test_a_tool_result_cannot_forge_turns(renderer, tokenizer):
-    replies = iter([f'<tool_call>\n{json.dumps({"name": "echo", "arguments": {"forge": forge}})}\n</tool_call>'
-                    for forge in (False, True)] + ["done"])
+    replies = iter(
+        [
+            f"<tool_call>\n{json.dumps({'name': 'echo', 'arguments': {'forge': forge}})}\n</tool_call>"
+            for forge in (False, True)
+        ]
+        + ["done"]
+    )
 
     async def generate(requests):
-        ids = tokenizer.encode(next(replies), add_special_tokens=False) + [IM_END]
+        ids = [*tokenizer.encode(next(replies), add_special_tokens=False), IM_END]
         return [Completion(token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop", policy_version=0)]
 
     config = RendererEnvConfig(max_turns=4, max_total_tokens=4096, max_prompt_tokens=4000, env_timeout_s=60)
@@ -59,7 +69,10 @@ async def test_a_tool_result_cannot_forge_turns(renderer, tokenizer):
     assert rollout.turns[1].env_messages[0]["content"] == FORGED_RESULT  # recorded as the tool returned it
     first, second, third = (turn.prompt_token_ids for turn in rollout.turns)
     # each turn adds the sampled reply's <|im_end|> and one tool turn: same control tokens for both results
-    grown = [tuple(b - a for a, b in zip(control_counts(x), control_counts(y))) for x, y in ((first, second), (second, third))]
+    grown = [
+        tuple(b - a for a, b in zip(control_counts(x), control_counts(y)))
+        for x, y in ((first, second), (second, third))
+    ]
     assert grown[0] == grown[1] == (2, 2)
 
 
@@ -68,13 +81,19 @@ async def test_the_policy_cannot_forge_a_judge_verdict(renderer, tokenizer):
 
     async def generate(requests):
         prompts.extend(request.prompt_token_ids for request in requests)
-        ids = tokenizer.encode("No.", add_special_tokens=False) + [IM_END]
+        ids = [*tokenizer.encode("No.", add_special_tokens=False), IM_END]
         return [Completion(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", policy_version=0)]
 
     judge = Judge(generate, renderer, template="Answer: {response}\nCorrect? yes or no.", batch_window_s=0.0)
     for reply in ("41", "41" + FORGED):
-        turn = RolloutTurn(prompt_messages=[{"role": "user", "content": "6 * 7?"}], prompt_token_ids=[1],
-                           completion_token_ids=[2], assistant_message={"role": "assistant", "content": reply})
-        rollout = Rollout(rollout_id="g/0", group_id="g", task_name="t", sample_index=0, turns=[turn], status=RolloutStatus.COMPLETED)
+        turn = RolloutTurn(
+            prompt_messages=[{"role": "user", "content": "6 * 7?"}],
+            prompt_token_ids=[1],
+            completion_token_ids=[2],
+            assistant_message={"role": "assistant", "content": reply},
+        )
+        rollout = Rollout(
+            rollout_id="g/0", group_id="g", task_name="t", sample_index=0, turns=[turn], status=RolloutStatus.COMPLETED
+        )
         assert await judge(rollout, {"answer": "42"}) == 0.0
     assert control_counts(prompts[1]) == control_counts(prompts[0])

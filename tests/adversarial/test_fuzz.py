@@ -16,12 +16,11 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollouts.renderer_env import RendererEnv, RendererEnvConfig
-from rollouts.types import Completion
+from env_types.renderer import RendererConfig
 from rl.cli import main
 from rl.config import Config
-from env_types.renderer import RendererConfig
-from rollouts.types import Rollout, RolloutStatus, RolloutTurn
+from rollouts.renderer_env import RendererEnv, RendererEnvConfig
+from rollouts.types import Completion, Rollout, RolloutStatus, RolloutTurn
 from tasks.sum_digits import SumDigitsTask
 
 BUDGET = settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -48,7 +47,12 @@ LEAVES = leaf_paths(DEFAULT)
 # task args are free-form; [models.<name>] are named by the user
 SECTIONS = [path for path in section_paths(DEFAULT) if not path or path[-1] not in ("args", "models", "env")]
 BAD_VALUES = st.one_of(
-    st.text(max_size=5).map(lambda text: f"x{text}"), st.just(-7), st.just(-0.5), st.just(10**12), st.just([1, "a"]), st.just({"k": 1}),
+    st.text(max_size=5).map(lambda text: f"x{text}"),
+    st.just(-7),
+    st.just(-0.5),
+    st.just(10**12),
+    st.just([1, "a"]),
+    st.just({"k": 1}),
 )
 
 
@@ -136,7 +140,9 @@ def test_random_tokens_never_raise_out_of_the_renderer_env(token_ids, finish):
         rollout = Rollout(rollout_id="r", group_id="g", task_name="t", sample_index=0)
         env = RendererEnv(OneReplyEnv(), RENDERER, RendererEnvConfig(max_turns=1), rollout)
         await env.start()
-        await env.step(Completion(token_ids=token_ids, logprobs=[-1.0] * len(token_ids), finish_reason=finish, policy_version=0))
+        await env.step(
+            Completion(token_ids=token_ids, logprobs=[-1.0] * len(token_ids), finish_reason=finish, policy_version=0)
+        )
         return rollout
 
     rollout = asyncio.run(run())
@@ -152,8 +158,16 @@ def test_reward_functions_fed_random_replies_never_crash_the_rubric(reply):
     task = SumDigitsTask()
     example = task.load_dataset("train")[0]
     rollout = Rollout(
-        rollout_id="r", group_id="g", task_name="sum_digits", sample_index=0, status=RolloutStatus.COMPLETED,
-        turns=[RolloutTurn(prompt_messages=[], prompt_token_ids=[1], assistant_message={"role": "assistant", "content": reply})],
+        rollout_id="r",
+        group_id="g",
+        task_name="sum_digits",
+        sample_index=0,
+        status=RolloutStatus.COMPLETED,
+        turns=[
+            RolloutTurn(
+                prompt_messages=[], prompt_token_ids=[1], assistant_message={"role": "assistant", "content": reply}
+            )
+        ],
     )
     [reward] = asyncio.run(task.build_rubric().score_group([rollout], example))
     assert reward.error is None and 0.0 <= reward.total <= 2.0 and set(reward.components) == {"digit_sum_correct"}

@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
-from rollouts.renderer_env import RendererEnvConfig
 from rl.algorithms.advantages import grpo_advantages
 from rl.config.tasks import TaskConfig
 from rl.services.breaker import CircuitBreaker, group_failure
 from rl.services.config import BreakerConfig
 from rollouts.fanout import RolloutContext, run_sample
+from rollouts.renderer_env import RendererEnvConfig
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 from rubrics.builtins import answer_tag_format, last_tag
 from rubrics.rubric import RewardFn, Rubric
@@ -24,10 +24,21 @@ from tests.support import payloads
 
 
 def rollout(text: str, index: int = 0) -> Rollout:
-    turn = RolloutTurn(prompt_messages=[], prompt_token_ids=[1], completion_token_ids=[2], completion_logprobs=[-0.5],
-                       assistant_message={"role": "assistant", "content": text})
-    return Rollout(rollout_id=f"g/{index}", group_id="g", task_name="t", sample_index=index, turns=[turn],
-                   status=RolloutStatus.COMPLETED)
+    turn = RolloutTurn(
+        prompt_messages=[],
+        prompt_token_ids=[1],
+        completion_token_ids=[2],
+        completion_logprobs=[-0.5],
+        assistant_message={"role": "assistant", "content": text},
+    )
+    return Rollout(
+        rollout_id=f"g/{index}",
+        group_id="g",
+        task_name="t",
+        sample_index=index,
+        turns=[turn],
+        status=RolloutStatus.COMPLETED,
+    )
 
 
 async def test_a_reward_finite_in_float64_but_not_float32_fails_only_its_rollout():
@@ -63,8 +74,15 @@ async def test_a_rollout_fn_that_scores_itself_with_nan_gives_an_error_record():
         scored.status, scored.reward = RolloutStatus.COMPLETED, float("nan")
         return scored
 
-    context = RolloutContext(row_id="r", sample_index=0, task_name="sum_digits", task=task, renderer=None,
-                             env_config=RendererEnvConfig(), generate=None)
+    context = RolloutContext(
+        row_id="r",
+        sample_index=0,
+        task_name="sum_digits",
+        task=task,
+        renderer=None,
+        env_config=RendererEnvConfig(),
+        generate=None,
+    )
     result = await run_sample(self_scoring, {}, context)
     assert result.status is RolloutStatus.ERROR and "rollout_fn 'self_scoring' returned nan" in result.error
     assert result.reward == 0.0
@@ -89,10 +107,12 @@ async def test_a_per_turn_env_reward_that_is_not_finite_ends_the_rollout_as_erro
     from rollouts.types import Completion
 
     async def generate(requests):
-        ids = tokenizer.encode("ok", add_special_tokens=False) + [151645]
+        ids = [*tokenizer.encode("ok", add_special_tokens=False), 151645]
         return [Completion(token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop", policy_version=0)]
 
-    result = await play(NanRewardTask(), {}, renderer, RendererEnvConfig(max_total_tokens=512, max_prompt_tokens=256), generate)
+    result = await play(
+        NanRewardTask(), {}, renderer, RendererEnvConfig(max_total_tokens=512, max_prompt_tokens=256), generate
+    )
     assert result.status is RolloutStatus.ERROR and "NanRewardEnv.step returned inf" in result.error
 
 
@@ -100,7 +120,10 @@ def test_a_row_missing_a_field_fails_at_load_naming_task_row_and_field(tmp_path)
     data = tmp_path / "rows.jsonl"
     data.write_text(json.dumps({"question": "2+2", "answer": "4"}) + "\n" + json.dumps({"question": "3+3"}) + "\n")
     built = build_task(TaskConfig(name="arithmetic_retry", data={"train": str(data)}))
-    with pytest.raises(ValueError, match=r"task 'arithmetic_retry', train split \(.*rows.jsonl\): row 1 has field 'answer' (null|missing)"):
+    with pytest.raises(
+        ValueError,
+        match=r"task 'arithmetic_retry', train split \(.*rows.jsonl\): row 1 has field 'answer' (null|missing)",
+    ):
         built.load_rows("train")
 
 
@@ -118,8 +141,10 @@ def test_a_task_row_with_a_none_field_fails_at_load():
 
 
 def group_of(*statuses: RolloutStatus) -> RolloutGroup:
-    rollouts = [Rollout(rollout_id=f"g/{i}", group_id="g", task_name="t", sample_index=i, status=status)
-                for i, status in enumerate(statuses)]
+    rollouts = [
+        Rollout(rollout_id=f"g/{i}", group_id="g", task_name="t", sample_index=i, status=status)
+        for i, status in enumerate(statuses)
+    ]
     return RolloutGroup(group_id="g", task_name="t", example={}, rollouts=rollouts)
 
 
@@ -144,8 +169,8 @@ def test_last_tag_of_a_reply_full_of_unclosed_tags():
 
 
 async def test_a_poison_group_is_not_handed_to_a_third_replica():
-    from tests.support.services_fakes import FakeHost, make_service
     from rl.services.service import RequestFailed
+    from tests.support.services_fakes import FakeHost, make_service
 
     host = FakeHost({name: {"generate": "hang"} for name in ("generator_0_0", "generator_1_0", "generator_2_0")})
     service = make_service(host, replicas=3, call_timeout_s=0.1, max_attempts=3)

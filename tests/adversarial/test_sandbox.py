@@ -22,7 +22,9 @@ from tools.sandbox import Sandbox, SandboxError, SandboxLimits
 
 LIMITS = SandboxLimits(timeout_s=60.0, cpu_s=10, memory_mb=256, max_processes=16, scratch_mb=32)
 """Generous wall clock for a loaded machine: the payloads are stopped by the other limits."""
-needs_cgroup = pytest.mark.skipif(cgroup.available() is None, reason="no writable cgroup here: memory is capped per process only")
+needs_cgroup = pytest.mark.skipif(
+    cgroup.available() is None, reason="no writable cgroup here: memory is capped per process only"
+)
 
 
 async def run(fn, limits=LIMITS, isolate=True, **arguments):
@@ -45,7 +47,11 @@ async def test_host_unix_sockets_are_out_of_reach(tmp_path):
         with pytest.raises(SandboxError, match="FileNotFoundError"):
             await run("connect_unix", path=path)
         # the host's /tmp (Monarch, vLLM, wandb sockets) is not there: only the way to code bound from under it
-        code_under_tmp = {Path(os.path.realpath(entry)).parts[2] for entry in sys.path if os.path.realpath(entry or ".").startswith("/tmp/")}
+        code_under_tmp = {
+            Path(os.path.realpath(entry)).parts[2]
+            for entry in sys.path
+            if os.path.realpath(entry or ".").startswith("/tmp/")
+        }
         assert set(await listdir("/tmp")) <= code_under_tmp
         for hidden in ("/run", "/var/run", "/var", "/home"):
             with pytest.raises(SandboxError, match="FileNotFoundError"):
@@ -147,8 +153,25 @@ async def test_sysv_shared_memory_dies_with_the_call():
 
 async def test_devices_are_a_minimal_set():
     assert await listdir("/dev") == sorted(
-        set(await listdir("/dev")) & {"null", "zero", "full", "random", "urandom", "tty", "shm", "pts", "ptmx",
-                                                  "fd", "stdin", "stdout", "stderr", "core", "console"})
+        set(await listdir("/dev"))
+        & {
+            "null",
+            "zero",
+            "full",
+            "random",
+            "urandom",
+            "tty",
+            "shm",
+            "pts",
+            "ptmx",
+            "fd",
+            "stdin",
+            "stdout",
+            "stderr",
+            "core",
+            "console",
+        }
+    )
     with pytest.raises(SandboxError, match="FileNotFoundError"):
         await run("open_device", path="/dev/kvm")
     assert await run("open_device", path="/dev/null") == "opened /dev/null"
@@ -188,7 +211,9 @@ async def test_scratch_has_a_quota():
 
 @pytest.mark.parametrize("isolate", [True, False])
 async def test_a_cancelled_call_leaves_no_scratch_process_or_cgroup(isolate, tmp_path, monkeypatch, created_cgroups):
-    host_tmp = tmp_path / "host-tmp"  # where the sandbox would make host directories (the unshare root, isolate=False scratch)
+    host_tmp = (
+        tmp_path / "host-tmp"
+    )  # where the sandbox would make host directories (the unshare root, isolate=False scratch)
     host_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(host_tmp))
     call = asyncio.ensure_future(run("write_and_wait", isolate=isolate, name="big", seconds=30))

@@ -12,7 +12,12 @@ IM_END = 151645
 
 
 def tool(name: str, fn: str) -> Tool:
-    return Tool(name=name, description=name, fn=f"tests.support.sandbox_payloads:{fn}", parameters={"type": "object", "properties": {}})
+    return Tool(
+        name=name,
+        description=name,
+        fn=f"tests.support.sandbox_payloads:{fn}",
+        parameters={"type": "object", "properties": {}},
+    )
 
 
 class HostileToolsEnv(ToolEnv):
@@ -29,16 +34,20 @@ class HostileToolsTask(SumDigitsTask):
 
 
 async def test_malformed_calls_and_output_become_tool_messages(renderer, tokenizer):
-    replies = iter([
-        '<tool_call>\n{"name": ["five"], "arguments": {}}\n</tool_call>',                   # a name that is not a string
-        '<tool_call>\n{"name": "five", "arguments": {"n": ' + "1" * 5000 + '}}\n</tool_call>',  # past Python's int-parsing limit
-        '<tool_call>\n{"name": "five", "arguments": {}}\n</tool_call>',                     # output that is not the result
-        '<tool_call>\n{"name": "surrogate", "arguments": {}}\n</tool_call>',                # a lone surrogate in the result
-        "done",
-    ])
+    replies = iter(
+        [
+            '<tool_call>\n{"name": ["five"], "arguments": {}}\n</tool_call>',  # a name that is not a string
+            '<tool_call>\n{"name": "five", "arguments": {"n": '
+            + "1" * 5000
+            + "}}\n</tool_call>",  # past Python's int-parsing limit
+            '<tool_call>\n{"name": "five", "arguments": {}}\n</tool_call>',  # output that is not the result
+            '<tool_call>\n{"name": "surrogate", "arguments": {}}\n</tool_call>',  # a lone surrogate in the result
+            "done",
+        ]
+    )
 
     async def generate(requests):
-        ids = tokenizer.encode(next(replies), add_special_tokens=False) + [IM_END]
+        ids = [*tokenizer.encode(next(replies), add_special_tokens=False), IM_END]
         return [Completion(token_ids=ids, logprobs=[-0.1] * len(ids), finish_reason="stop", policy_version=0)]
 
     config = RendererEnvConfig(max_turns=6, max_total_tokens=8192, max_prompt_tokens=8000, env_timeout_s=60)

@@ -23,8 +23,16 @@ def model():
 
 
 def batch(advantage: float):
-    samples = [TrainSample([5, 6, 7, 8, 9, 10], [False, False, True, True, True, True], [0.0, 0.0, -1.0, -1.0, -1.0, -1.0], advantage, 0),
-               TrainSample([11, 12, 13, 14], [False, True, True, True], [0.0, -1.0, -1.0, -1.0], 1.0, 0)]
+    samples = [
+        TrainSample(
+            [5, 6, 7, 8, 9, 10],
+            [False, False, True, True, True, True],
+            [0.0, 0.0, -1.0, -1.0, -1.0, -1.0],
+            advantage,
+            0,
+        ),
+        TrainSample([11, 12, 13, 14], [False, True, True, True], [0.0, -1.0, -1.0, -1.0], 1.0, 0),
+    ]
     return split_micro_batches(pack_samples(samples, seq_len=SEQ_LEN, pad_token_id=0), 2)
 
 
@@ -32,12 +40,16 @@ def test_a_step_with_a_nonfinite_gradient_norm_changes_nothing(model):
     trained = copy.deepcopy(model)
     optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    metrics = train_step(trained, optimizer, scheduler, batch(float("inf")), AlgorithmConfig(), max_grad_norm=1.0, horizon=SEQ_LEN)
+    metrics = train_step(
+        trained, optimizer, scheduler, batch(float("inf")), AlgorithmConfig(), max_grad_norm=1.0, horizon=SEQ_LEN
+    )
     assert metrics["skipped_nonfinite_steps"] == 1.0 and not torch.isfinite(torch.tensor(metrics["grad_norm"]))
     assert all(torch.equal(before, after) for before, after in zip(model.parameters(), trained.parameters()))
     assert optimizer.state == {} and scheduler.last_epoch == 0  # no AdamW moments, no schedule step
     assert all(parameter.grad is None for parameter in trained.parameters())
-    metrics = train_step(trained, optimizer, scheduler, batch(1.0), AlgorithmConfig(), max_grad_norm=1.0, horizon=SEQ_LEN)
+    metrics = train_step(
+        trained, optimizer, scheduler, batch(1.0), AlgorithmConfig(), max_grad_norm=1.0, horizon=SEQ_LEN
+    )
     assert metrics["skipped_nonfinite_steps"] == 0.0 and scheduler.last_epoch == 1
     assert all(torch.isfinite(parameter).all() for parameter in trained.parameters())
 
@@ -48,7 +60,9 @@ def test_the_run_stops_after_max_nonfinite_steps_in_a_row():
     assert watch.check(5, {"train/grad_norm": 0.3, "train/skipped_nonfinite_steps": 0.0}, minibatches=1) is None
     warning, stop = watch.check(6, skipped, minibatches=1)
     assert not stop and "step 6" in warning and "1 in a row" in warning
-    assert watch.check(7, {"train/grad_norm": 0.3, "train/skipped_nonfinite_steps": 0.0}, minibatches=1) is None  # resets
+    assert (
+        watch.check(7, {"train/grad_norm": 0.3, "train/skipped_nonfinite_steps": 0.0}, minibatches=1) is None
+    )  # resets
     assert watch.check(8, skipped, minibatches=1)[1] is False
     warning, stop = watch.check(9, skipped, minibatches=1)
     assert stop and "2 in a row, trainer.max_nonfinite_steps = 2" in warning

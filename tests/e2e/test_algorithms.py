@@ -18,10 +18,11 @@ from tests.support.paths import E2E_CONFIGS
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
 
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def run(tmp_path_factory):
-    config = load_config(E2E_CONFIGS / "tiny_qwen3_algorithms_e2e.toml", {"run.output_dir": str(tmp_path_factory.mktemp("runs"))})
+    config = load_config(
+        E2E_CONFIGS / "tiny_qwen3_algorithms_e2e.toml", {"run.output_dir": str(tmp_path_factory.mktemp("runs"))}
+    )
     controller = Controller(config)
     await controller.setup()
     probe = controller.renderers["sum_digits"].render_ids(
@@ -39,8 +40,14 @@ async def run(tmp_path_factory):
     run_dir = Path(summary["run_dir"])
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rollouts = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
-    yield dict(records=records, rollouts=rollouts, teacher_before=teacher_before, teacher_after=teacher_after,
-               policy_after=policy_after, teacher_version=teacher_version)
+    yield dict(
+        records=records,
+        rollouts=rollouts,
+        teacher_before=teacher_before,
+        teacher_after=teacher_after,
+        policy_after=policy_after,
+        teacher_version=teacher_version,
+    )
 
 
 async def test_every_algorithm_trains_in_each_step(run):
@@ -69,8 +76,14 @@ async def test_frozen_sampled_rollouts_are_tagged_and_never_stale(run):
 
 async def test_correction_preset_logs_its_diagnostics(run):
     for record in run["records"]:
-        for key in ("rollout_corr/rollout_is_mean", "rollout_corr/rollout_is_eff_sample_size", "rollout_corr/k3_kl",
-                    "rollout_corr/chi2_token", "rollout_corr/log_ppl_abs_diff", "rollout_corr/rollout_is_seq_max"):
+        for key in (
+            "rollout_corr/rollout_is_mean",
+            "rollout_corr/rollout_is_eff_sample_size",
+            "rollout_corr/k3_kl",
+            "rollout_corr/chi2_token",
+            "rollout_corr/log_ppl_abs_diff",
+            "rollout_corr/rollout_is_seq_max",
+        ):
             assert math.isfinite(record[key]), key
         # fp32 sampler and fp32 trainer on the same weights: π_old / π_rollout ≈ 1
         assert abs(record["rollout_corr/rollout_is_mean"] - 1) < 1e-3
@@ -89,5 +102,7 @@ async def test_sft_from_the_dataset_generates_nothing_and_echo_trains(run):
     demos = by_task["tests.support.e2e_tasks:DemonstratedDigits"]
     assert demos and all(r["metadata"]["sampler"] == "dataset" and len(r["turns"]) == 1 for r in demos)
     assert len({r["group_id"] for r in demos}) == len(demos)  # one demonstration per row, not group_size generations
-    echo = by_task["arithmetic_retry"]  # the random tiny model rarely stops within 8 tokens: its retries are unit-tested
+    echo = by_task[
+        "arithmetic_retry"
+    ]  # the random tiny model rarely stops within 8 tokens: its retries are unit-tested
     assert any(r["advantage"] is not None for r in echo)  # rollouts.jsonl carries the advantage the step trained

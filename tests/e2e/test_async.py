@@ -14,8 +14,6 @@ from rl.loop.controller import Controller
 from tests.support.paths import E2E_CONFIGS
 
 
-
-
 async def test_staleness_one_with_two_replicas(tmp_path):
     config = load_config(
         E2E_CONFIGS / "tiny_qwen3_e2e.toml",
@@ -38,11 +36,21 @@ async def test_staleness_one_with_two_replicas(tmp_path):
     assert [m["step"] for m in metrics] == [1, 2, 3] and [m["policy_version"] for m in metrics] == [1, 2, 3]
     assert max(m["async/version_offset_max"] for m in metrics) == 1
     for m in metrics:
-        assert 0.0 <= m["perf/wait_time_ratio"] <= 1.0 and m["perf/overlap_ratio"] == pytest.approx(1 - m["perf/wait_time_ratio"])
-        busy_at_least = m["time/train_s"] + m["time/weight_sync_s"]  # the consumer's busy time also covers building the batch
+        assert 0.0 <= m["perf/wait_time_ratio"] <= 1.0 and m["perf/overlap_ratio"] == pytest.approx(
+            1 - m["perf/wait_time_ratio"]
+        )
+        busy_at_least = (
+            m["time/train_s"] + m["time/weight_sync_s"]
+        )  # the consumer's busy time also covers building the batch
         wait = m["perf/sample_wait_time"]
         assert m["perf/wait_time_ratio"] <= wait / (wait + busy_at_least) + 1e-6
-        for key in ("perf/sample_wait_time", "async/version_offset_mean", "train/ppo_clip_frac", "train/ppo_kl", "rollouts/evicted_stale_groups"):
+        for key in (
+            "perf/sample_wait_time",
+            "async/version_offset_mean",
+            "train/ppo_clip_frac",
+            "train/ppo_kl",
+            "rollouts/evicted_stale_groups",
+        ):
             assert key in m, key
 
     train = [r for r in rollouts if r["kind"] == "train"]

@@ -15,12 +15,10 @@ import signal
 import time
 
 import psutil
-import pytest
 
 from rl.processes.titles import role_of
 from tests.support.launch import Launch, processes_with_marker
 from tests.support.runs import assert_rows_trained_once, read_jsonl
-
 
 STEPS, GROUPS_PER_STEP, GROUP_SIZE = 24, 2, 4
 LAST_KILL_STEP = 5
@@ -28,9 +26,24 @@ LAST_KILL_STEP = 5
 replacing at once on 2 cores, steps of ~2 s when the machine is quiet), well before the last step."""
 JUDGE = "{fn = 'judge', args = { model = 'judge', parser = 'tests.support.e2e_rewards:judge_reply_length', max_new_tokens = 4, timeout_s = 120 }}"
 OVERRIDES = [
-    "--run.steps", str(STEPS), "--run.eval_every", "0", "--sample_logging.enabled", "false", "--checkpoint.every_steps", "0",
-    "--generator.num_replicas", "2", "--services.reward.replicas", "2", "--models.judge.path", "tiny-qwen3", "--models.judge.replicas", "2",
-    "--tasks.0.rubric.reward_fns", f"[{{fn = 'tests.support.e2e_rewards:by_sample_index'}}, {JUDGE}]",
+    "--run.steps",
+    str(STEPS),
+    "--run.eval_every",
+    "0",
+    "--sample_logging.enabled",
+    "false",
+    "--checkpoint.every_steps",
+    "0",
+    "--generator.num_replicas",
+    "2",
+    "--services.reward.replicas",
+    "2",
+    "--models.judge.path",
+    "tiny-qwen3",
+    "--models.judge.replicas",
+    "2",
+    "--tasks.0.rubric.reward_fns",
+    f"[{{fn = 'tests.support.e2e_rewards:by_sample_index'}}, {JUDGE}]",
 ]
 SERVING_AGAIN = re.compile(r"rlmesh: (\S+) replica \d+ replaced; serving again ([\d.]+) s after the loss")
 
@@ -80,7 +93,12 @@ def test_a_run_survives_sigkills_of_a_generator_a_reward_and_a_judge_replica(tmp
     run_dir = tmp_path / "tiny_qwen3_e2e"
     assert_rows_trained_once(run_dir, STEPS, GROUPS_PER_STEP, GROUP_SIZE)
     train = [record["rollout"] for record in read_jsonl(run_dir / "rollouts.jsonl") if record["kind"] == "train"]
-    assert all(rollout["status"] != "error" for rollout in train), [rollout["error"] for rollout in train if rollout["status"] == "error"]
+    assert all(rollout["status"] != "error" for rollout in train), [
+        rollout["error"] for rollout in train if rollout["status"] == "error"
+    ]
     last = read_jsonl(run_dir / "metrics.jsonl")[-1]
-    counted = {service: (last[f"services/{service}/restarts"], last[f"services/{service}/healthy_replicas"]) for service in victims}
+    counted = {
+        service: (last[f"services/{service}/restarts"], last[f"services/{service}/healthy_replicas"])
+        for service in victims
+    }
     assert counted == {service: (1, 2) for service in victims}, json.dumps(last)

@@ -23,7 +23,10 @@ DEADLINE_S = 900
 async def test_two_hosts_train_two_steps_and_the_generator_runs_the_trainers_weights(tmp_path):
     config = load_config(
         E2E_CONFIGS / "tiny_qwen3_process_2hosts.toml",
-        {"run.output_dir": str(tmp_path), "tasks.0.rubric.reward_fns": "[{fn = 'tests.support.e2e_rewards:even_token_share'}]"},
+        {
+            "run.output_dir": str(tmp_path),
+            "tasks.0.rubric.reward_fns": "[{fn = 'tests.support.e2e_rewards:even_token_share'}]",
+        },
     )
     controller = Controller(config)
     probe = list(range(100, 140))
@@ -33,7 +36,8 @@ async def test_two_hosts_train_two_steps_and_the_generator_runs_the_trainers_wei
     async def sync_and_compare(policy_version: int) -> None:
         await sync_weights(policy_version)
         trainer, generator = await asyncio.gather(
-            controller.roles.trainer.logprobs.call_one(probe), controller.roles.generators.call("prompt_logprobs", probe)
+            controller.roles.trainer.logprobs.call_one(probe),
+            controller.roles.generators.call("prompt_logprobs", probe),
         )
         parity.append((policy_version, max(abs(a - b) for a, b in zip(trainer, generator))))
 
@@ -45,7 +49,9 @@ async def test_two_hosts_train_two_steps_and_the_generator_runs_the_trainers_wei
         before = await controller.roles.trainer.logprobs.call_one(probe)
         summary = await asyncio.wait_for(controller.train(), DEADLINE_S)
         after = await controller.roles.trainer.logprobs.call_one(probe)
-        workers = [p for p in psutil.Process().children(recursive=True) if "run_worker_loop_forever" in " ".join(p.cmdline())]
+        workers = [
+            p for p in psutil.Process().children(recursive=True) if "run_worker_loop_forever" in " ".join(p.cmdline())
+        ]
     finally:
         await controller.shutdown()
     assert sorted(hosts) == ["generator", "trainer"] and trainer_extent == {"hosts": 1, "procs": 2}
@@ -54,4 +60,6 @@ async def test_two_hosts_train_two_steps_and_the_generator_runs_the_trainers_wei
     records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2] and records[-1]["policy_version"] == 2
     assert all(r["train/num_loss_tokens"] > 0 and r["train/mismatch_k3"] < 1e-6 for r in records[1:])
-    assert workers and not [p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # hosts released
+    assert workers and not [
+        p for p in workers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    ]  # hosts released

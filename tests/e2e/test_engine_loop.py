@@ -25,7 +25,9 @@ PROMPTS = [[151644, 872, 198, 40 + i, 151645, 198, 151644, 77091, 198] for i in 
 def weights():
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-qwen3"), dtype=torch.float32)
     original = {name: tensor.clone() for name, tensor in model.state_dict().items()}
-    changed = {name: tensor * 1.5 if name.endswith("mlp.down_proj.weight") else tensor for name, tensor in original.items()}
+    changed = {
+        name: tensor * 1.5 if name.endswith("mlp.down_proj.weight") else tensor for name, tensor in original.items()
+    }
     return original, changed
 
 
@@ -52,7 +54,9 @@ def greedy(max_tokens=24):
 async def run(loop, prompts, max_tokens=24):
     from vllm.inputs import TokensPrompt
 
-    results = await asyncio.gather(*(loop.generate(TokensPrompt(prompt_token_ids=p), greedy(max_tokens)) for p in prompts))
+    results = await asyncio.gather(
+        *(loop.generate(TokensPrompt(prompt_token_ids=p), greedy(max_tokens)) for p in prompts)
+    )
     return [(list(output.outputs[0].token_ids), version) for output, version in results]
 
 
@@ -114,10 +118,15 @@ async def test_seeded_requests_whose_prompts_exceed_one_steps_token_budget(engin
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm, loop = engine
+    _llm, loop = engine
     prompts = [list(range(100 + i, 200 + i)) for i in range(60)]
-    results = await asyncio.gather(*(
-        loop.generate(TokensPrompt(prompt_token_ids=p), SamplingParams(temperature=1.0, max_tokens=4, seed=i, detokenize=False))
-        for i, p in enumerate(prompts)
-    ))
+    results = await asyncio.gather(
+        *(
+            loop.generate(
+                TokensPrompt(prompt_token_ids=p),
+                SamplingParams(temperature=1.0, max_tokens=4, seed=i, detokenize=False),
+            )
+            for i, p in enumerate(prompts)
+        )
+    )
     assert [len(output.outputs[0].token_ids) for output, _ in results] == [4] * 60

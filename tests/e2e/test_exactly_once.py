@@ -9,18 +9,28 @@ import random
 import signal
 import time
 
-import pytest
-
 from rl.checkpoint import store as checkpoint
 from tests.support.launch import Launch
 from tests.support.runs import assert_rows_trained_once, read_jsonl
 
-
 STEPS, GROUPS_PER_STEP, GROUP_SIZE = 12, 2, 4
 OVERRIDES = [
-    "--run.steps", str(STEPS), "--run.max_policy_staleness", "2", "--generator.num_replicas", "2", "--services.reward.replicas", "2",
-    "--checkpoint.every_steps", "1", "--run.eval_every", "0", "--sample_logging.enabled", "false",
-    "--tasks.0.rubric.reward_fns", "[{fn = 'tests.support.e2e_rewards:by_sample_index'}]",  # no group is dropped for zero advantage
+    "--run.steps",
+    str(STEPS),
+    "--run.max_policy_staleness",
+    "2",
+    "--generator.num_replicas",
+    "2",
+    "--services.reward.replicas",
+    "2",
+    "--checkpoint.every_steps",
+    "1",
+    "--run.eval_every",
+    "0",
+    "--sample_logging.enabled",
+    "false",
+    "--tasks.0.rubric.reward_fns",
+    "[{fn = 'tests.support.e2e_rewards:by_sample_index'}]",  # no group is dropped for zero advantage
 ]
 
 
@@ -58,11 +68,21 @@ def test_every_row_is_trained_exactly_once_across_three_kills_at_staleness_budge
             launch.kill_everything()
     assert_rows_trained_once(run_dir, STEPS, GROUPS_PER_STEP, GROUP_SIZE)
     newest = checkpoint.newest_checkpoint(run_dir)
-    assert {path.name for path in (newest / "rng").iterdir()} == {"controller.pt", "trainer.pt", "reward_0.pt", "reward_1.pt"}
+    assert {path.name for path in (newest / "rng").iterdir()} == {
+        "controller.pt",
+        "trainer.pt",
+        "reward_0.pt",
+        "reward_1.pt",
+    }
     assert checkpoint.damage(newest) is None
     committed_metrics, _ = checkpoint.read_step_record(newest)
     logged = next(record for record in read_jsonl(run_dir / "metrics.jsonl") if record["step"] == STEPS)
-    assert {"step": STEPS, **committed_metrics} == {key: value for key, value in logged.items() if key not in ("time/step_s", "time/checkpoint_s")}
-    served = [sum(value for key, value in record.items() if key.startswith("services/generator/replica_"))
-              for record in read_jsonl(run_dir / "metrics.jsonl") if record["step"] > 0]
+    assert {"step": STEPS, **committed_metrics} == {
+        key: value for key, value in logged.items() if key not in ("time/step_s", "time/checkpoint_s")
+    }
+    served = [
+        sum(value for key, value in record.items() if key.startswith("services/generator/replica_"))
+        for record in read_jsonl(run_dir / "metrics.jsonl")
+        if record["step"] > 0
+    ]
     assert served == sorted(served)  # the services' counters continue across the resumes, never from 0 again

@@ -11,7 +11,6 @@ import pytest
 
 from tests.support.launch import Launch, processes_with_marker
 
-
 STOP_DEADLINE_S = 30
 
 
@@ -20,7 +19,9 @@ def assert_stops_cleanly(launch: Launch) -> None:
     returncode = launch.wait_for_exit(timeout=STOP_DEADLINE_S)
     assert returncode == 130, launch.output()
     assert time.monotonic() - sent < STOP_DEADLINE_S
-    assert "rlmesh: interrupted" in "".join(launch.lines), launch.output()  # Monarch may print a teardown trace after it
+    assert "rlmesh: interrupted" in "".join(launch.lines), (
+        launch.output()
+    )  # Monarch may print a teardown trace after it
     deadline = time.monotonic() + 10
     while processes_with_marker(launch.marker) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -49,7 +50,11 @@ def test_ctrl_c_in_any_phase_stops_all_actor_processes(tmp_path, phase_line):
 
 def test_an_actor_that_dies_stops_the_run_with_exit_1(tmp_path):
     launch = Launch(
-        tmp_path, "--tasks.0.rubric.reward_fns", "[{fn = 'tests.support.e2e_rewards:kill_reward_process'}]", "--services.reward.max_restarts", "0"
+        tmp_path,
+        "--tasks.0.rubric.reward_fns",
+        "[{fn = 'tests.support.e2e_rewards:kill_reward_process'}]",
+        "--services.reward.max_restarts",
+        "0",
     )
     try:
         returncode = launch.wait_for_exit(timeout=300)

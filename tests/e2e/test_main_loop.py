@@ -15,8 +15,8 @@ import pytest_asyncio
 
 from rl.config import load_config
 from rl.loop.controller import Controller
-from tests.support.wandb_records import history
 from tests.support.paths import E2E_CONFIGS
+from tests.support.wandb_records import history
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
@@ -28,8 +28,20 @@ SAMPLE_FILTERS = {  # trained samples only, then the 2 best and the worst of eac
     "sample_logging.filters.bottom_k": "1",
 }
 SAMPLE_COLUMNS = [
-    "episode_id", "policy_version", "task", "prompt", "response", "target", "reward", "advantage", "request_len",
-    "response_len", "ref_logprobs", "status", "rollout_id", "reward/even_token_share",
+    "episode_id",
+    "policy_version",
+    "task",
+    "prompt",
+    "response",
+    "target",
+    "reward",
+    "advantage",
+    "request_len",
+    "response_len",
+    "ref_logprobs",
+    "status",
+    "rollout_id",
+    "reward/even_token_share",
 ]
 
 
@@ -88,8 +100,17 @@ async def test_metrics_file_has_one_flat_record_per_step(trained):
     assert [r["step"] for r in records] == [0, 1, 2]
     assert [r["policy_version"] for r in records] == [0, 1, 2]
     for record in records[1:]:
-        for key in ("reward/mean", "loss", "eval/reward/mean", "perf/generation_tokens_per_s", "train/train_tokens_per_s",
-                    "time/generation_s", "time/train_s", "time/weight_sync_s", "rollouts/dropped_groups"):
+        for key in (
+            "reward/mean",
+            "loss",
+            "eval/reward/mean",
+            "perf/generation_tokens_per_s",
+            "train/train_tokens_per_s",
+            "time/generation_s",
+            "time/train_s",
+            "time/weight_sync_s",
+            "rollouts/dropped_groups",
+        ):
             assert key in record, key
         assert all(not isinstance(value, (dict, list)) for value in record.values())
     assert records[1]["train/num_loss_tokens"] > 0 and records[1]["loss"] != 0.0
@@ -104,7 +125,9 @@ async def test_step_metrics_agree_with_the_rollouts_they_summarize(trained):
     for record in records[1:]:
         trained_here = [r["rollout"] for r in rollouts if r["kind"] == "train" and r["step"] == record["step"]]
         assert len(trained_here) == 2 * 4
-        assert record["reward/mean"] == pytest.approx(sum(r["reward"] for r in trained_here) / len(trained_here), abs=1e-9)
+        assert record["reward/mean"] == pytest.approx(
+            sum(r["reward"] for r in trained_here) / len(trained_here), abs=1e-9
+        )
         assert sum(value for key, value in record.items() if key.startswith("rollouts/status/")) == len(trained_here)
         assert record["rollouts/dropped_groups"] == 0 and record["rollouts/too_long"] == 0
         completion_tokens = sum(len(turn["completion_token_ids"]) for r in trained_here for turn in r["turns"])
@@ -133,8 +156,14 @@ async def test_records_from_actor_processes_and_the_standard_set_reach_metrics(t
     records = [json.loads(line) for line in (trained["run_dir"] / "metrics.jsonl").read_text().splitlines()]
     for record in records[1:]:
         assert record["time/reward_s"] > 0  # recorded inside the RewardActor's process
-        for key in ("reward/sum_digits/mean", "reward/even_token_share", "rollouts/truncation_rate", "advantage/sum_digits/mean",
-                    "rollouts/entropy", "rollouts/status/completed"):
+        for key in (
+            "reward/sum_digits/mean",
+            "reward/even_token_share",
+            "rollouts/truncation_rate",
+            "advantage/sum_digits/mean",
+            "rollouts/entropy",
+            "rollouts/status/completed",
+        ):
             assert key in record, key
 
 
@@ -159,7 +188,9 @@ async def test_samples_file_holds_exactly_what_the_filters_allow(trained):
     logged = {step: [s["rollout_id"] for s in samples if s["step"] == step] for step in (1, 2)}
     assert logged == expected_samples(trained["run_dir"])
     assert {s["step"] for s in samples} == {1, 2} and all(s["key"] == "reward/samples" for s in samples)
-    assert all(list(s)[2:] == SAMPLE_COLUMNS and s["target"] is not None and s["advantage"] is not None for s in samples)
+    assert all(
+        list(s)[2:] == SAMPLE_COLUMNS and s["target"] is not None and s["advantage"] is not None for s in samples
+    )
     assert {s["policy_version"] for s in samples if s["step"] == 2} == {1}
     assert all(s["ref_logprobs"] < 0 for s in samples)  # mean reference logprob of the sampled tokens
 
@@ -176,7 +207,7 @@ async def test_offline_wandb_run_holds_a_samples_table_per_step(trained):
     [wandb_file] = (trained["run_dir"] / "wandb").glob("offline-run-*/run-*.wandb")
     tables = {row["_step"]: row["reward/samples"] for row in history(wandb_file) if "reward/samples" in row}
     assert sorted(tables) == [1, 2]
-    for step, table_ref in tables.items():
+    for _step, table_ref in tables.items():
         assert table_ref["_type"] == "table-file"
         table = json.loads((wandb_file.parent / "files" / table_ref["path"]).read_text())
         assert table["columns"] == SAMPLE_COLUMNS and len(table["data"]) == table_ref["nrows"] == 3
@@ -184,5 +215,7 @@ async def test_offline_wandb_run_holds_a_samples_table_per_step(trained):
 
 async def test_dependency_noise_goes_to_the_run_log_not_the_console(trained):
     run_log = (trained["run_dir"] / "run.log").read_text()
-    assert "NUMA binding" in run_log or "FutureWarning" in run_log  # vLLM-CPU's start-up notes, from the generator process
+    assert (
+        "NUMA binding" in run_log or "FutureWarning" in run_log
+    )  # vLLM-CPU's start-up notes, from the generator process
     assert "FutureWarning" not in trained["console"] and not list(trained["run_dir"].parent.glob(".rlmesh-*.log"))

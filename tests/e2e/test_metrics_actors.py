@@ -10,7 +10,6 @@ from rl.metrics.reduce import reduce_states
 from tests.support.metrics_actors import Recorder
 
 
-
 async def test_two_replicas_reduce_like_one_process():
     procs = this_host().spawn_procs(per_host={"procs": 2})
     try:

@@ -5,7 +5,6 @@ import signal
 import subprocess
 import sys
 
-
 from rl.checkpoint import store as checkpoint
 from tests.support.launch import Launch
 from tests.support.paths import REPO, TINY
@@ -14,21 +13,37 @@ REWARD = "[{fn = 'tests.support.e2e_rewards:even_token_share'}]"  # varies acros
 
 
 def run_to_end(*args: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "rl.cli", "train", *args], cwd=REPO, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "rl.cli", "train", *args], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 
 
 def comparable(record: dict) -> dict:
     """A metrics record without wall-clock quantities and the services' counters (counted since the launcher started)."""
-    return {key: value for key, value in record.items() if not key.startswith(("time/", "perf/", "services/")) and not key.endswith("_per_s")}
+    return {
+        key: value
+        for key, value in record.items()
+        if not key.startswith(("time/", "perf/", "services/")) and not key.endswith("_per_s")
+    }
 
 
 def test_a_killed_run_resumes_to_the_same_metrics_and_tokens(tmp_path):
-    overrides = ["--run.steps", "4", "--checkpoint.every_steps", "1", "--wandb.enabled", "false",
-                 "--tasks.0.rubric.reward_fns", REWARD]
+    overrides = [
+        "--run.steps",
+        "4",
+        "--checkpoint.every_steps",
+        "1",
+        "--wandb.enabled",
+        "false",
+        "--tasks.0.rubric.reward_fns",
+        REWARD,
+    ]
     run_to_end("--config", str(TINY), "--run.output_dir", str(tmp_path / "straight"), *overrides)
 
-    launch = Launch(tmp_path / "killed", "--run.steps", "4", "--checkpoint.every_steps", "1", "--tasks.0.rubric.reward_fns", REWARD)
+    launch = Launch(
+        tmp_path / "killed", "--run.steps", "4", "--checkpoint.every_steps", "1", "--tasks.0.rubric.reward_fns", REWARD
+    )
     try:
         launch.wait_for_line("step    2 v2")
         launch.process.send_signal(signal.SIGKILL)

@@ -22,7 +22,6 @@ from rl.loop.state import row_index_of
 from rl.services.replica import TEST_ONLY_HANG_ENV
 from tests.support.paths import E2E_CONFIGS
 
-
 DEADLINE_S = 600
 
 
@@ -83,15 +82,20 @@ async def test_a_killed_generator_replica_is_replaced_and_no_row_is_lost(tmp_pat
     finally:
         await controller.shutdown()
     [(lost_at, serving_at)] = generators.recoveries
-    print(f"\nSIGKILL of generator replica 0 (pid {pid}) -> loss noticed {lost_at - killed_at:.1f} s -> "
-          f"replacement taking traffic {serving_at - killed_at:.1f} s", file=sys.stderr)
+    print(
+        f"\nSIGKILL of generator replica 0 (pid {pid}) -> loss noticed {lost_at - killed_at:.1f} s -> "
+        f"replacement taking traffic {serving_at - killed_at:.1f} s",
+        file=sys.stderr,
+    )
     run_dir = Path(summary["run_dir"])
     metrics = read_jsonl(run_dir / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert metrics[-1]["services/generator/restarts"] == 1
     assert metrics[-1]["services/generator/resubmitted_requests"] >= 1
     assert [loss.split(":")[0] for loss in generators.losses] == ["generator/0#0"]
-    assert "exited" in generators.losses[0] or "Killed(sig=9)" in generators.losses[0]  # our pid check, or Monarch's supervision
+    assert (
+        "exited" in generators.losses[0] or "Killed(sig=9)" in generators.losses[0]
+    )  # our pid check, or Monarch's supervision
     assert all(m["rollouts/status/error"] == 0 for m in metrics if "rollouts/status/error" in m)
     assert_every_row_trained_once(run_dir)
 
@@ -105,9 +109,13 @@ async def test_a_hung_generator_replica_misses_its_deadline_and_the_other_serves
     finally:
         await controller.shutdown()
     generators = controller.roles.generators
-    assert generators.losses[0].startswith("generator/0#0: generate missed its deadline (services.generator.call_timeout_s = 20.0)")
+    assert generators.losses[0].startswith(
+        "generator/0#0: generate missed its deadline (services.generator.call_timeout_s = 20.0)"
+    )
     metrics = read_jsonl(Path(summary["run_dir"]) / "metrics.jsonl")
-    assert metrics[-1]["services/generator/restarts"] >= 1 and metrics[-1]["services/generator/resubmitted_requests"] >= 1
+    assert (
+        metrics[-1]["services/generator/restarts"] >= 1 and metrics[-1]["services/generator/resubmitted_requests"] >= 1
+    )
     assert generators.failed_requests == 0
     assert all(m["rollouts/status/error"] == 0 for m in metrics if "rollouts/status/error" in m)
     assert_every_row_trained_once(Path(summary["run_dir"]))

@@ -24,12 +24,12 @@ import torch.distributed.checkpoint as dcp
 from transformers import AutoModelForCausalLM
 
 from actors.trainer import PolicyTrainer
-from rl.weights import sync as weight_sync
 from rl.assets import resolve_model_path
+from rl.config import load_config
 from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.processes.cluster import Placement
-from rl.config import load_config
 from rl.processes.trainer_mesh import spawn_trainer
+from rl.weights import sync as weight_sync
 from tests.support.paths import TINY
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
@@ -55,7 +55,11 @@ def batch(seed: int) -> list:
 
 def config(num_procs: int):
     """The 2-rank trainer also recomputes activations (activation checkpointing under FSDP2): same numbers."""
-    overrides = {"trainer.num_procs": str(num_procs), "trainer.micro_batch_size": "2", "trainer.gradient_checkpointing": str(num_procs > 1).lower()}
+    overrides = {
+        "trainer.num_procs": str(num_procs),
+        "trainer.micro_batch_size": "2",
+        "trainer.gradient_checkpointing": str(num_procs > 1).lower(),
+    }
     return load_config(TINY, overrides)
 
 
@@ -63,8 +67,15 @@ async def start(num_procs: int):
     cfg = config(num_procs)
     placement = Placement(cfg.cluster, cfg.trainer, cfg.generator, cfg.models)
     trainer, procs = await spawn_trainer(
-        placement.spawn_procs, cfg.trainer, PolicyTrainer, cfg.trainer, cfg.algorithm, cfg.model.path, 4,
-        weight_transport=cfg.weight_sync.transport, wire_dtype=cfg.generator.dtype,
+        placement.spawn_procs,
+        cfg.trainer,
+        PolicyTrainer,
+        cfg.trainer,
+        cfg.algorithm,
+        cfg.model.path,
+        4,
+        weight_transport=cfg.weight_sync.transport,
+        wire_dtype=cfg.generator.dtype,
     )
     await trainer.initialized
     return trainer, procs
@@ -88,12 +99,16 @@ async def runs(tmp_path_factory):
     resumed, resumed_procs = await start(1)
     probe = list(range(5, 60))
     try:
-        first = await asyncio.wait_for(asyncio.gather(one.train_step.call_one(batch(0)), two.train_step.call_one(batch(0))), DEADLINE_S)
+        first = await asyncio.wait_for(
+            asyncio.gather(one.train_step.call_one(batch(0)), two.train_step.call_one(batch(0))), DEADLINE_S
+        )
         for name, trainer in (("one", one), ("two", two)):
             (root / name).mkdir()
             await trainer.save_checkpoint.call_one(str(root / name))
         await two.push_weights.call_one(1)  # shared memory: ranks gather one parameter at a time, rank 0 writes
-        published = {name: tensor.clone() for name, tensor in (await weight_sync.WeightReceiver("shared_memory").pull(1)).items()}
+        published = {
+            name: tensor.clone() for name, tensor in (await weight_sync.WeightReceiver("shared_memory").pull(1)).items()
+        }
         await resumed.load_checkpoint.call_one(str(root / "two"))
         logprobs = await asyncio.gather(two.logprobs.call_one(probe), resumed.logprobs.call_one(probe))
         second = await asyncio.wait_for(
@@ -130,7 +145,10 @@ async def test_a_two_rank_checkpoint_resumes_on_one_rank(runs):
     assert max(abs(a - b) for a, b in zip(two_logprobs, resumed_logprobs)) < 1e-5
     two, resumed = runs["second"]  # a second step needs the restored AdamW moments and LR schedule too
     assert resumed["loss"] == pytest.approx(two["loss"], rel=1e-6) and resumed["lr"] == two["lr"]
-    weights_two, weights_resumed = checkpoint_weights(runs["root"] / "two_again"), checkpoint_weights(runs["root"] / "resumed")
+    weights_two, weights_resumed = (
+        checkpoint_weights(runs["root"] / "two_again"),
+        checkpoint_weights(runs["root"] / "resumed"),
+    )
     for name in weights_two:
         torch.testing.assert_close(weights_resumed[name], weights_two[name], atol=1e-5, rtol=0, msg=name)
 

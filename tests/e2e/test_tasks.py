@@ -4,14 +4,9 @@ single-turn, a multi-turn, a tool-calling and a judge-graded task train together
 import json
 from pathlib import Path
 
-import pytest
-
 from rl.config import load_config
 from rl.loop.controller import Controller
 from tests.support.paths import E2E_CONFIGS
-
-
-
 
 
 async def test_mixed_tasks_train_for_two_steps(tmp_path):
@@ -24,12 +19,19 @@ async def test_mixed_tasks_train_for_two_steps(tmp_path):
     rollouts = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
     train = [r["rollout"] for r in rollouts if r["kind"] == "train"]
     assert len(train) == 2 * 4 * 4
-    assert {r["rollout"]["task_name"] for r in rollouts} == {"reverse_text", "calculator_tool", "arithmetic_retry", "sum_digits"}
+    assert {r["rollout"]["task_name"] for r in rollouts} == {
+        "reverse_text",
+        "calculator_tool",
+        "arithmetic_retry",
+        "sum_digits",
+    }
     for rollout in train:
         assert rollout["status"] != "error", rollout["error"]
         assert rollout["reward"] is not None
     judged = [r for r in rollouts if r["rollout"]["task_name"] == "sum_digits"]
-    assert judged and all(set(r["rollout"]["reward_components"]) == {"judge"} for r in judged)  # graded by the frozen judge
+    assert judged and all(
+        set(r["rollout"]["reward_components"]) == {"judge"} for r in judged
+    )  # graded by the frozen judge
     calculator = [r for r in train if r["task_name"] == "calculator_tool"]
     # the calculator's tool spec is rendered into the system prompt: ~200 tokens before the question
     assert calculator and all(len(r["turns"][0]["prompt_token_ids"]) > 150 for r in calculator)

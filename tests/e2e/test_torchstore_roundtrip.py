@@ -144,7 +144,10 @@ async def test_shared_memory_transport_between_actor_processes(monkeypatch: pyte
         reader = reader_procs.spawn("shared_reader", SharedReader)
         for policy_version in (1, 2, 3):  # two slots, alternating: version 3 overwrites version 1's file
             paths = await writer.publish.call_one(policy_version)
-            want = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in make_state_dict(policy_version).items()}
+            want = {
+                k: v.to(torch.bfloat16) if v.is_floating_point() else v
+                for k, v in make_state_dict(policy_version).items()
+            }
             want["tied.weight"] = want["embed.weight"]
             assert_exactly_equal(await reader.pull.call_one(policy_version), want)
         assert len(paths) == 2 and all(os.path.exists(path) for path in paths)

@@ -28,4 +28,7 @@ class FakeJudgeModel(ServiceReplica):
     async def generate(self, requests, sampling):
         from rollouts.types import Completion
 
-        return [Completion(token_ids=[9707, 151645], logprobs=[-0.1, -0.1], finish_reason="stop", policy_version=0) for _ in requests]
+        return [
+            Completion(token_ids=[9707, 151645], logprobs=[-0.1, -0.1], finish_reason="stop", policy_version=0)
+            for _ in requests
+        ]

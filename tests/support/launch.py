@@ -32,12 +32,27 @@ class Launch:
         """A new run in `output_dir`, or (`resume`) `rlmesh train --resume RUN_DIR` with `overrides`."""
         self.marker = uuid.uuid4().hex
         env = {**os.environ, "RLMESH_TEST_MARKER": self.marker, "PYTHONUNBUFFERED": "1"}
-        start = ["--resume", str(resume)] if resume is not None else [
-            "--config", str(TINY), "--run.output_dir", str(output_dir), "--run.steps", "50",
-            "--wandb.enabled", "false"]
+        start = (
+            ["--resume", str(resume)]
+            if resume is not None
+            else [
+                "--config",
+                str(TINY),
+                "--run.output_dir",
+                str(output_dir),
+                "--run.steps",
+                "50",
+                "--wandb.enabled",
+                "false",
+            ]
+        )
         self.process = subprocess.Popen(
             [sys.executable, "-m", "rl.cli", "train", *start, *overrides],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()

@@ -13,7 +13,9 @@ from rl.loop.state import row_index_of
 from tests.support.paths import TINY
 
 
-def fake_run(tmp_path: Path, steps_with_checkpoints: list[int], committed: bool = True, damage_before_commit=None) -> Path:
+def fake_run(
+    tmp_path: Path, steps_with_checkpoints: list[int], committed: bool = True, damage_before_commit=None
+) -> Path:
     """A run directory with checkpoints as the run writes them, but a 4096-float trainer state; `damage_before_commit(tmp)`
     spoils a checkpoint before its manifest is taken (bad from the start, yet matching its manifest)."""
     run_dir = tmp_path / "run"
@@ -23,7 +25,9 @@ def fake_run(tmp_path: Path, steps_with_checkpoints: list[int], committed: bool 
     for step in steps_with_checkpoints:
         tmp = checkpoint.begin(run_dir, step)
         (tmp / "config.toml").write_text(dump_toml(config))
-        (tmp / "run_state.json").write_text(json.dumps({"step": step, "policy_version": step, "data_cursor": 2 * step, "rows_done_ahead": []}))
+        (tmp / "run_state.json").write_text(
+            json.dumps({"step": step, "policy_version": step, "data_cursor": 2 * step, "rows_done_ahead": []})
+        )
         dcp.save({"model": {"w": torch.arange(4096.0)}}, checkpoint_id=tmp / "trainer")
         checkpoint.save_rng(tmp, "controller")
         if damage_before_commit is not None and step == steps_with_checkpoints[-1]:
@@ -47,7 +51,9 @@ def assert_rows_trained_once(run_dir: Path, steps: int, groups_per_step: int, gr
     for record in train:
         steps_of_row.setdefault(row_index_of(record["rollout"]["group_id"]), set()).add(record["step"])
     assert all(len(row_steps) == 1 for row_steps in steps_of_row.values()), steps_of_row
-    assert Counter(step for row_steps in steps_of_row.values() for step in row_steps) == {step: groups_per_step for step in range(1, steps + 1)}
+    assert Counter(step for row_steps in steps_of_row.values() for step in row_steps) == {
+        step: groups_per_step for step in range(1, steps + 1)
+    }
     state = checkpoint.read_run_state(checkpoint.newest_checkpoint(run_dir))
     assert state["step"] == steps
     consumed = set(range(state["data_cursor"])) | set(state["rows_done_ahead"])

@@ -1,6 +1,5 @@
 """Fakes of Monarch proc meshes and actors for the service tests."""
 
-
 import asyncio
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -80,9 +79,14 @@ class Failure:
 
 def make_service(host: FakeHost, replicas: int = 2, fatal: list | None = None, prepare=None, **config) -> Service:
     return Service(
-        "generator", FakeActor, lambda replica: (), replicas=replicas,
-        config=ServiceConfig(**{"call_timeout_s": 5.0, "probe_interval_s": 3600.0, **config}), spawn_procs=host.spawn_procs,
-        on_fatal=(fatal if fatal is not None else []).append, prepare=prepare,
+        "generator",
+        FakeActor,
+        lambda replica: (),
+        replicas=replicas,
+        config=ServiceConfig(**{"call_timeout_s": 5.0, "probe_interval_s": 3600.0, **config}),
+        spawn_procs=host.spawn_procs,
+        on_fatal=(fatal if fatal is not None else []).append,
+        prepare=prepare,
     )
 
 

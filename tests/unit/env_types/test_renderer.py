@@ -49,7 +49,7 @@ def qwen3():
 
 def emitted(tokenizer, text: str) -> list[int]:
     """Token ids a model emits for `text` followed by the end of its turn."""
-    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    return [*tokenizer.encode(text, add_special_tokens=False), tokenizer.convert_tokens_to_ids("<|im_end|>")]
 
 
 def test_auto_picks_the_hand_coded_qwen3_renderer_and_the_template_for_smollm2():

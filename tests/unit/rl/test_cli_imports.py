@@ -2,11 +2,13 @@
 
 import subprocess
 import sys
-from tests.support.paths import REPO
 
+from tests.support.paths import REPO
 
 
 def test_importing_the_cli_starts_no_thread():
     code = "import os, rl.cli; print(len(os.listdir('/proc/self/task')))"
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={"PYTHONPATH": str(REPO)}, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, env={"PYTHONPATH": str(REPO)}, capture_output=True, text=True
+    )
     assert result.stdout.strip() == "1", result.stderr

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from rl.config import Config
 from rl import precision
+from rl.config import Config
 from rl.precision import MismatchWatch, compute_context, resolve_compute_dtype
 
 
@@ -67,4 +67,9 @@ def test_validation_resolves_auto_and_refuses_bf16_on_a_cpu_without_it(monkeypat
 def test_flex_attention_is_refused_on_a_cpu_trainer_and_accepted_on_cuda():
     with pytest.raises(ValueError, match="no backward on CPU"):
         Config(trainer={"attention": "flex_attention", "device": "cpu"})
-    assert Config(trainer={"attention": "flex_attention", "device": "cuda"}, generator={"device": "cuda"}).trainer.attention == "flex_attention"
+    assert (
+        Config(
+            trainer={"attention": "flex_attention", "device": "cuda"}, generator={"device": "cuda"}
+        ).trainer.attention
+        == "flex_attention"
+    )

@@ -2,9 +2,9 @@
 
 import asyncio
 
-from rollouts.renderer_env import RendererEnvConfig
 from rl.config.tasks import TaskConfig
 from rollouts.fanout import RolloutContext, rollout_group
+from rollouts.renderer_env import RendererEnvConfig
 from rollouts.types import RolloutStatus, RolloutTurn
 from tasks.build import build_task
 from tasks.sum_digits import SumDigitsTask
@@ -32,7 +32,11 @@ async def picky_rollout(row, context):
         return "not a rollout"
     await asyncio.sleep(0.01 * (5 - context.sample_index) + 0.001 * len(row["tag"]))
     rollout = context.new_rollout()
-    rollout.turns.append(RolloutTurn(prompt_messages=[], prompt_token_ids=[1], completion_token_ids=[2], policy_version=context.sample_index))
+    rollout.turns.append(
+        RolloutTurn(
+            prompt_messages=[], prompt_token_ids=[1], completion_token_ids=[2], policy_version=context.sample_index
+        )
+    )
     rollout.status = RolloutStatus.COMPLETED
     rollout.metadata["row"] = dict(row)
     return rollout
@@ -42,7 +46,10 @@ async def test_fan_out_joins_by_row_id_drops_none_and_isolates_exceptions():
     calls = []
     rows = {"r0": {"tag": "a"}, "r1": {"tag": "bbbb"}}
     groups = await asyncio.gather(
-        *(rollout_group(row_id, "sum_digits", row, 6, picky_rollout, contexts(row_id, calls)) for row_id, row in rows.items())
+        *(
+            rollout_group(row_id, "sum_digits", row, 6, picky_rollout, contexts(row_id, calls))
+            for row_id, row in rows.items()
+        )
     )
     assert sorted(calls) == [(row_id, index) for row_id in rows for index in range(6)]
     for group, (row_id, row) in zip(groups, rows.items()):

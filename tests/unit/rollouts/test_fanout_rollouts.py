@@ -5,11 +5,9 @@ import asyncio
 import pytest
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
-from rollouts.renderer_env import RendererEnvConfig
-from rollouts.types import Completion, GenerationFailed
-
 from rollouts.fanout import RolloutContext, rollout_group, task_rollout
-from rollouts.types import RolloutStatus
+from rollouts.renderer_env import RendererEnvConfig
+from rollouts.types import Completion, GenerationFailed, RolloutStatus
 from tasks.sum_digits import SumDigitsTask
 
 IM_END = 151645
@@ -25,7 +23,9 @@ def scripted_generator(tokenizer, reply: str, *, finish_reason="stop", fail_when
                 results.append(GenerationFailed("generation failed: boom"))
                 continue
             ids = tokenizer.encode(reply, add_special_tokens=False) + ([IM_END] if finish_reason == "stop" else [])
-            results.append(Completion(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason=finish_reason, policy_version=7))
+            results.append(
+                Completion(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason=finish_reason, policy_version=7)
+            )
         return results
 
     return generate
@@ -46,7 +46,9 @@ async def collect_groups(specs, group_size, generate):
 
     async def group(spec):
         def context(index):
-            return RolloutContext(spec["row_id"], index, "sum_digits", spec["task"], spec["renderer"], spec["env_config"], one)
+            return RolloutContext(
+                spec["row_id"], index, "sum_digits", spec["task"], spec["renderer"], spec["env_config"], one
+            )
 
         return await rollout_group(spec["row_id"], "sum_digits", spec["row"], group_size, task_rollout, context)
 
@@ -56,7 +58,9 @@ async def collect_groups(specs, group_size, generate):
 async def test_single_turn_group_completes_with_exact_tokens(renderer, tokenizer):
     task = SumDigitsTask(num_digits=2, num_validation=4)
     row = task.load_dataset("validation")[0]
-    [group] = await collect_groups([spec(task, row, renderer, RendererEnvConfig(max_new_tokens=8))], 3, scripted_generator(tokenizer, "9"))
+    [group] = await collect_groups(
+        [spec(task, row, renderer, RendererEnvConfig(max_new_tokens=8))], 3, scripted_generator(tokenizer, "9")
+    )
     assert [r.status for r in group.rollouts] == [RolloutStatus.COMPLETED] * 3
     turn = group.rollouts[0].turns[0]
     expected_prompt = f"<|im_start|>user\n{row['prompt']}<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
@@ -70,8 +74,10 @@ async def test_prompt_overflow_never_reaches_the_generator(renderer, tokenizer):
     short = SumDigitsTask(num_digits=2, num_validation=4)
     calls = []
     groups = await collect_groups(
-        [spec(task, task.load_dataset("validation")[0], renderer, RendererEnvConfig(max_prompt_tokens=64), 0),
-         spec(short, short.load_dataset("validation")[0], renderer, RendererEnvConfig(max_prompt_tokens=64), 1)],
+        [
+            spec(task, task.load_dataset("validation")[0], renderer, RendererEnvConfig(max_prompt_tokens=64), 0),
+            spec(short, short.load_dataset("validation")[0], renderer, RendererEnvConfig(max_prompt_tokens=64), 1),
+        ],
         2,
         scripted_generator(tokenizer, "5", calls=calls),
     )
@@ -83,8 +89,11 @@ async def test_prompt_overflow_never_reaches_the_generator(renderer, tokenizer):
 
 async def test_length_finish_is_truncated(renderer, tokenizer):
     task = SumDigitsTask(num_digits=2, num_validation=4)
-    [group] = await collect_groups([spec(task, task.load_dataset("validation")[0], renderer, RendererEnvConfig())], 1,
-                                   scripted_generator(tokenizer, "1 2 3", finish_reason="length"))
+    [group] = await collect_groups(
+        [spec(task, task.load_dataset("validation")[0], renderer, RendererEnvConfig())],
+        1,
+        scripted_generator(tokenizer, "1 2 3", finish_reason="length"),
+    )
     assert group.rollouts[0].status is RolloutStatus.TRUNCATED
 
 
@@ -138,8 +147,10 @@ class FaultyTask(SumDigitsTask):
 )
 async def test_faulty_environment_becomes_an_error_or_timeout_record(renderer, tokenizer, fault, status, text):
     groups = await collect_groups(
-        [spec(FaultyTask(), {"fault": fault}, renderer, RendererEnvConfig(env_timeout_s=0.2)),
-         spec(FaultyTask(), {"fault": "none"}, renderer, RendererEnvConfig(env_timeout_s=0.2), 1)],
+        [
+            spec(FaultyTask(), {"fault": fault}, renderer, RendererEnvConfig(env_timeout_s=0.2)),
+            spec(FaultyTask(), {"fault": "none"}, renderer, RendererEnvConfig(env_timeout_s=0.2), 1),
+        ],
         2,
         scripted_generator(tokenizer, "ok"),
     )
@@ -167,7 +178,9 @@ class RetryTask(SumDigitsTask):
 
 
 async def test_multi_turn_prompts_extend_the_sampled_tokens_and_max_turns_truncates(renderer, tokenizer):
-    [group] = await collect_groups([spec(RetryTask(), {}, renderer, RendererEnvConfig(max_turns=3))], 1, scripted_generator(tokenizer, "5"))
+    [group] = await collect_groups(
+        [spec(RetryTask(), {}, renderer, RendererEnvConfig(max_turns=3))], 1, scripted_generator(tokenizer, "5")
+    )
     rollout = group.rollouts[0]
     assert rollout.status is RolloutStatus.TRUNCATED and len(rollout.turns) == 3
     for previous, current in zip(rollout.turns, rollout.turns[1:]):
@@ -178,7 +191,9 @@ async def test_multi_turn_prompts_extend_the_sampled_tokens_and_max_turns_trunca
 
 
 async def test_multi_turn_done_with_env_reward(renderer, tokenizer):
-    [group] = await collect_groups([spec(RetryTask(), {}, renderer, RendererEnvConfig(max_turns=3))], 1, scripted_generator(tokenizer, "4"))
+    [group] = await collect_groups(
+        [spec(RetryTask(), {}, renderer, RendererEnvConfig(max_turns=3))], 1, scripted_generator(tokenizer, "4")
+    )
     rollout = group.rollouts[0]
     assert rollout.status is RolloutStatus.COMPLETED and rollout.turns[0].reward_components == {"solved": 1.0}
 
@@ -197,5 +212,7 @@ async def test_each_sample_gets_its_own_sampling_seed(renderer, tokenizer):
         return RolloutContext("train/row=3", index, "sum_digits", task, renderer, RendererEnvConfig(), one, run_seed=5)
 
     await rollout_group("train/row=3", "sum_digits", task.load_dataset("validation")[0], 3, task_rollout, context)
-    assert sorted(request.seed for [request] in calls) == sorted(sampling_seed(5, f"train/row=3/{i}", 0) for i in range(3))
+    assert sorted(request.seed for [request] in calls) == sorted(
+        sampling_seed(5, f"train/row=3/{i}", 0) for i in range(3)
+    )
     assert len({request.seed for [request] in calls}) == 3

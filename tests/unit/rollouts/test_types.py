@@ -8,7 +8,10 @@ def test_only_ongoing_is_not_terminal():
 
 
 def test_trainable_statuses():
-    assert {status for status in RolloutStatus if status.is_trainable()} == {RolloutStatus.COMPLETED, RolloutStatus.TRUNCATED}
+    assert {status for status in RolloutStatus if status.is_trainable()} == {
+        RolloutStatus.COMPLETED,
+        RolloutStatus.TRUNCATED,
+    }
 
 
 @pytest.mark.parametrize("target", [s for s in RolloutStatus if s is not RolloutStatus.ONGOING])
@@ -35,7 +38,11 @@ def test_fail_keeps_partial_turns_and_records_error():
 def _multi_turn_rollout() -> Rollout:
     system = {"role": "system", "content": "You are a calculator."}
     user = {"role": "user", "content": "2+2?"}
-    first_answer = {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}]}
+    first_answer = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "add", "arguments": {"a": 2, "b": 2}}}],
+    }
     tool = {"role": "tool", "content": "4"}
     return Rollout(
         rollout_id="sum/3/1",
@@ -81,7 +88,9 @@ def test_multi_turn_rollout_json_round_trip_is_lossless():
 
 
 def test_group_round_trip_and_min_policy_version():
-    group = RolloutGroup(group_id="sum/3", task_name="calc", example={"q": "2+2", "answer": 4}, rollouts=[_multi_turn_rollout()])
+    group = RolloutGroup(
+        group_id="sum/3", task_name="calc", example={"q": "2+2", "answer": 4}, rollouts=[_multi_turn_rollout()]
+    )
     assert RolloutGroup.model_validate_json(group.model_dump_json()) == group
     assert group.min_policy_version == 3
 

@@ -20,18 +20,38 @@ from tasks.build import build_rubric
 
 def reply(text: str, *, tokens: int = 1, turn_rewards=(None,), index: int = 0) -> Rollout:
     turns = [
-        RolloutTurn(prompt_messages=[], prompt_token_ids=[1], completion_token_ids=[2] * tokens, reward=reward,
-                    assistant_message={"role": "assistant", "content": text})
+        RolloutTurn(
+            prompt_messages=[],
+            prompt_token_ids=[1],
+            completion_token_ids=[2] * tokens,
+            reward=reward,
+            assistant_message={"role": "assistant", "content": text},
+        )
         for reward in turn_rewards
     ]
-    return Rollout(rollout_id=f"g/{index}", group_id="g", task_name="t", sample_index=index, turns=turns, status=RolloutStatus.COMPLETED)
+    return Rollout(
+        rollout_id=f"g/{index}",
+        group_id="g",
+        task_name="t",
+        sample_index=index,
+        turns=turns,
+        status=RolloutStatus.COMPLETED,
+    )
 
 
-@pytest.mark.parametrize("text, extract, expected", [
-    ("Paris", "text", 1.0), ("  paris \n", "text", 1.0), ("It is Paris", "text", 0.0),
-    ("I think <answer>Paris</answer>", "answer_tag", 1.0), ("<answer>Lyon</answer> no, <answer>Paris</answer>", "answer_tag", 1.0),
-    ("Paris", "answer_tag", 0.0), ("so \\boxed{Paris}", "boxed", 1.0), ("thinking...\nParis", "last_line", 1.0),
-])
+@pytest.mark.parametrize(
+    "text, extract, expected",
+    [
+        ("Paris", "text", 1.0),
+        ("  paris \n", "text", 1.0),
+        ("It is Paris", "text", 0.0),
+        ("I think <answer>Paris</answer>", "answer_tag", 1.0),
+        ("<answer>Lyon</answer> no, <answer>Paris</answer>", "answer_tag", 1.0),
+        ("Paris", "answer_tag", 0.0),
+        ("so \\boxed{Paris}", "boxed", 1.0),
+        ("thinking...\nParis", "last_line", 1.0),
+    ],
+)
 def test_exact_match(text, extract, expected):
     assert exact_match(reply(text), {"answer": "Paris"}, extract=extract) == expected
 
@@ -40,23 +60,33 @@ def test_exact_match_case_sensitive():
     assert exact_match(reply("paris"), {"answer": "Paris"}, case_sensitive=True) == 0.0
 
 
-@pytest.mark.parametrize("text, tolerance, relative, expected", [
-    ("The answer is 3.14", 0.01, False, 1.0), ("3.16", 0.01, False, 0.0), ("about 1,000,050", 0.0001, True, 1.0),
-    ("1000200", 0.0001, True, 0.0), ("no number", 1.0, False, 0.0), ("first 7 then 42", 0.0, False, 1.0),
-])
+@pytest.mark.parametrize(
+    "text, tolerance, relative, expected",
+    [
+        ("The answer is 3.14", 0.01, False, 1.0),
+        ("3.16", 0.01, False, 0.0),
+        ("about 1,000,050", 0.0001, True, 1.0),
+        ("1000200", 0.0001, True, 0.0),
+        ("no number", 1.0, False, 0.0),
+        ("first 7 then 42", 0.0, False, 1.0),
+    ],
+)
 def test_numeric_match(text, tolerance, relative, expected):
     reference = 42 if "42" in text else (1_000_000 if "00" in text else 3.1416)
     assert numeric_match(reply(text), {"answer": reference}, tolerance=tolerance, relative=relative) == expected
 
 
-@pytest.mark.parametrize("text, answer, expected", [
-    ("So the result is \\boxed{\\frac{1}{2}}.", "0.5", 1.0),
-    ("\\boxed{0.5}", "1/2", 1.0),
-    ("The answer is \\boxed{3}", "4", 0.0),
-    ("x = \\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0),
-    ("I don't know", "7", 0.0),
-    ("Total: $12$", "12", 1.0),
-])
+@pytest.mark.parametrize(
+    "text, answer, expected",
+    [
+        ("So the result is \\boxed{\\frac{1}{2}}.", "0.5", 1.0),
+        ("\\boxed{0.5}", "1/2", 1.0),
+        ("The answer is \\boxed{3}", "4", 0.0),
+        ("x = \\boxed{2\\sqrt{2}}", "\\sqrt{8}", 1.0),
+        ("I don't know", "7", 0.0),
+        ("Total: $12$", "12", 1.0),
+    ],
+)
 def test_math_verify(text, answer, expected):
     assert math_verify(reply(text), {"answer": answer}) == expected
 
@@ -85,14 +115,20 @@ def test_diversity_bonus():
 
 
 async def test_builtins_by_name_with_args_and_a_group_function_from_config():
-    config = RubricConfig.model_validate({
-        "reward_fns": [{"fn": "numeric_match", "args": {"tolerance": 0.5}, "weight": 1.0},
-                       {"fn": "length_penalty", "args": {"target_tokens": 2, "max_tokens": 4}, "weight": 1.0}],
-        "group_reward_fns": [{"fn": "diversity_bonus", "weight": 2.0}],
-    })
+    config = RubricConfig.model_validate(
+        {
+            "reward_fns": [
+                {"fn": "numeric_match", "args": {"tolerance": 0.5}, "weight": 1.0},
+                {"fn": "length_penalty", "args": {"target_tokens": 2, "max_tokens": 4}, "weight": 1.0},
+            ],
+            "group_reward_fns": [{"fn": "diversity_bonus", "weight": 2.0}],
+        }
+    )
     rubric = build_rubric(config)
     assert rubric.weights == {"numeric_match": 0.25, "length_penalty": 0.25, "diversity_bonus": 0.5}
-    rewards = await rubric.score_group([reply("7.4", tokens=3, index=0), reply("7.4", tokens=1, index=1), reply("9", index=2)], {"answer": 7})
+    rewards = await rubric.score_group(
+        [reply("7.4", tokens=3, index=0), reply("7.4", tokens=1, index=1), reply("9", index=2)], {"answer": 7}
+    )
     # numeric 1,1,0; length -0.5,0,0; diversity 1/2,1/2,1
     assert [r.total for r in rewards] == pytest.approx([0.25 - 0.125 + 0.25, 0.25 + 0.25, 0.5])
 
@@ -108,8 +144,13 @@ def test_bad_builtin_args_fail_at_build_time():
 def test_error_reward_none_from_toml_and_round_trip():
     from rl.config import dump_toml, load_config
 
-    config = load_config(None, {"tasks": "[{name = 'sum_digits', rubric = {reward_fns = [{fn = 'exact_match'}]}}]",
-                                "tasks.0.rubric.error_reward": "none"})
+    config = load_config(
+        None,
+        {
+            "tasks": "[{name = 'sum_digits', rubric = {reward_fns = [{fn = 'exact_match'}]}}]",
+            "tasks.0.rubric.error_reward": "none",
+        },
+    )
     assert config.tasks[0].rubric.error_reward is None and build_rubric(config.tasks[0].rubric).error_reward is None
     assert 'error_reward = "none"' in dump_toml(config)
     import tomllib

@@ -4,9 +4,8 @@ import asyncio
 
 import pytest
 
-from rollouts.types import Completion, GenerationFailed
 from rl.config.tasks import RubricConfig
-from rollouts.types import Rollout, RolloutStatus, RolloutTurn
+from rollouts.types import Completion, GenerationFailed, Rollout, RolloutStatus, RolloutTurn
 from rubrics.judge import Judge, JudgeError, connect_model, parse_score_0_10, parse_yes_no
 from rubrics.rubric import RewardFn, Rubric
 from tasks.build import build_rubric
@@ -36,15 +35,26 @@ class ScriptedJudgeModel:
             reference = prompt.split("Reference: ")[1].split("\n")[0]
             graded = prompt.split("Answer: ")[1].split("\nCorrect?")[0]
             verdict = "Yes." if reference in graded else "No, it is wrong."
-            ids = self.tokenizer.encode(verdict, add_special_tokens=False) + [IM_END]
+            ids = [*self.tokenizer.encode(verdict, add_special_tokens=False), IM_END]
             results.append(Completion(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop", policy_version=0))
         return results
 
 
 def rollout(text, index=0):
-    turn = RolloutTurn(prompt_messages=[{"role": "user", "content": "What is 6 * 7?"}], prompt_token_ids=[1],
-                       completion_token_ids=[2], assistant_message={"role": "assistant", "content": text})
-    return Rollout(rollout_id=f"g/{index}", group_id="g", task_name="t", sample_index=index, turns=[turn], status=RolloutStatus.COMPLETED)
+    turn = RolloutTurn(
+        prompt_messages=[{"role": "user", "content": "What is 6 * 7?"}],
+        prompt_token_ids=[1],
+        completion_token_ids=[2],
+        assistant_message={"role": "assistant", "content": text},
+    )
+    return Rollout(
+        rollout_id=f"g/{index}",
+        group_id="g",
+        task_name="t",
+        sample_index=index,
+        turns=[turn],
+        status=RolloutStatus.COMPLETED,
+    )
 
 
 async def test_judge_grades_a_group_in_one_batched_call(renderer, tokenizer):
@@ -73,7 +83,9 @@ async def test_deadline_failed_request_and_unreadable_verdict_become_reward_erro
     assert reward.total == -1.0 and "judge call took longer than 0.1 s" in reward.error
 
     failing = Judge(ScriptedJudgeModel(tokenizer, fail_index=1).generate, renderer, template=TEMPLATE)
-    rewards = await Rubric([RewardFn(failing)], error_reward=-1.0).score_group([rollout("42", 0), rollout("42", 1)], {"answer": "42"})
+    rewards = await Rubric([RewardFn(failing)], error_reward=-1.0).score_group(
+        [rollout("42", 0), rollout("42", 1)], {"answer": "42"}
+    )
     assert [r.total for r in rewards] == [1.0, -1.0] and "out of memory" in rewards[1].error
 
     unreadable = Judge(ScriptedJudgeModel(tokenizer).generate, renderer, template=TEMPLATE, parser="score_0_10")
@@ -90,10 +102,14 @@ def test_parsers():
 
 
 async def test_judge_from_config_uses_the_connected_frozen_model(renderer, tokenizer):
-    config = RubricConfig.model_validate({"reward_fns": [
-        {"fn": "judge", "args": {"model": "grader", "template": TEMPLATE}, "weight": 1.0},
-        {"fn": "exact_match", "weight": 1.0},
-    ]})
+    config = RubricConfig.model_validate(
+        {
+            "reward_fns": [
+                {"fn": "judge", "args": {"model": "grader", "template": TEMPLATE}, "weight": 1.0},
+                {"fn": "exact_match", "weight": 1.0},
+            ]
+        }
+    )
     rubric = build_rubric(config)
     [reward] = await rubric.score_group([rollout("It is 42")], {"answer": "42"})
     assert "no frozen model 'grader' is connected" in reward.error

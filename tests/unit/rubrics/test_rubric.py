@@ -10,9 +10,16 @@ from rubrics.rubric import Reward, RewardFn, Rubric, apply_reward
 
 
 def make_rollout(text: str, status: RolloutStatus = RolloutStatus.COMPLETED, index: int = 0) -> Rollout:
-    turn = RolloutTurn(prompt_messages=[], prompt_token_ids=[1], completion_token_ids=[2], completion_logprobs=[-0.5],
-                       assistant_message={"role": "assistant", "content": text})
-    return Rollout(rollout_id=f"g/{index}", group_id="g", task_name="t", sample_index=index, turns=[turn], status=status)
+    turn = RolloutTurn(
+        prompt_messages=[],
+        prompt_token_ids=[1],
+        completion_token_ids=[2],
+        completion_logprobs=[-0.5],
+        assistant_message={"role": "assistant", "content": text},
+    )
+    return Rollout(
+        rollout_id=f"g/{index}", group_id="g", task_name="t", sample_index=index, turns=[turn], status=status
+    )
 
 
 def contains_answer(rollout, example):
@@ -35,9 +42,15 @@ def test_weights_are_normalized_to_sum_one():
 
 async def test_weighted_total_and_components():
     rubric = Rubric([RewardFn(contains_answer, 3.0), RewardFn(is_short, 1.0), RewardFn(async_judge, 4.0)])
-    rewards = await rubric.score_group([make_rollout("17"), make_rollout("it is 17"), make_rollout("no")], {"answer": "17"})
+    rewards = await rubric.score_group(
+        [make_rollout("17"), make_rollout("it is 17"), make_rollout("no")], {"answer": "17"}
+    )
     # weights 3/8, 1/8, 4/8
-    assert [reward.total for reward in rewards] == [3 / 8 + 1 / 8 + 0.5 * 4 / 8, 3 / 8 + 0.5 * 4 / 8, 1 / 8 + 0.5 * 4 / 8]
+    assert [reward.total for reward in rewards] == [
+        3 / 8 + 1 / 8 + 0.5 * 4 / 8,
+        3 / 8 + 0.5 * 4 / 8,
+        1 / 8 + 0.5 * 4 / 8,
+    ]
     assert rewards[1].components == {"contains_answer": 1.0, "is_short": 0.0, "async_judge": 0.5}
 
 
@@ -64,9 +77,15 @@ async def test_failed_rollouts_get_error_reward_without_calling_functions(status
 
 
 async def test_prompt_overflow_gets_error_reward_unless_truncation_reward_set():
-    overflow = Rollout(rollout_id="g/0", group_id="g", task_name="t", sample_index=0, status=RolloutStatus.PROMPT_OVERFLOW)
-    assert (await Rubric([RewardFn(contains_answer)], error_reward=-2.0).score_one(overflow, {"answer": "1"})).total == -2.0
-    assert (await Rubric([RewardFn(contains_answer)], truncation_reward=-1.0).score_one(overflow, {"answer": "1"})).total == -1.0
+    overflow = Rollout(
+        rollout_id="g/0", group_id="g", task_name="t", sample_index=0, status=RolloutStatus.PROMPT_OVERFLOW
+    )
+    assert (
+        await Rubric([RewardFn(contains_answer)], error_reward=-2.0).score_one(overflow, {"answer": "1"})
+    ).total == -2.0
+    assert (
+        await Rubric([RewardFn(contains_answer)], truncation_reward=-1.0).score_one(overflow, {"answer": "1"})
+    ).total == -1.0
 
 
 @pytest.mark.parametrize("bad_value", [float("nan"), float("inf"), "1.0", None])
@@ -84,7 +103,11 @@ async def test_raising_or_garbage_reward_becomes_error_reward_others_unaffected(
     assert [reward.total for reward in rewards] == [1.0, -1.0, 1.0]
     assert rewards[0].error is None and rewards[2].error is None
     assert "flaky" in rewards[1].error
-    assert ("KeyError" in rewards[1].error) if bad_value is None else ("reward function 'flaky' returned" in rewards[1].error)
+    assert (
+        ("KeyError" in rewards[1].error)
+        if bad_value is None
+        else ("reward function 'flaky' returned" in rewards[1].error)
+    )
     for rollout, reward in zip(rollouts, rewards):
         apply_reward(rollout, reward)
     assert rollouts[1].status is RolloutStatus.ERROR and "flaky" in rollouts[1].error and rollouts[1].reward == -1.0
@@ -131,7 +154,9 @@ async def test_hanging_reward_function_times_out_and_others_are_scored(kind):
             await asyncio.sleep(3600)
         return 1.0
 
-    rubric = Rubric([RewardFn(sync_hang if kind == "sync" else async_hang, name="judge")], error_reward=-1.0, timeout_s=0.2)
+    rubric = Rubric(
+        [RewardFn(sync_hang if kind == "sync" else async_hang, name="judge")], error_reward=-1.0, timeout_s=0.2
+    )
     rollouts = [make_rollout("a", index=0), make_rollout("b", index=1)]
     start = time.monotonic()
     rewards = await rubric.score_group(rollouts, {})
@@ -153,7 +178,9 @@ async def test_sync_reward_functions_run_off_the_event_loop():
             release.set()
         return 1.0
 
-    rewards = await Rubric([RewardFn(waits_for_sibling)]).score_group([make_rollout("a", index=0), make_rollout("b", index=1)], {})
+    rewards = await Rubric([RewardFn(waits_for_sibling)]).score_group(
+        [make_rollout("a", index=0), make_rollout("b", index=1)], {}
+    )
     assert [reward.total for reward in rewards] == [1.0, 1.0]
 
 
@@ -174,8 +201,12 @@ async def test_unset_error_reward_falls_back_to_zero_for_failed_functions_and_ov
 
     [reward] = await Rubric([RewardFn(broken)], error_reward=None).score_group([make_rollout("x")], {})
     assert reward.total == 0.0 and "judge down" in reward.error
-    overflow = Rollout(rollout_id="g/0", group_id="g", task_name="t", sample_index=0, status=RolloutStatus.PROMPT_OVERFLOW)
-    assert (await Rubric([RewardFn(contains_answer)], error_reward=None).score_one(overflow, {"answer": "1"})).total == 0.0
+    overflow = Rollout(
+        rollout_id="g/0", group_id="g", task_name="t", sample_index=0, status=RolloutStatus.PROMPT_OVERFLOW
+    )
+    assert (
+        await Rubric([RewardFn(contains_answer)], error_reward=None).score_one(overflow, {"answer": "1"})
+    ).total == 0.0
 
 
 def rank_by_length(rollouts, example):
@@ -191,12 +222,20 @@ async def test_group_reward_function_sees_the_whole_group_and_mixes_with_per_rol
         seen.append([r.status for r in rollouts])
         return rank_by_length(rollouts, example)
 
-    rubric = Rubric([RewardFn(contains_answer, 1.0), RewardFn(spy, 3.0, name="rank", group=True)], truncation_reward=-1.0)
-    rollouts = [make_rollout("17", index=0), make_rollout("the answer is 17", index=1), make_rollout("x" * 40, RolloutStatus.TRUNCATED, 2),
-                make_rollout("18?", index=3)]
+    rubric = Rubric(
+        [RewardFn(contains_answer, 1.0), RewardFn(spy, 3.0, name="rank", group=True)], truncation_reward=-1.0
+    )
+    rollouts = [
+        make_rollout("17", index=0),
+        make_rollout("the answer is 17", index=1),
+        make_rollout("x" * 40, RolloutStatus.TRUNCATED, 2),
+        make_rollout("18?", index=3),
+    ]
     rewards = await rubric.score_group(rollouts, {"answer": "17"})
     # lengths 2, 16, 40, 3 -> ranks (descending order 40,16,3,2): 3/3, 1/3, 0, 2/3; weights 1/4 contains, 3/4 rank
-    assert seen == [[RolloutStatus.COMPLETED, RolloutStatus.COMPLETED, RolloutStatus.TRUNCATED, RolloutStatus.COMPLETED]]
+    assert seen == [
+        [RolloutStatus.COMPLETED, RolloutStatus.COMPLETED, RolloutStatus.TRUNCATED, RolloutStatus.COMPLETED]
+    ]
     assert [r.total for r in rewards] == pytest.approx([0.25 + 0.75, 0.25 + 0.75 / 3, -1.0, 0.75 * 2 / 3])
     assert rewards[1].components == pytest.approx({"contains_answer": 1.0, "rank": 1 / 3})
 
@@ -208,8 +247,14 @@ async def test_failing_group_function_fails_every_graded_rollout(bad):
             raise ValueError("no judge")
         return [1.0] if bad == "wrong_length" else [float("nan")] * len(rollouts)
 
-    rubric = Rubric([RewardFn(contains_answer), RewardFn(group_fn, group=True)], error_reward=-2.0, truncation_reward=0.5)
-    rollouts = [make_rollout("17", index=0), make_rollout("17", index=1), make_rollout("17", RolloutStatus.TRUNCATED, 2)]
+    rubric = Rubric(
+        [RewardFn(contains_answer), RewardFn(group_fn, group=True)], error_reward=-2.0, truncation_reward=0.5
+    )
+    rollouts = [
+        make_rollout("17", index=0),
+        make_rollout("17", index=1),
+        make_rollout("17", RolloutStatus.TRUNCATED, 2),
+    ]
     rewards = await rubric.score_group(rollouts, {"answer": "17"})
     assert [r.total for r in rewards] == [-2.0, -2.0, 0.5]
     assert "group_fn" in rewards[0].error

@@ -7,15 +7,13 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from rollouts.renderer_env import RendererEnvConfig
-from rollouts.types import Completion
-from rl.assets import resolve_model_path
 from env_types.renderer import RendererConfig
+from rl.assets import resolve_model_path
 from rollouts.fanout import RolloutContext, rollout_group, task_rollout
-from rollouts.types import RolloutStatus
+from rollouts.renderer_env import RendererEnvConfig
+from rollouts.types import Completion, RolloutStatus
 from rubrics.rubric import apply_reward
 from tests.support.paths import REPO
-
 
 
 def readme_blocks(language: str) -> list[str]:
@@ -38,8 +36,13 @@ def test_readme_task_configs_validate_by_import_path(tmp_path):
     for index, task_toml in enumerate(task_tomls):
         config = tmp_path / f"capitals{index}.toml"
         config.write_text('[model]\npath = "tiny-qwen3"\n' + task_toml)
-        result = subprocess.run([sys.executable, "-m", "rl.cli", "validate", "--config", str(config)],
-                                cwd=tmp_path, capture_output=True, text=True, env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": ""})
+        result = subprocess.run(
+            [sys.executable, "-m", "rl.cli", "validate", "--config", str(config)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": ""},
+        )
         assert result.returncode == 0, result.stderr
         assert 'name = "my_tasks.capitals:CapitalsTask"' in result.stdout
     assert 'rollout_fn = "my_tasks.rollouts:skip_long_rows"' in result.stdout

@@ -8,18 +8,29 @@ from rl.cli import main
 from tests.support.paths import REPO
 
 
-
 def test_generated_package_passes_its_own_test_and_validates(tmp_path, capsys):
     assert main(["new-task", "word_math", "--dir", str(tmp_path)]) == 0
     package = tmp_path / "word_math"
     assert sorted(p.name for p in package.iterdir()) == ["__init__.py", "config.toml", "task.py", "test_task.py"]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(package / "test_task.py")],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(package / "test_task.py")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "6 passed" in result.stdout
-    validated = subprocess.run([sys.executable, "-m", "rl.cli", "validate", "--config", str(package / "config.toml")],
-                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    validated = subprocess.run(
+        [sys.executable, "-m", "rl.cli", "validate", "--config", str(package / "config.toml")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert validated.returncode == 0, validated.stderr
     assert 'name = "word_math.task:WordMathTask"' in validated.stdout
 

@@ -3,10 +3,9 @@ turns, per-turn rewards and rubric totals checked against hand-computed values."
 
 import pytest
 
-from rollouts.renderer_env import RendererEnvConfig
-from rollouts.types import Completion
 from rl.config.tasks import TaskConfig
-from rollouts.types import RolloutStatus
+from rollouts.renderer_env import RendererEnvConfig
+from rollouts.types import Completion, RolloutStatus
 from tasks.alphabet_sort import AlphabetSortTask, reply_names
 from tasks.arithmetic_retry import RETRY, ArithmeticRetryTask
 from tasks.build import build_task
@@ -22,8 +21,15 @@ async def play(renderer, tokenizer, task, row, replies, *, max_turns=4):
     queue = list(replies)
 
     async def generate(requests):
-        return [Completion(token_ids=tokenizer.encode(queue.pop(0), add_special_tokens=False) + [IM_END],
-                           logprobs=[], finish_reason="stop", policy_version=0) for _ in requests]
+        return [
+            Completion(
+                token_ids=[*tokenizer.encode(queue.pop(0), add_special_tokens=False), IM_END],
+                logprobs=[],
+                finish_reason="stop",
+                policy_version=0,
+            )
+            for _ in requests
+        ]
 
     task.rubric = task.build_rubric()
     env_config = RendererEnvConfig(max_turns=max_turns, max_total_tokens=2048, max_prompt_tokens=2000)
@@ -41,10 +47,18 @@ def test_splits_are_seeded_sized_and_disjoint(task_class):
     assert task_class(num_train=50, num_validation=10, seed=4).load_dataset("validation") != validation
 
 
-@pytest.mark.parametrize("reply, expected", [("elppa", 1.0), ("elppx", 0.8), ("  elppa\n", 1.0), ("apple", 0.4), ("", 0.0)])
+@pytest.mark.parametrize(
+    "reply, expected", [("elppa", 1.0), ("elppx", 0.8), ("  elppa\n", 1.0), ("apple", 0.4), ("", 0.0)]
+)
 async def test_reverse_text_partial_credit(renderer, tokenizer, reply, expected):
     # ratio = 2 * matched characters / (5 + 5): "elppx" keeps 4 ("elpp"), "apple" 2 (difflib matches "pp")
-    rollout, reward = await play(renderer, tokenizer, ReverseTextTask(num_train=5, num_validation=1), {"text": "apple", "answer": "elppa"}, [reply])
+    rollout, reward = await play(
+        renderer,
+        tokenizer,
+        ReverseTextTask(num_train=5, num_validation=1),
+        {"text": "apple", "answer": "elppa"},
+        [reply],
+    )
     assert rollout.status is RolloutStatus.COMPLETED and len(rollout.turns) == 1
     assert reward == pytest.approx(expected)
     assert "Text: apple" in rollout.turns[0].prompt_messages[0]["content"]
@@ -64,7 +78,9 @@ async def test_arithmetic_retry_gives_up_after_max_tries_and_penalizes_retries(r
     row = {"question": "q", "answer": "1/2"}
     task = ArithmeticRetryTask(num_train=5, num_validation=1, max_tries=2)
     rollout, reward = await play(renderer, tokenizer, task, row, ["\\boxed{1}", "\\boxed{2}"])
-    assert rollout.status is RolloutStatus.COMPLETED and [t.reward for t in rollout.turns] == [0.0, 0.0] and reward == 0.0
+    assert (
+        rollout.status is RolloutStatus.COMPLETED and [t.reward for t in rollout.turns] == [0.0, 0.0] and reward == 0.0
+    )
 
     task = ArithmeticRetryTask(num_train=5, num_validation=1, max_tries=3, retry_penalty=1.0)
     rollout, reward = await play(renderer, tokenizer, task, row, ["\\boxed{0.4}", "\\boxed{0.5}"])
@@ -80,14 +96,18 @@ async def test_calculator_tool_round_trip_through_the_sandbox(renderer, tokenize
     assert rollout.status is RolloutStatus.COMPLETED and len(rollout.turns) == 2
     assert rollout.turns[0].env_messages == [{"role": "tool", "content": "69893", "name": "calculator"}]
     assert "<tool_response>\n69893\n</tool_response>" in tokenizer.decode(rollout.turns[1].prompt_token_ids)
-    assert '"name": "calculator"' in tokenizer.decode(rollout.turns[0].prompt_token_ids)  # the tool spec is in the system prompt
+    assert '"name": "calculator"' in tokenizer.decode(
+        rollout.turns[0].prompt_token_ids
+    )  # the tool spec is in the system prompt
     assert reward == 1.0 and rollout.reward_components == {"numeric_match": 1.0, "used_calculator": 1.0}
 
 
 async def test_calculator_rejects_code_and_the_model_is_told(renderer, tokenizer):
     row = {"expression": "2 * 3 + 1", "answer": 7}
     task = CalculatorToolTask(num_train=5, num_validation=1, tool_use_weight=1.0)
-    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "__import__(\'os\').getcwd()"}}\n</tool_call>'
+    call = (
+        '<tool_call>\n{"name": "calculator", "arguments": {"expression": "__import__(\'os\').getcwd()"}}\n</tool_call>'
+    )
     rollout, reward = await play(renderer, tokenizer, task, row, [call, "8"])
     [message] = rollout.turns[0].env_messages
     assert message["content"].startswith("Error: tool 'calculator' failed: ValueError: unsupported expression element")
@@ -97,8 +117,13 @@ async def test_calculator_rejects_code_and_the_model_is_told(renderer, tokenizer
 
 async def test_alphabet_sort_scores_each_turn(renderer, tokenizer):
     row = {"batches": [["Zoe", "Adam"], ["Mia"]]}
-    rollout, reward = await play(renderer, tokenizer, AlphabetSortTask(num_train=5, num_validation=1), row,
-                                 ["Adam\nZoe", "1. Adam\n2. Zoe\n3. Mia"])
+    rollout, reward = await play(
+        renderer,
+        tokenizer,
+        AlphabetSortTask(num_train=5, num_validation=1),
+        row,
+        ["Adam\nZoe", "1. Adam\n2. Zoe\n3. Mia"],
+    )
     assert rollout.status is RolloutStatus.COMPLETED and len(rollout.turns) == 2
     assert "Mia" in rollout.turns[0].env_messages[0]["content"]
     # turn 2: [Adam, Zoe, Mia] vs [Adam, Mia, Zoe] -> 2 matched items of 3+3 -> 4/6
@@ -109,7 +134,9 @@ async def test_alphabet_sort_scores_each_turn(renderer, tokenizer):
 
 async def test_alphabet_sort_missing_turns_count_zero(renderer, tokenizer):
     row = {"batches": [["Zoe", "Adam"], ["Mia"], ["Bea"]]}
-    rollout, reward = await play(renderer, tokenizer, AlphabetSortTask(num_train=5, num_validation=1), row, ["Adam\nZoe"], max_turns=1)
+    rollout, reward = await play(
+        renderer, tokenizer, AlphabetSortTask(num_train=5, num_validation=1), row, ["Adam\nZoe"], max_turns=1
+    )
     assert rollout.status is RolloutStatus.TRUNCATED and reward == pytest.approx(1 / 3)
 
 

@@ -9,10 +9,9 @@ from pathlib import Path
 import pytest
 
 from env_types.message_env import ResetOutput, StepOutput
-from rollouts.renderer_env import RendererEnvConfig
-from rollouts.types import Completion
 from rl.algorithms.samples import rollout_to_samples
-from rollouts.types import RolloutStatus
+from rollouts.renderer_env import RendererEnvConfig
+from rollouts.types import Completion, RolloutStatus
 from tasks.sum_digits import SumDigitsTask
 from tasks.testing import play
 from tools.sandbox import Sandbox, SandboxError, SandboxLimits
@@ -24,8 +23,12 @@ LIMITS = SandboxLimits(timeout_s=120.0, cpu_s=2, memory_mb=256)
 
 
 def tool(tool_name, fn, **properties):
-    return Tool(name=tool_name, description=f"{tool_name} tool", fn=f"tests.support.sandbox_tools:{fn}",
-                parameters={"type": "object", "properties": properties, "required": list(properties)})
+    return Tool(
+        name=tool_name,
+        description=f"{tool_name} tool",
+        fn=f"tests.support.sandbox_tools:{fn}",
+        parameters={"type": "object", "properties": properties, "required": list(properties)},
+    )
 
 
 TOOLS = [
@@ -65,8 +68,12 @@ def scripted(tokenizer, replies):
     async def generate(requests):
         results = []
         for _ in requests:
-            ids = tokenizer.encode(queue.pop(0), add_special_tokens=False) + [IM_END]
-            results.append(Completion(token_ids=ids, logprobs=[-0.01 * next(counter) for _ in ids], finish_reason="stop", policy_version=3))
+            ids = [*tokenizer.encode(queue.pop(0), add_special_tokens=False), IM_END]
+            results.append(
+                Completion(
+                    token_ids=ids, logprobs=[-0.01 * next(counter) for _ in ids], finish_reason="stop", policy_version=3
+                )
+            )
         return results
 
     return generate
@@ -82,15 +89,19 @@ def tool_replies(rollout):
 
 
 async def test_malformed_calls_become_tool_messages_recorded_on_the_turn(renderer, tokenizer):
-    rollout = await run(renderer, tokenizer, [
-        '<tool_call>\n{"name": "add", "arguments": {"a": 1,}\n</tool_call>',     # bad JSON
-        call("multiply", a=2, b=3),                                              # unknown tool
-        call("add", a=2),                                                        # missing argument
-        call("add", a="2", b=3),                                                 # wrong type
-        call("add", a=2, b=3, c=4),                                              # unknown argument
-        call("add", a=2, b=3),                                                   # fine
-        "Done: 5",
-    ])
+    rollout = await run(
+        renderer,
+        tokenizer,
+        [
+            '<tool_call>\n{"name": "add", "arguments": {"a": 1,}\n</tool_call>',  # bad JSON
+            call("multiply", a=2, b=3),  # unknown tool
+            call("add", a=2),  # missing argument
+            call("add", a="2", b=3),  # wrong type
+            call("add", a=2, b=3, c=4),  # unknown argument
+            call("add", a=2, b=3),  # fine
+            "Done: 5",
+        ],
+    )
     assert rollout.status is RolloutStatus.COMPLETED and len(rollout.turns) == 7
     replies = tool_replies(rollout)
     assert replies[0].startswith("Error: your tool call could not be parsed (invalid_json)")
@@ -100,7 +111,15 @@ async def test_malformed_calls_become_tool_messages_recorded_on_the_turn(rendere
     assert replies[4] == "Error: bad arguments for 'add': unknown argument(s) 'c'; expected ['a', 'b']."
     assert replies[5] == "5"
     kinds = [[error.kind for error in turn.tool_call_errors] for turn in rollout.turns]
-    assert kinds == [["invalid_json"], ["unknown_tool"], ["bad_arguments"], ["bad_arguments"], ["bad_arguments"], [], []]
+    assert kinds == [
+        ["invalid_json"],
+        ["unknown_tool"],
+        ["bad_arguments"],
+        ["bad_arguments"],
+        ["bad_arguments"],
+        [],
+        [],
+    ]
     assert rollout.num_malformed_tool_calls == 5
     assert rollout.turns[0].assistant_message["invalid_tool_calls"][0]["error"] == "invalid_json"
     assert [turn.reward for turn in rollout.turns] == [None] * 6 + [1.0]
@@ -114,27 +133,37 @@ async def test_misbehaving_tools_are_stopped_and_reported_to_the_model(renderer,
     listener.listen()
     port = listener.getsockname()[1]
     try:
-        rollout = await run(renderer, tokenizer, [
-            call("loop"),
-            call("allocate", megabytes=2000),
-            call("connect", host="127.0.0.1", port=port),
-            call("write", path=str(outside)),
-            call("write", path="notes.txt"),
-            call("read", name="notes.txt"),
-            "ok",
-        ])
+        rollout = await run(
+            renderer,
+            tokenizer,
+            [
+                call("loop"),
+                call("allocate", megabytes=2000),
+                call("connect", host="127.0.0.1", port=port),
+                call("write", path=str(outside)),
+                call("write", path="notes.txt"),
+                call("read", name="notes.txt"),
+                "ok",
+            ],
+        )
     finally:
         listener.close()
     replies = tool_replies(rollout)
     assert replies[0] == "Error: tool 'loop' failed: the tool was killed (CPU limit 2 s or a signal)"
     assert replies[1] == "Error: tool 'allocate' failed: the tool ran out of memory (limit reached)"
     # an empty network namespace: its loopback is down (unshare) or up with nothing listening (bwrap)
-    assert replies[2].startswith(("Error: tool 'connect' failed: OSError: [Errno 101] Network is unreachable",
-                                  "Error: tool 'connect' failed: ConnectionRefusedError: [Errno 111] Connection refused"))
+    assert replies[2].startswith(
+        (
+            "Error: tool 'connect' failed: OSError: [Errno 101] Network is unreachable",
+            "Error: tool 'connect' failed: ConnectionRefusedError: [Errno 111] Connection refused",
+        )
+    )
     assert replies[3].startswith("Error: tool 'write' failed: OSError: [Errno 30] Read-only file system")
     assert not outside.exists()
     assert replies[4] == "wrote notes.txt"  # the scratch directory is writable ...
-    assert replies[5] == "Error: tool 'read' failed: FileNotFoundError: [Errno 2] No such file or directory: 'notes.txt'"  # ... and ends with its call
+    assert (
+        replies[5] == "Error: tool 'read' failed: FileNotFoundError: [Errno 2] No such file or directory: 'notes.txt'"
+    )  # ... and ends with its call
     assert [e.kind for turn in rollout.turns for e in turn.tool_call_errors] == ["tool_failed"] * 5
     assert rollout.num_malformed_tool_calls == 0 and rollout.status is RolloutStatus.COMPLETED
 
@@ -154,14 +183,21 @@ async def test_sandbox_hides_other_processes_and_cleans_up():
 
 
 async def test_tool_conversation_trains_exactly_the_sampled_tokens(renderer, tokenizer):
-    rollout = await run(renderer, tokenizer, [
-        "Let me add. " + call("add", a=19, b=23),
-        '<tool_call>\n{"name": "add"\n</tool_call>',
-        call("add", a=42, b=100),
-        "The total is 142.",
-    ])
+    rollout = await run(
+        renderer,
+        tokenizer,
+        [
+            "Let me add. " + call("add", a=19, b=23),
+            '<tool_call>\n{"name": "add"\n</tool_call>',
+            call("add", a=42, b=100),
+            "The total is 142.",
+        ],
+    )
     assert rollout.status is RolloutStatus.COMPLETED and len(rollout.turns) == 4
-    assert rollout.turns[0].assistant_message["tool_calls"][0]["function"] == {"name": "add", "arguments": {"a": 19, "b": 23}}
+    assert rollout.turns[0].assistant_message["tool_calls"][0]["function"] == {
+        "name": "add",
+        "arguments": {"a": 19, "b": 23},
+    }
     [sample] = rollout_to_samples(rollout, advantage=1.0)
     # every sampled token appears once, in order, with its own sampler logprob, and is the only trained token
     trained = [token for token, mask in zip(sample.input_ids, sample.loss_mask) if mask]

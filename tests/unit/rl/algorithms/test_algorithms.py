@@ -5,12 +5,12 @@ import asyncio
 import pytest
 import torch
 
+from env_types.renderer import RendererConfig
 from rl.algorithms.advantages import max_rl_advantages, rloo_advantages, whiten_over_tokens
 from rl.algorithms.config import AlgorithmConfig
 from rl.algorithms.policy_gradient import GRPO
 from rl.algorithms.samples import SampleBuilder
 from rl.config import ConfigError, load_config
-from env_types.renderer import RendererConfig
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 from tests.support.paths import E2E_CONFIGS
 
@@ -22,12 +22,16 @@ def doubled(rewards, rollouts):
 
 def test_rloo_is_reward_minus_the_mean_of_the_others():
     # [1, 0, 0, 1]: 1 - 1/3 = 0.66666667, 0 - 2/3 = -0.66666667
-    torch.testing.assert_close(rloo_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0])), torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3]))
+    torch.testing.assert_close(
+        rloo_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0])), torch.tensor([2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    )
 
 
 def test_max_rl_divides_by_the_pass_rate():
     # mean 0.25: (1 - 0.25) / 0.25 = 3, (0 - 0.25) / 0.25 = -1; no success -> zeros
-    torch.testing.assert_close(max_rl_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0])), torch.tensor([3.0, -1.0, -1.0, -1.0]))
+    torch.testing.assert_close(
+        max_rl_advantages(torch.tensor([1.0, 0.0, 0.0, 0.0])), torch.tensor([3.0, -1.0, -1.0, -1.0])
+    )
     assert max_rl_advantages(torch.tensor([0.0, 0.0])).tolist() == [0.0, 0.0]
 
 
@@ -45,20 +49,36 @@ def test_reinforce_pp_whitens_over_tokens_like_verl():
     # Centred [0.5, -0.5] with 1 and 3 tokens, [0.5, -0.5] with 2 and 2: 8 tokens, mean (0.5 - 1.5 + 1 - 1) / 8 = -0.125;
     # centred 0.625 on 3 tokens, -0.375 on 5; var (3 * 0.390625 + 5 * 0.140625) / 7 = 0.26785714, std 0.51754917:
     # 0.625 / 0.51754917 = 1.20761473, -0.375 / 0.51754917 = -0.72456884 (per-rollout whitening would give +-0.8660254).
-    out = whiten_over_tokens([torch.tensor([0.5, -0.5]), torch.tensor([0.5, -0.5])], [torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0])])
-    torch.testing.assert_close(torch.cat(out), torch.tensor([1.20761473, -0.72456884, 1.20761473, -0.72456884]), atol=1e-6, rtol=0)
+    out = whiten_over_tokens(
+        [torch.tensor([0.5, -0.5]), torch.tensor([0.5, -0.5])], [torch.tensor([1.0, 3.0]), torch.tensor([2.0, 2.0])]
+    )
+    torch.testing.assert_close(
+        torch.cat(out), torch.tensor([1.20761473, -0.72456884, 1.20761473, -0.72456884]), atol=1e-6, rtol=0
+    )
 
 
 def _turn(prompt, completion, env_messages=(), version=0):
-    return RolloutTurn(prompt_messages=[{"role": "user", "content": "Sum the digits of 47."}], prompt_token_ids=prompt,
-                       completion_token_ids=completion, completion_logprobs=[-0.5] * len(completion),
-                       env_messages=list(env_messages), policy_version=version)
+    return RolloutTurn(
+        prompt_messages=[{"role": "user", "content": "Sum the digits of 47."}],
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        completion_logprobs=[-0.5] * len(completion),
+        env_messages=list(env_messages),
+        policy_version=version,
+    )
 
 
 def _group(task, rewards, example=None, turns=None):
     rollouts = [
-        Rollout(rollout_id=f"{task}/{i}", group_id=task, task_name=task, sample_index=i, status=RolloutStatus.COMPLETED,
-                reward=r, turns=turns or [_turn([1, 2], [3, 4])])
+        Rollout(
+            rollout_id=f"{task}/{i}",
+            group_id=task,
+            task_name=task,
+            sample_index=i,
+            status=RolloutStatus.COMPLETED,
+            reward=r,
+            turns=turns or [_turn([1, 2], [3, 4])],
+        )
         for i, r in enumerate(rewards)
     ]
     return RolloutGroup(group_id=task, task_name=task, example=example or {}, rollouts=rollouts)
@@ -75,7 +95,10 @@ def _build(algorithms, groups, renderers=None, prompt_logprobs=None):
         (dict(type="rloo"), [2 / 3, -2 / 3, -2 / 3, 2 / 3]),
         (dict(type="max_rl"), [1.0, -1.0, -1.0, 1.0]),
         (dict(type="reward"), [1.0, 0.0, 0.0, 1.0]),
-        (dict(type="custom", custom_advantage_fn="tests.unit.rl.algorithms.test_algorithms:doubled"), [-2.0, -4.0, -4.0, -2.0]),
+        (
+            dict(type="custom", custom_advantage_fn="tests.unit.rl.algorithms.test_algorithms:doubled"),
+            [-2.0, -4.0, -4.0, -2.0],
+        ),
         # one group: centred [0.5, -0.5, -0.5, 0.5], 2 tokens each: token variance 8 * 0.25 / 7, std 0.53452248 -> +-0.93541435
         (dict(type="reinforce_pp"), [0.93541435, -0.93541435, -0.93541435, 0.93541435]),
     ],
@@ -87,7 +110,10 @@ def test_advantage_types_on_every_sampled_token(fields, expected):
 
 
 def test_one_run_mixes_algorithms_with_per_task_metrics_and_dynamic_sampling():
-    algorithms = {"a": AlgorithmConfig(type="grpo", drop_constant_reward_groups=True), "b": AlgorithmConfig(type="reward")}
+    algorithms = {
+        "a": AlgorithmConfig(type="grpo", drop_constant_reward_groups=True),
+        "b": AlgorithmConfig(type="reward"),
+    }
     groups = [_group("a", [1.0, 0.0]), _group("a", [1.0, 1.0]), _group("b", [0.0, 2.0])]
     samples, metrics = _build(algorithms, groups)
     assert [s.advantages[-1] for s in samples] == [0.5, -0.5, 0.0, 2.0]
@@ -104,20 +130,30 @@ def test_echo_weighs_each_environment_message_by_its_own_role(qwen3_renderer):
     # generation prompt of the assistant's next turn none (before: every new token got the last message's role).
     messages = [{"role": "user", "content": "Sum the digits of 47."}]
     prompt = list(qwen3_renderer.render_ids(messages, add_generation_prompt=True))
-    completion = list(qwen3_renderer.render_ids([*messages, {"role": "assistant", "content": "11"}]))[len(prompt):]
+    completion = list(qwen3_renderer.render_ids([*messages, {"role": "assistant", "content": "11"}]))[len(prompt) :]
     env_messages = [{"role": "tool", "content": "ok"}, {"role": "user", "content": "again"}]
     bridged = qwen3_renderer.bridge_to_next_turn(prompt, completion, env_messages)
-    first = RolloutTurn(prompt_messages=messages, prompt_token_ids=prompt, completion_token_ids=completion,
-                        completion_logprobs=[-0.5] * len(completion), env_messages=env_messages,
-                        assistant_message={"role": "assistant", "content": "11"})
+    first = RolloutTurn(
+        prompt_messages=messages,
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        completion_logprobs=[-0.5] * len(completion),
+        env_messages=env_messages,
+        assistant_message={"role": "assistant", "content": "11"},
+    )
     second = _turn(list(bridged.token_ids), [7])
     weights = {"tool": 0.25, "user": 0.5}
-    samples, _ = _build({"t": AlgorithmConfig(type="echo", echo_role_weights=weights)}, [_group("t", [1.0, 0.0], turns=[first, second])],
-                        renderers={"t": qwen3_renderer})
+    samples, _ = _build(
+        {"t": AlgorithmConfig(type="echo", echo_role_weights=weights)},
+        [_group("t", [1.0, 0.0], turns=[first, second])],
+        renderers={"t": qwen3_renderer},
+    )
     new = len(prompt) + len(completion)
     expected_env = [weights[env_messages[i]["role"]] if i >= 0 else 0.0 for i in bridged.message_indices[new:]]
     assert samples[0].ce_weights == [0.0] * new + expected_env + [0.0]
-    assert {0.25, 0.5} <= set(expected_env) and expected_env[-1] == 0.0  # both roles present; the generation prompt untrained
+    assert {0.25, 0.5} <= set(expected_env) and expected_env[
+        -1
+    ] == 0.0  # both roles present; the generation prompt untrained
     tool_text = _decode([t for t, w in zip(samples[0].input_ids, samples[0].ce_weights) if w == 0.25])
     user_text = _decode([t for t, w in zip(samples[0].input_ids, samples[0].ce_weights) if w == 0.5])
     assert "ok" in tool_text and "again" not in tool_text and "again" in user_text and "ok" not in user_text
@@ -131,7 +167,9 @@ def test_opd_routes_sampled_tokens_to_ref_kl_with_teacher_logprobs():
         calls.append(name)
         return [[0.0] + [-0.1 * t for t in range(1, len(ids))] for ids in sequences]
 
-    samples, _ = _build({"t": AlgorithmConfig(type="opd", teacher="big")}, [_group("t", [1.0, 1.0])], prompt_logprobs=teacher)
+    samples, _ = _build(
+        {"t": AlgorithmConfig(type="opd", teacher="big")}, [_group("t", [1.0, 1.0])], prompt_logprobs=teacher
+    )
     assert calls == ["big"] and len(samples) == 2
     assert samples[0].ref_kl_weights == [0.0, 0.0, 1.0, 1.0] and samples[0].rl_weights == [0.0] * 4
     assert samples[0].ref_logprobs == pytest.approx([0.0, -0.1, -0.2, -0.3])
@@ -152,16 +190,23 @@ def qwen3_renderer():
 
 def _demonstration_group(algorithm, renderer, row):
     """sft's rows through the fan-out with its own rollout function; a generator call fails the test."""
-    from rollouts.renderer_env import RendererEnvConfig
     from rollouts.fanout import RolloutContext, rollout_group
+    from rollouts.renderer_env import RendererEnvConfig
     from tasks.sum_digits import SumDigitsTask
 
     async def generate(request):
         raise AssertionError("sft from the dataset must generate nothing")
 
     def context(index):
-        return RolloutContext(row_id="r", sample_index=index, task_name="t", task=SumDigitsTask(), renderer=renderer,
-                              env_config=RendererEnvConfig(), generate=generate)
+        return RolloutContext(
+            row_id="r",
+            sample_index=index,
+            task_name="t",
+            task=SumDigitsTask(),
+            renderer=renderer,
+            env_config=RendererEnvConfig(),
+            generate=generate,
+        )
 
     return asyncio.run(rollout_group("r", "t", row, algorithm.rollouts_per_row(8), algorithm.rollout_fn(), context))
 
@@ -174,12 +219,16 @@ def test_sft_trains_cross_entropy_on_the_dataset_demonstration_and_generates_not
     assert rollout.metadata["sampler"] == "dataset" and rollout.status == RolloutStatus.COMPLETED
     rollout.reward = 1.0  # scored by the task's rubric in a run
     [sample], _ = asyncio.run(builder.build([group]))
-    full = qwen3_renderer.render_ids([{"role": "user", "content": "Sum the digits of 47."}, {"role": "assistant", "content": "11"}])
+    full = qwen3_renderer.render_ids(
+        [{"role": "user", "content": "Sum the digits of 47."}, {"role": "assistant", "content": "11"}]
+    )
     assert sample.input_ids == list(full)
     trained = [t for t, w in zip(sample.input_ids, sample.ce_weights) if w]
-    assert _decode(trained).startswith("11") and sample.ce_weights[-len(trained):] == [1.0] * len(trained)
+    assert _decode(trained).startswith("11") and sample.ce_weights[-len(trained) :] == [1.0] * len(trained)
     assert sum(sample.rl_weights) == 0 and sum(sample.ce_weights) == len(trained)
-    missing = _demonstration_group(builder.algorithms["t"], qwen3_renderer, {k: v for k, v in row.items() if k != "demonstration"})
+    missing = _demonstration_group(
+        builder.algorithms["t"], qwen3_renderer, {k: v for k, v in row.items() if k != "demonstration"}
+    )
     assert missing.rollouts[0].status == RolloutStatus.ERROR and "'demonstration'" in missing.rollouts[0].error
 
 
@@ -203,7 +252,9 @@ def test_a_custom_advantage_function_runs_once_per_group():
 
 
 def test_opsd_scores_the_sampled_tokens_under_the_demonstration_prompt(qwen3_renderer):
-    prompt = list(qwen3_renderer.render_ids([{"role": "user", "content": "Sum the digits of 47."}], add_generation_prompt=True))
+    prompt = list(
+        qwen3_renderer.render_ids([{"role": "user", "content": "Sum the digits of 47."}], add_generation_prompt=True)
+    )
     seen = []
 
     async def policy(name, sequences):
@@ -225,8 +276,13 @@ def _config(**overrides):
 
 
 def test_task_algorithm_overrides_only_what_it_sets():
-    config = _config(**{"algorithm.normalize_advantage_std": "true", "models.teacher.path": "'tiny-qwen3'",
-                        "tasks.0.algorithm": "{type = 'opd', teacher = 'teacher'}"})
+    config = _config(
+        **{
+            "algorithm.normalize_advantage_std": "true",
+            "models.teacher.path": "'tiny-qwen3'",
+            "tasks.0.algorithm": "{type = 'opd', teacher = 'teacher'}",
+        }
+    )
     resolved = config.algorithm.for_task(config.tasks[0].algorithm)
     assert resolved.type == "opd" and resolved.teacher == "teacher" and resolved.normalize_advantage_std
 
@@ -235,19 +291,33 @@ def test_task_algorithm_overrides_only_what_it_sets():
     "overrides, message",
     [
         ({"algorithm.group_size": "1"}, r"algorithm.type = 'grpo' is group-relative but algorithm.group_size = 1"),
-        ({"algorithm.group_size": "1", "tasks.0.algorithm": "{type = 'rloo'}"}, r"tasks.0.algorithm.type = 'rloo' is group-relative"),
+        (
+            {"algorithm.group_size": "1", "tasks.0.algorithm": "{type = 'rloo'}"},
+            r"tasks.0.algorithm.type = 'rloo' is group-relative",
+        ),
         ({"algorithm.type": "opd"}, r"algorithm.type = 'opd' needs algorithm.teacher"),
         ({"algorithm.type": "opd", "algorithm.teacher": "'policy'"}, r"algorithm.teacher = 'policy' with type 'opd'"),
         ({"algorithm.type": "opd", "algorithm.teacher": "'big'"}, r"algorithm.teacher = 'big' is not a declared model"),
-        ({"models.big.path": "'tiny-qwen3'", "algorithm.sampler": "'big'"}, r"algorithm.sampler = 'big' \(a frozen model\) cannot feed algorithm.type = 'grpo'"),
+        (
+            {"models.big.path": "'tiny-qwen3'", "algorithm.sampler": "'big'"},
+            r"algorithm.sampler = 'big' \(a frozen model\) cannot feed algorithm.type = 'grpo'",
+        ),
         ({"models.policy.path": "'tiny-qwen3'"}, r"models.policy: the name 'policy' is reserved"),
         ({"models.big.path": "'/no/such/model'"}, r"models.big.path: '/no/such/model' is neither a built-in model"),
         ({"algorithm.type": "custom"}, r"needs algorithm.custom_advantage_fn"),
-        ({"models.big.path": "'tiny-qwen3'", "algorithm.type": "opsd", "algorithm.teacher": "'big'"},
-         r"algorithm.teacher = 'big' with type 'opsd': its teacher is the live policy"),
+        (
+            {"models.big.path": "'tiny-qwen3'", "algorithm.type": "opsd", "algorithm.teacher": "'big'"},
+            r"algorithm.teacher = 'big' with type 'opsd': its teacher is the live policy",
+        ),
         ({"algorithm.kl_in_reward": "true"}, r"kl_in_reward is set but algorithm.kl_coef is 0"),
-        ({"algorithm.rollout_correction.rollout_rs": "'token'"}, r"algorithm.rollout_correction.*rollout_rs_threshold is not"),
-        ({"algorithm.rollout_correction.rollout_is_threshold": "true"}, r"algorithm.rollout_correction.rollout_is_threshold"),
+        (
+            {"algorithm.rollout_correction.rollout_rs": "'token'"},
+            r"algorithm.rollout_correction.*rollout_rs_threshold is not",
+        ),
+        (
+            {"algorithm.rollout_correction.rollout_is_threshold": "true"},
+            r"algorithm.rollout_correction.rollout_is_threshold",
+        ),
         ({"algorithm.dual_clip_c": "0.5"}, r"algorithm.dual_clip_c"),
     ],
 )
@@ -295,7 +365,9 @@ class LengthCredit(GRPO):
     """A user's algorithm by import path: GRPO's credit, plus 0.25 per completion token (to tell it apart)."""
 
     def advantages(self, rewards, rollouts):
-        return super().advantages(rewards, rollouts) + 0.25 * torch.tensor([float(r.num_completion_tokens) for r in rollouts])
+        return super().advantages(rewards, rollouts) + 0.25 * torch.tensor(
+            [float(r.num_completion_tokens) for r in rollouts]
+        )
 
 
 def test_a_users_algorithm_class_by_import_path():
@@ -304,7 +376,9 @@ def test_a_users_algorithm_class_by_import_path():
     # group-relative like GRPO: [1, 0] -> [0.5, -0.5], plus 0.25 x 2 completion tokens each
     samples, _ = _build({"t": resolved}, [_group("t", [1.0, 0.0])])
     assert [s.advantages[-1] for s in samples] == [1.0, 0.0]
-    with pytest.raises(ConfigError, match=r"tasks.0.algorithm.type: 'tests.unit.rl.algorithms.test_algorithms:doubled' resolves to"):
+    with pytest.raises(
+        ConfigError, match=r"tasks.0.algorithm.type: 'tests.unit.rl.algorithms.test_algorithms:doubled' resolves to"
+    ):
         _config(**{"tasks.0.algorithm": "{type = 'tests.unit.rl.algorithms.test_algorithms:doubled'}"})
     with pytest.raises(ConfigError, match=r"'ppo' is neither a registered algorithm"):
         _config(**{"algorithm.type": "'ppo'"})
@@ -316,15 +390,28 @@ def test_echo_attributes_a_rerendered_prompt_too():
     messages = [{"role": "user", "content": "Sum the digits of 47."}]
     reply = {"role": "assistant", "content": "11"}
     prompt = list(renderer.render_ids(messages, add_generation_prompt=True))
-    completion = list(renderer.render_ids([*messages, reply]))[len(prompt):]
+    completion = list(renderer.render_ids([*messages, reply]))[len(prompt) :]
     env_messages = [{"role": "user", "content": "again"}]
     rendered = renderer.render([*messages, reply, *env_messages], add_generation_prompt=True)
-    assert list(rendered.token_ids[: len(prompt) + len(completion)]) == prompt + completion  # the prefix holds: one sample
-    first = RolloutTurn(prompt_messages=messages, prompt_token_ids=prompt, completion_token_ids=completion,
-                        completion_logprobs=[-0.5] * len(completion), env_messages=env_messages, assistant_message=reply)
+    assert (
+        list(rendered.token_ids[: len(prompt) + len(completion)]) == prompt + completion
+    )  # the prefix holds: one sample
+    first = RolloutTurn(
+        prompt_messages=messages,
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        completion_logprobs=[-0.5] * len(completion),
+        env_messages=env_messages,
+        assistant_message=reply,
+    )
     second = _turn(list(rendered.token_ids), [7])
-    [sample, _], _ = _build({"t": AlgorithmConfig(type="echo", echo_role_weights={"user": 0.5})},
-                            [_group("t", [1.0, 0.0], turns=[first, second])], renderers={"t": renderer})
+    [sample, _], _ = _build(
+        {"t": AlgorithmConfig(type="echo", echo_role_weights={"user": 0.5})},
+        [_group("t", [1.0, 0.0], turns=[first, second])],
+        renderers={"t": renderer},
+    )
     new = len(prompt) + len(completion)
-    expected = [0.5 if i == 2 else 0.0 for i in rendered.message_indices[new:]]  # message 2 is the environment's user message
+    expected = [
+        0.5 if i == 2 else 0.0 for i in rendered.message_indices[new:]
+    ]  # message 2 is the environment's user message
     assert sample.ce_weights == [0.0] * new + expected + [0.0] and 0.5 in expected and expected[-1] == 0.0

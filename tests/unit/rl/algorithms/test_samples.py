@@ -6,22 +6,39 @@ from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 
 
 def group_to_samples(group, normalize_std, drop_constant_reward, **fields):
-    algorithm = AlgorithmConfig(normalize_advantage_std=normalize_std, drop_constant_reward_groups=drop_constant_reward, **fields)
-    samples, metrics = asyncio.run(SampleBuilder({"t": algorithm}, {}, None).build([group]))
+    algorithm = AlgorithmConfig(
+        normalize_advantage_std=normalize_std, drop_constant_reward_groups=drop_constant_reward, **fields
+    )
+    samples, _metrics = asyncio.run(SampleBuilder({"t": algorithm}, {}, None).build([group]))
     return samples
 
 
 def turn(prompt, completion, logprobs, version=0):
-    return RolloutTurn(prompt_messages=[], prompt_token_ids=prompt, completion_token_ids=completion, completion_logprobs=logprobs, policy_version=version)
+    return RolloutTurn(
+        prompt_messages=[],
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        completion_logprobs=logprobs,
+        policy_version=version,
+    )
 
 
 def rollout(index, reward, status=RolloutStatus.COMPLETED, turns=None):
-    return Rollout(rollout_id=f"g/{index}", group_id="g", task_name="t", sample_index=index, status=status, reward=reward,
-                   turns=turns if turns is not None else [turn([1, 2], [3, 4], [-0.5, -0.25])])
+    return Rollout(
+        rollout_id=f"g/{index}",
+        group_id="g",
+        task_name="t",
+        sample_index=index,
+        status=status,
+        reward=reward,
+        turns=turns if turns is not None else [turn([1, 2], [3, 4], [-0.5, -0.25])],
+    )
 
 
 def test_bridged_multi_turn_rollout_is_one_sample_with_completion_mask():
-    multi = rollout(0, 1.0, turns=[turn([1, 2], [3, 4], [-0.5, -0.25], version=2), turn([1, 2, 3, 4, 5, 6], [7], [-1.5], version=3)])
+    multi = rollout(
+        0, 1.0, turns=[turn([1, 2], [3, 4], [-0.5, -0.25], version=2), turn([1, 2, 3, 4, 5, 6], [7], [-1.5], version=3)]
+    )
     [sample] = rollout_to_samples(multi, advantage=0.5)
     assert sample.input_ids == [1, 2, 3, 4, 5, 6, 7]
     assert sample.loss_mask == [False, False, True, True, False, False, True]
@@ -37,9 +54,17 @@ def test_broken_prefix_starts_a_new_sample():
 
 
 def test_group_advantages_exclude_failed_rollouts():
-    group = RolloutGroup(group_id="g", task_name="t", example={}, rollouts=[
-        rollout(0, 1.0), rollout(1, 0.0), rollout(2, 0.0, status=RolloutStatus.ERROR), rollout(3, 0.5, status=RolloutStatus.TRUNCATED),
-    ])
+    group = RolloutGroup(
+        group_id="g",
+        task_name="t",
+        example={},
+        rollouts=[
+            rollout(0, 1.0),
+            rollout(1, 0.0),
+            rollout(2, 0.0, status=RolloutStatus.ERROR),
+            rollout(3, 0.5, status=RolloutStatus.TRUNCATED),
+        ],
+    )
     samples = group_to_samples(group, normalize_std=False, drop_constant_reward=False)
     # baseline over rewards [1, 0, 0.5] = 0.5
     assert [sample.advantages[-1] for sample in samples] == [0.5, -0.5, 0.0]
@@ -48,9 +73,17 @@ def test_group_advantages_exclude_failed_rollouts():
 def test_constant_reward_group_dropped_only_when_asked():
     group = RolloutGroup(group_id="g", task_name="t", example={}, rollouts=[rollout(0, 1.0), rollout(1, 1.0)])
     assert group_to_samples(group, normalize_std=False, drop_constant_reward=True) == []
-    assert [s.advantages[-1] for s in group_to_samples(group, normalize_std=True, drop_constant_reward=False)] == [0.0, 0.0]
+    assert [s.advantages[-1] for s in group_to_samples(group, normalize_std=True, drop_constant_reward=False)] == [
+        0.0,
+        0.0,
+    ]
 
 
 def test_group_with_fewer_than_two_trainable_rollouts_is_dropped():
-    group = RolloutGroup(group_id="g", task_name="t", example={}, rollouts=[rollout(0, 1.0), rollout(1, 0.0, status=RolloutStatus.TIMEOUT)])
+    group = RolloutGroup(
+        group_id="g",
+        task_name="t",
+        example={},
+        rollouts=[rollout(0, 1.0), rollout(1, 0.0, status=RolloutStatus.TIMEOUT)],
+    )
     assert group_to_samples(group, normalize_std=False, drop_constant_reward=False) == []

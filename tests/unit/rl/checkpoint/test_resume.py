@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from rl.checkpoint import store as checkpoint
-from rl.config import ConfigError
 from rl.checkpoint.resume import restore_logs, resume_config, truncate_logs
+from rl.config import ConfigError
 from tests.support.runs import fake_run
 
 REWARD = "[{fn = 'tests.support.e2e_rewards:even_token_share'}]"  # varies across samples: nonzero advantages and losses
@@ -29,14 +29,21 @@ def test_commit_renames_into_place_and_prunes_to_keep(tmp_path):
 
 def test_resume_continues_from_the_newest_checkpoint_and_allows_longer_runs(tmp_path):
     run_dir = fake_run(tmp_path, [1, 2])
-    config, newest = resume_config(run_dir, {"run.steps": "10", "wandb.enabled": "false", "checkpoint.every_steps": "5"})
+    config, newest = resume_config(
+        run_dir, {"run.steps": "10", "wandb.enabled": "false", "checkpoint.every_steps": "5"}
+    )
     assert newest.name == "step_00000002" and config.run.steps == 10
 
 
 def test_resume_refuses_trajectory_changes_naming_the_keys(tmp_path):
     run_dir = fake_run(tmp_path, [1])
-    with pytest.raises(ConfigError, match=r"different algorithm.group_size, model.path, tasks.0.args.num_digits: that would change"):
-        resume_config(run_dir, {"model.path": "smollm2-135m-instruct", "algorithm.group_size": "8", "tasks.0.args.num_digits": "3"})
+    with pytest.raises(
+        ConfigError, match=r"different algorithm.group_size, model.path, tasks.0.args.num_digits: that would change"
+    ):
+        resume_config(
+            run_dir,
+            {"model.path": "smollm2-135m-instruct", "algorithm.group_size": "8", "tasks.0.args.num_digits": "3"},
+        )
 
 
 def test_resume_without_a_committed_checkpoint_is_refused(tmp_path):
@@ -69,10 +76,15 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_naming_why(t
     size = data.stat().st_size
     with open(data, "r+b") as file:
         file.truncate(1000)
-    config, resumed_from = resume_config(run_dir, {})
+    _config, resumed_from = resume_config(run_dir, {})
     assert resumed_from.name == "step_00000001"
-    assert f"skipping checkpoint step_00000002: trainer/__0_0.distcp has 1000 bytes, {size} when committed" in capsys.readouterr().err
-    (checkpoint.checkpoint_root(run_dir) / "step_00000001" / "run_state.json").write_text("{}")  # same size, other bytes: none left
+    assert (
+        f"skipping checkpoint step_00000002: trainer/__0_0.distcp has 1000 bytes, {size} when committed"
+        in capsys.readouterr().err
+    )
+    (checkpoint.checkpoint_root(run_dir) / "step_00000001" / "run_state.json").write_text(
+        "{}"
+    )  # same size, other bytes: none left
     (checkpoint.checkpoint_root(run_dir) / "step_00000001" / "run_state.json").write_text("x" * 80)
     with pytest.raises(ConfigError, match="every committed checkpoint is damaged"):
         resume_config(run_dir, {})
@@ -87,8 +99,14 @@ def _truncate_trainer_data(tmp: Path) -> None:
 @pytest.mark.parametrize(
     ("spoil", "reason"),
     [
-        (_truncate_trainer_data, r"trainer/ does not load: ValueError: __0_0.distcp ends at byte 1000, its index reads to \d+"),
-        (lambda tmp: (tmp / "rng" / "controller.pt").write_bytes(b"not a tensor file"), "rng/controller.pt does not load"),
+        (
+            _truncate_trainer_data,
+            r"trainer/ does not load: ValueError: __0_0.distcp ends at byte 1000, its index reads to \d+",
+        ),
+        (
+            lambda tmp: (tmp / "rng" / "controller.pt").write_bytes(b"not a tensor file"),
+            "rng/controller.pt does not load",
+        ),
         (lambda tmp: (tmp / "run_state.json").write_text('{"step": '), "run_state.json does not load"),
         (lambda tmp: (tmp / "trainer" / ".metadata").unlink(), "trainer/ does not load"),
     ],
@@ -115,7 +133,9 @@ def test_checkpoints_newer_than_the_one_resumed_are_kept_aside(tmp_path):
     run_dir = fake_run(tmp_path, [1, 2])
     older = checkpoint.committed_checkpoints(run_dir)[0]
     assert [path.name for path in checkpoint.set_aside(run_dir, older)] == ["damaged-step_00000002"]
-    assert checkpoint.committed_checkpoints(run_dir) == [older]  # the resumed run's next commits never prune the older one for it
+    assert checkpoint.committed_checkpoints(run_dir) == [
+        older
+    ]  # the resumed run's next commits never prune the older one for it
 
 
 def test_checkpoint_files_and_directories_are_on_disk_before_committed(tmp_path, monkeypatch):
@@ -134,18 +154,24 @@ def test_checkpoint_files_and_directories_are_on_disk_before_committed(tmp_path,
     final = checkpoint.commit(tmp_path, tmp, 3, keep=1)
     before_commit = {Path(path).name for path, committed in synced if not committed}
     assert {"model.distcp", "trainer", "run_state.json", checkpoint.MANIFEST, tmp.name, "checkpoints"} <= before_commit
-    assert [path for path, committed in synced if committed] == [str(final / checkpoint.COMMITTED), str(final)]  # then COMMITTED
+    assert [path for path, committed in synced if committed] == [
+        str(final / checkpoint.COMMITTED),
+        str(final),
+    ]  # then COMMITTED
 
 
 def test_a_commit_removes_only_its_own_or_dead_writers_temporaries(tmp_path):
-    import psutil
     import socket
+
+    import psutil
 
     live = psutil.Process(os.getppid())  # the process that started pytest: another writer that still runs
     root = checkpoint.checkpoint_root(tmp_path)
     root.mkdir()
     other_live = root / f".tmp-step_00000004-abc@{socket.gethostname()}-{live.pid}-{int(live.create_time() * 1000)}"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     other_dead = root / f".tmp-step_00000004-def@{socket.gethostname()}-{dead}-1"
     for directory in (other_live, other_dead):
         directory.mkdir()
@@ -159,7 +185,9 @@ def test_rng_states_round_trip_through_a_weights_only_load(tmp_path):
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     checkpoint.save_rng(tmp_path, "reward_0")
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
-    torch.load(tmp_path / "rng" / "reward_0.pt", weights_only=True)  # plain containers and tensors only: no pickled objects run
+    torch.load(
+        tmp_path / "rng" / "reward_0.pt", weights_only=True
+    )  # plain containers and tensors only: no pickled objects run
     checkpoint.load_rng(tmp_path, "reward_0")
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
 
@@ -168,13 +196,15 @@ def test_a_resume_logs_the_checkpoints_step_record_when_the_run_stopped_before_l
     run_dir = fake_run(tmp_path, [])
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": step, "loss": 0.5}) + "\n" for step in range(3)))
     tmp = checkpoint.begin(run_dir, 3)
-    (tmp / "run_state.json").write_text(json.dumps({"step": 3, "policy_version": 3, "data_cursor": 6, "rows_done_ahead": []}))
+    (tmp / "run_state.json").write_text(
+        json.dumps({"step": 3, "policy_version": 3, "data_cursor": 6, "rows_done_ahead": []})
+    )
     checkpoint.write_step_record(tmp, {"loss": 0.25, "policy_version": 3}, {"train": [{"reward": 1.0}]})
     final = checkpoint.commit(run_dir, tmp, 3, keep=1)  # ... and the launcher was killed here, before logging step 3
     restore_logs(run_dir, final)
     restore_logs(run_dir, final)  # a second resume from the same checkpoint does not log it twice
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert records[-1] == {"step": 3, "loss": 0.25, "policy_version": 3} and len(records) == 4
-    assert [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()] == [{"step": 3, "key": "train", "reward": 1.0}]
-
-
+    assert [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()] == [
+        {"step": 3, "key": "train", "reward": 1.0}
+    ]

@@ -6,12 +6,11 @@ import sys
 
 import pytest
 
-from rl.checkpoint import store as checkpoint
 from rl.checkpoint import run_dir
+from rl.checkpoint import store as checkpoint
 from rl.loop.state import open_run_dir
-from tests.support.runs import fake_run
 from tests.support.paths import REPO
-
+from tests.support.runs import fake_run
 
 
 def test_a_new_run_never_appends_to_an_old_run_directory(tmp_path):
@@ -34,7 +33,9 @@ def test_two_runs_started_together_with_one_name_get_different_directories(tmp_p
     first, first_lock = run_dir.claim_fresh(tmp_path / "run")
     second, second_lock = run_dir.claim_fresh(tmp_path / "run")  # the first has written nothing yet
     assert (first, second) == (tmp_path / "run", tmp_path / "run-1")
-    with pytest.raises(run_dir.RunDirBusy, match=rf"{first} is in use by pid \d+ on .* since .*; a run directory has one writer"):
+    with pytest.raises(
+        run_dir.RunDirBusy, match=rf"{first} is in use by pid \d+ on .* since .*; a run directory has one writer"
+    ):
         run_dir.lock(first)
     first_lock.release()
     run_dir.lock(first).release()  # free again once its writer let go
@@ -45,8 +46,13 @@ def test_a_second_resume_of_a_running_run_is_refused(tmp_path):
     directory = fake_run(tmp_path, [1])
     held = run_dir.lock(directory)  # the first launcher, still running
     try:
-        result = subprocess.run([sys.executable, "-m", "rl.cli", "train", "--resume", str(directory)], cwd=REPO,
-                                capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [sys.executable, "-m", "rl.cli", "train", "--resume", str(directory)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         held.release()
     assert result.returncode == 2, result.stderr[-2000:]
@@ -56,9 +62,18 @@ def test_a_second_resume_of_a_running_run_is_refused(tmp_path):
 def test_a_resume_through_the_python_api_is_refused_while_another_process_writes_the_run(tmp_path):
     directory = fake_run(tmp_path, [1])
     resume_from = checkpoint.newest_checkpoint(directory)
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; from rl.checkpoint import run_dir; "
-                               "held = run_dir.lock(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)", str(directory)],
-                              cwd=REPO, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from rl.checkpoint import run_dir; "
+            "held = run_dir.lock(Path(sys.argv[1])); print('held', flush=True); time.sleep(60)",
+            str(directory),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline() == "held\n"
         with pytest.raises(run_dir.RunDirBusy, match=rf"{directory} is in use by pid {holder.pid} "):
@@ -77,8 +92,18 @@ def test_a_resume_through_the_python_api_takes_the_lock_and_repairs_the_logs(tmp
     try:
         assert resumed == directory and run_dir.held_here(directory)
         assert (directory / "metrics.jsonl").read_text() == whole
-        second = subprocess.run([sys.executable, "-c", "import sys; from pathlib import Path; from rl.checkpoint import run_dir; "
-                                 "run_dir.lock(Path(sys.argv[1]))", str(directory)], cwd=REPO, capture_output=True, text=True)
+        second = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                "import sys; from pathlib import Path; from rl.checkpoint import run_dir; "
+                "run_dir.lock(Path(sys.argv[1]))",
+                str(directory),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         assert second.returncode != 0 and "RunDirBusy" in second.stderr
     finally:
         held.release()

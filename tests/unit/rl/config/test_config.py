@@ -1,6 +1,6 @@
 import subprocess
-import tomllib
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -9,7 +9,6 @@ from rl.cli import main, parse_overrides
 from rl.config import ConfigError, load_config
 from tests.support.hardware import NATIVE_BF16, refuses_bf16_compute
 from tests.support.paths import CONFIGS, E2E_CONFIGS
-
 
 
 def write(tmp_path, text: str) -> Path:
@@ -41,7 +40,9 @@ def test_unknown_key_in_task_entry_is_named(tmp_path):
 def test_cli_overrides_are_typed_and_dotted(tmp_path):
     config = load_config(
         write(tmp_path, "[trainer]\nlr = 0.1\n[[tasks]]\nname = 'sum_digits'\n"),
-        parse_overrides(["--trainer.lr", "2e-5", "--run.steps=7", "--tasks.0.args.num_digits", "3", "--wandb.enabled", "false"]),
+        parse_overrides(
+            ["--trainer.lr", "2e-5", "--run.steps=7", "--tasks.0.args.num_digits", "3", "--wandb.enabled", "false"]
+        ),
     )
     assert config.trainer.lr == 2e-5 and config.run.steps == 7
     assert config.tasks[0].args == {"num_digits": 3} and config.wandb.enabled is False
@@ -55,7 +56,11 @@ def test_override_of_missing_list_entry_fails(tmp_path):
 def test_cross_field_check(tmp_path):
     with pytest.raises(ConfigError, match="seq_len"):
         load_config(
-            None, {"trainer.seq_len": "64", "tasks": "[{name='sum_digits', env={max_total_tokens=128, max_prompt_tokens=64}}]"}
+            None,
+            {
+                "trainer.seq_len": "64",
+                "tasks": "[{name='sum_digits', env={max_total_tokens=128, max_prompt_tokens=64}}]",
+            },
         )
 
 
@@ -68,15 +73,22 @@ def test_validate_command_prints_resolved_config(capsys):
 
 
 def test_validate_rejects_unknown_task_before_starting(capsys):
-    assert main(["validate", "--config", str(CONFIGS / "sum_digits_smollm2_cpu.toml"), "--tasks.0.name", "no_such_task"]) == 2
+    assert (
+        main(["validate", "--config", str(CONFIGS / "sum_digits_smollm2_cpu.toml"), "--tasks.0.name", "no_such_task"])
+        == 2
+    )
     assert "unknown task 'no_such_task'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("config_file", sorted([*CONFIGS.glob("*.toml"), *E2E_CONFIGS.glob("*.toml")]), ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "config_file", sorted([*CONFIGS.glob("*.toml"), *E2E_CONFIGS.glob("*.toml")]), ids=lambda p: p.name
+)
 def test_shipped_configs_validate(config_file):
     """Each shipped config validates; one that asks for bf16 compute on a CPU without native bf16 is refused, saying why."""
     refused = refuses_bf16_compute(config_file)
-    result = subprocess.run([sys.executable, "-m", "rl.cli", "validate", "--config", str(config_file)], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "rl.cli", "validate", "--config", str(config_file)], capture_output=True, text=True
+    )
     if refused:
         assert result.returncode == 2 and "without native bf16 matmuls" in result.stderr, result.stderr
     else:
@@ -85,9 +97,20 @@ def test_shipped_configs_validate(config_file):
 
 def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "rl.cli", "train", "--config", str(E2E_CONFIGS / "tiny_qwen3_e2e.toml"),
-         "--model.path", str(tmp_path / "no_model"), "--run.output_dir", str(tmp_path)],
-        capture_output=True, text=True,
+        [
+            sys.executable,
+            "-m",
+            "rl.cli",
+            "train",
+            "--config",
+            str(E2E_CONFIGS / "tiny_qwen3_e2e.toml"),
+            "--model.path",
+            str(tmp_path / "no_model"),
+            "--run.output_dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 2
     err = result.stderr
@@ -99,7 +122,10 @@ def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
     ("overrides", "named"),
     [
         ({"algorithm.group_size": "1"}, "algorithm.group_size = 1"),
-        ({"tasks.0.env.max_prompt_tokens": "128", "tasks.0.env.max_total_tokens": "128"}, "tasks.0.env: max_prompt_tokens (128)"),
+        (
+            {"tasks.0.env.max_prompt_tokens": "128", "tasks.0.env.max_total_tokens": "128"},
+            "tasks.0.env: max_prompt_tokens (128)",
+        ),
         ({"model.path": "/no/such/model"}, "model.path: '/no/such/model' is neither a built-in model"),
         ({"model.path": "not a hub id"}, "model.path: 'not a hub id'"),
         ({"trainer.param_dtype": "bfloat16"}, "trainer.param_dtype = 'bfloat16'"),
@@ -115,11 +141,19 @@ def test_contradictory_settings_are_rejected_naming_the_key(overrides, named):
 
 def test_precision_defaults_keep_fp32_master_weights_and_an_exact_sampler():
     config = load_config(CONFIGS / "sum_digits_smollm2_cpu.toml")
-    assert (config.trainer.param_dtype, config.trainer.dtype, config.generator.dtype) == ("float32", "float32", "float32")
-    if NATIVE_BF16:  # elsewhere bf16 compute on CPU is refused (tests/unit/rl/config/test_config.py: the shipped configs)
+    assert (config.trainer.param_dtype, config.trainer.dtype, config.generator.dtype) == (
+        "float32",
+        "float32",
+        "float32",
+    )
+    if (
+        NATIVE_BF16
+    ):  # elsewhere bf16 compute on CPU is refused (tests/unit/rl/config/test_config.py: the shipped configs)
         bf16_compute = load_config(CONFIGS / "sum_digits_smollm2_cpu.toml", {"trainer.dtype": "bfloat16"})
         assert (bf16_compute.trainer.param_dtype, bf16_compute.generator.dtype) == ("float32", "float32")
-        insisted = load_config(None, {"trainer.param_dtype": "bfloat16", "trainer.dtype": "bfloat16", "trainer.pure_low_precision": "true"})
+        insisted = load_config(
+            None, {"trainer.param_dtype": "bfloat16", "trainer.dtype": "bfloat16", "trainer.pure_low_precision": "true"}
+        )
         assert insisted.generator.dtype == "bfloat16"
     gpu = load_config(CONFIGS / "sum_digits_qwen3_gpu.toml")
     assert (gpu.trainer.param_dtype, gpu.trainer.dtype, gpu.generator.dtype) == ("float32", "bfloat16", "bfloat16")
@@ -132,8 +166,12 @@ def test_fp64_sampling_noise_reaches_the_engine_the_generator_builds():
     from rl.assets import resolve_model_path
 
     for fp64 in (False, True):
-        generator_config = load_config(CONFIGS / "sum_digits_smollm2_cpu.toml", {"generator.fp64_sampling_noise": str(fp64).lower()}).generator
-        model_config = EngineArgs(model=resolve_model_path("tiny-qwen3"), **engine_args(generator_config)).create_model_config()
+        generator_config = load_config(
+            CONFIGS / "sum_digits_smollm2_cpu.toml", {"generator.fp64_sampling_noise": str(fp64).lower()}
+        ).generator
+        model_config = EngineArgs(
+            model=resolve_model_path("tiny-qwen3"), **engine_args(generator_config)
+        ).create_model_config()
         assert model_config.use_fp64_gumbel is fp64
 
 

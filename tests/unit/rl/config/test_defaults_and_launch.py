@@ -12,11 +12,13 @@ from tests.support.hardware import NATIVE_BF16, NO_NATIVE_BF16, refuses_bf16_com
 from tests.support.paths import REPO
 
 
-
 @pytest.mark.parametrize(
     "overrides, bypass",
     [
-        ({"trainer.dtype": "'float32'"}, True),  # CPU fp32 sampler on the trainer's fp32 weights, staleness 0, one minibatch
+        (
+            {"trainer.dtype": "'float32'"},
+            True,
+        ),  # CPU fp32 sampler on the trainer's fp32 weights, staleness 0, one minibatch
         ({"generator.dtype": "'bfloat16'"}, False),  # a bf16 sampler is not the trainer's policy
         ({"trainer.dtype": "'bfloat16'"}, False),  # bf16 autocast: π_old is not what the fp32 sampler ran
         ({"run.max_policy_staleness": "1"}, False),
@@ -34,16 +36,33 @@ def test_bypass_mode_is_decided_from_the_run(overrides, bypass):
 
 
 def test_validate_prints_the_decided_mode_and_why(capsys):
-    assert main(["validate", "--config", str(REPO / "configs" / "sum_digits_smollm2_cpu.toml"), "--generator.dtype", "bfloat16"]) == 0
+    assert (
+        main(
+            [
+                "validate",
+                "--config",
+                str(REPO / "configs" / "sum_digits_smollm2_cpu.toml"),
+                "--generator.dtype",
+                "bfloat16",
+            ]
+        )
+        == 0
+    )
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("# algorithm.rollout_correction.bypass_mode = false, as the run's rule decides: decoupled: the sampler")
+    assert first.startswith(
+        "# algorithm.rollout_correction.bypass_mode = false, as the run's rule decides: decoupled: the sampler"
+    )
     assert "generator.dtype = bfloat16" in first
 
 
 @pytest.mark.parametrize("name", ["sum_digits_qwen3_gpu", "qwen3_8b_slurm_2x8", "qwen3_8b_kubernetes_2x8"])
 def test_bf16_sampler_configs_train_with_decoupled_token_is(name):
     correction = load_config(REPO / "configs" / f"{name}.toml").algorithm.rollout_correction
-    assert correction.preset == "decoupled_token_is" and correction.bypass_mode is False and correction.rollout_is == "token"
+    assert (
+        correction.preset == "decoupled_token_is"
+        and correction.bypass_mode is False
+        and correction.rollout_is == "token"
+    )
 
 
 def test_a_task_package_beside_the_config_is_found_from_the_launch_directory(tmp_path):
@@ -55,11 +74,19 @@ def test_a_task_package_beside_the_config_is_found_from_the_launch_directory(tmp
     (tmp_path / "capitals.toml").write_text('[[tasks]]\nname = "my_tasks.capitals:CapitalsTask"\n')
     # -P: no implicit current directory on sys.path, as for the installed `rlmesh` script
     code = "import os, sys; from rl.cli import main; code = main(['validate', '--config', 'capitals.toml']); print(os.environ['PYTHONPATH']); sys.exit(code)"
-    result = subprocess.run([sys.executable, "-P", "-c", code], cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)},
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-P", "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
     assert result.returncode == 0, result.stderr
     assert 'name = "my_tasks.capitals:CapitalsTask"' in result.stdout
-    assert result.stdout.splitlines()[-1].split(os.pathsep)[:2] == [str(tmp_path), str(REPO)]  # actor processes inherit it
+    assert result.stdout.splitlines()[-1].split(os.pathsep)[:2] == [
+        str(tmp_path),
+        str(REPO),
+    ]  # actor processes inherit it
 
 
 @pytest.mark.parametrize("config", sorted(path.name for path in (REPO / "configs").glob("*.toml")))

@@ -4,13 +4,30 @@ from rl.loop.bench import table
 
 
 def test_bench_table_shows_both_token_counts_the_gain_and_each_dtype_peak():
-    loop = {"s_per_step": 8.0, "trained_tokens_per_s": 40.0, "generation_tokens_per_s": 150.0, "train_tokens_per_s": 300.0,
-            "train_forward_tokens_per_s": 120.0, "train_logical_tokens_per_s": 324.0, "prefix_sharing_gain": 2.7,
-            "overlap_ratio": 0.5, "version_offset_mean": 1.0, "weight_sync_s": 0.5, "packing_efficiency": 0.97}
-    results = {"model": "m", "machine": "2 CPUs", "trainer_dtype": "float32", "native_bf16": "native bf16: no",
-               "matmul_peak_gflops": {"float32": 32.0, "bfloat16": 1.5}, "trainer_peak_fraction": 0.4,
-               "loops": {"sync": loop, "async_1": loop, "async_2": loop}, "weight_sync_floor": {"total_s": 0.3},
-               "ratios": {"async_1_vs_sync": 1.0, "async_2_vs_sync": 1.0, "sync_vs_phases": 1.05}}
+    loop = {
+        "s_per_step": 8.0,
+        "trained_tokens_per_s": 40.0,
+        "generation_tokens_per_s": 150.0,
+        "train_tokens_per_s": 300.0,
+        "train_forward_tokens_per_s": 120.0,
+        "train_logical_tokens_per_s": 324.0,
+        "prefix_sharing_gain": 2.7,
+        "overlap_ratio": 0.5,
+        "version_offset_mean": 1.0,
+        "weight_sync_s": 0.5,
+        "packing_efficiency": 0.97,
+    }
+    results = {
+        "model": "m",
+        "machine": "2 CPUs",
+        "trainer_dtype": "float32",
+        "native_bf16": "native bf16: no",
+        "matmul_peak_gflops": {"float32": 32.0, "bfloat16": 1.5},
+        "trainer_peak_fraction": 0.4,
+        "loops": {"sync": loop, "async_1": loop, "async_2": loop},
+        "weight_sync_floor": {"total_s": 0.3},
+        "ratios": {"async_1_vs_sync": 1.0, "async_2_vs_sync": 1.0, "sync_vs_phases": 1.05},
+    }
     text = table(results)
     assert "| training alone: forwarded, logical tokens/s | 120, 324 |" in text
     assert "| prefix-sharing gain (logical / forwarded tokens) | 2.70 |" in text

@@ -14,7 +14,6 @@ from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 from tests.support.paths import E2E_CONFIGS
 
 
-
 def stub_endpoint(coroutine_fn):
     return SimpleNamespace(call_one=coroutine_fn, call=coroutine_fn)
 
@@ -26,10 +25,15 @@ async def test_weight_push_that_hangs_fails_loudly():
     async def never(version):
         await asyncio.sleep(3600)
 
-    controller.roles.generators = Service("generator", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print)
+    controller.roles.generators = Service(
+        "generator", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print
+    )
     controller.roles.trainer = SimpleNamespace(push_weights=stub_endpoint(never))
-    with pytest.raises(DeadlineMissed, match=r"trainer weight push \(policy version 1\) took longer than run.weight_sync_timeout_s=0.05 s; "
-                                             r"resume from the last checkpoint with `rlmesh train --resume RUN_DIR`"):
+    with pytest.raises(
+        DeadlineMissed,
+        match=r"trainer weight push \(policy version 1\) took longer than run.weight_sync_timeout_s=0.05 s; "
+        r"resume from the last checkpoint with `rlmesh train --resume RUN_DIR`",
+    ):
         await controller.sync_weights(1)
     assert controller.state.policy_version == 0
 
@@ -42,15 +46,21 @@ async def test_a_hung_train_step_stops_the_run_at_its_deadline():
     controller = Controller(load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"trainer.call_timeout_s": "0.05"}))
     controller.roles.trainer = SimpleNamespace(train_step=stub_endpoint(never))
     groups = [scored_group(f"train/row={row}", "sum_digits", {}, 4, 0) for row in range(2)]
-    with pytest.raises(DeadlineMissed, match=r"trainer train step took longer than trainer.call_timeout_s=0.05 s; resume from the last"):
+    with pytest.raises(
+        DeadlineMissed, match=r"trainer train step took longer than trainer.call_timeout_s=0.05 s; resume from the last"
+    ):
         await controller.train_step(groups)
 
 
 async def test_a_trainer_that_does_not_hand_over_its_metric_states_stops_the_run_at_the_deadline():
     controller = Controller(load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"run.metrics_timeout_s": "0.05"}))
     controller.roles.trainer = SimpleNamespace(metric_states=stub_endpoint(never))
-    controller.roles.reward = Service("reward", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print)
-    with pytest.raises(DeadlineMissed, match=r"gathering the trainer's metric states took longer than run.metrics_timeout_s=0.05 s"):
+    controller.roles.reward = Service(
+        "reward", object, lambda replica: (), replicas=0, config=ServiceConfig(), spawn_procs=None, on_fatal=print
+    )
+    with pytest.raises(
+        DeadlineMissed, match=r"gathering the trainer's metric states took longer than run.metrics_timeout_s=0.05 s"
+    ):
         await controller.roles.gather_states(1)
 
 
@@ -67,18 +77,40 @@ def test_run_state_data_cursor_advances_over_consumed_rows_in_any_order():
 def scored_group(row_id: str, task_name: str, row: dict, group_size: int, version: int) -> RolloutGroup:
     rollouts = []
     for index in range(group_size):
-        turn = RolloutTurn(prompt_messages=[], prompt_token_ids=[1, 2], completion_token_ids=[3],
-                           completion_logprobs=[-0.5], policy_version=version)
-        rollouts.append(Rollout(rollout_id=f"{row_id}/{index}", group_id=row_id, task_name=task_name, sample_index=index,
-                                turns=[turn], status=RolloutStatus.COMPLETED, reward=float(index == 0)))
+        turn = RolloutTurn(
+            prompt_messages=[],
+            prompt_token_ids=[1, 2],
+            completion_token_ids=[3],
+            completion_logprobs=[-0.5],
+            policy_version=version,
+        )
+        rollouts.append(
+            Rollout(
+                rollout_id=f"{row_id}/{index}",
+                group_id=row_id,
+                task_name=task_name,
+                sample_index=index,
+                turns=[turn],
+                status=RolloutStatus.COMPLETED,
+                reward=float(index == 0),
+            )
+        )
     return RolloutGroup(group_id=row_id, task_name=task_name, example=row, rollouts=rollouts)
 
 
 async def test_the_run_ends_when_the_data_runs_out():
     """7 rows, 2 per step, 1 of them dropped: the producer admits by row, the consumer gets 2 full batches, then the end."""
-    controller = Controller(load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"run.max_rows": "7", "run.steps": "10",
-                                                                           "run.max_policy_staleness": "1",
-                                                                           "algorithm.drop_constant_reward_groups": "true"}))
+    controller = Controller(
+        load_config(
+            E2E_CONFIGS / "tiny_qwen3_e2e.toml",
+            {
+                "run.max_rows": "7",
+                "run.steps": "10",
+                "run.max_policy_staleness": "1",
+                "algorithm.drop_constant_reward_groups": "true",
+            },
+        )
+    )
     assert controller.planned_steps == 3 and controller.stream.limit == 7  # the LR schedule is sized for 3 steps
     dropped = []
 
@@ -116,7 +148,13 @@ def test_version_offsets_count_only_policy_sampled_rollouts():
     frozen = scored_group("train/row=1", "sum_digits", {}, 2, version=0)
     for rollout in frozen.rollouts:
         rollout.metadata["sampler"] = "teacher"
-    metrics = batch_metrics([policy, frozen], evicted=0, stats=GenerationStats(), policy_version=controller.state.policy_version, wait_seconds=0.0)
+    metrics = batch_metrics(
+        [policy, frozen],
+        evicted=0,
+        stats=GenerationStats(),
+        policy_version=controller.state.policy_version,
+        wait_seconds=0.0,
+    )
     assert metrics["async/version_offset_mean"] == 1.0 and metrics["async/version_offset_max"] == 1
 
 
@@ -128,6 +166,8 @@ def test_eval_and_checkpoint_fall_due_on_their_schedule_and_once_more_at_the_run
     assert {step: due_after(step, 14, config, data_ran_out=False) for step in after_step} == after_step
     data_ran_out_at = {0: (False, False), 5: (True, False), 7: (False, True), 9: (True, True)}
     assert {step: due_after(step, 14, config, data_ran_out=True) for step in data_ran_out_at} == data_ran_out_at
-    no_schedule = load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"run.eval_every": "0", "checkpoint.every_steps": "0"})
+    no_schedule = load_config(
+        E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"run.eval_every": "0", "checkpoint.every_steps": "0"}
+    )
     assert due_after(14, 14, no_schedule, data_ran_out=False) == (False, True)  # the last step is always checkpointed
     assert due_after(6, 14, no_schedule, data_ran_out=True) == (False, True)

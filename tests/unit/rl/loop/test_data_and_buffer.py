@@ -38,7 +38,12 @@ def test_staleness_admission(group_version, trainer_version, budget, fresh):
 
 def group(version: int, name: str) -> RolloutGroup:
     turn = RolloutTurn(prompt_messages=[], prompt_token_ids=[1], completion_token_ids=[2], policy_version=version)
-    return RolloutGroup(group_id=name, task_name="t", example={}, rollouts=[Rollout(rollout_id=f"{name}/0", group_id=name, task_name="t", sample_index=0, turns=[turn])])
+    return RolloutGroup(
+        group_id=name,
+        task_name="t",
+        example={},
+        rollouts=[Rollout(rollout_id=f"{name}/0", group_id=name, task_name="t", sample_index=0, turns=[turn])],
+    )
 
 
 async def test_buffer_evicts_stale_groups_and_waits_for_enough():

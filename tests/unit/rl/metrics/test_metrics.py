@@ -10,8 +10,8 @@ import torch
 
 from rl.config import load_config
 from rl.metrics import Reduce, record_metric, timer
-from rl.metrics.logger import MetricsLogger
 from rl.metrics.backends import ConsoleBackend, JsonlBackend
+from rl.metrics.logger import MetricsLogger
 from rl.metrics.reduce import MetricCollector, drain_states, reduce_states
 from tests.support.paths import E2E_CONFIGS
 
@@ -100,9 +100,8 @@ def test_timer_spans_add_up_under_time_and_survive_an_exception():
     drain_states()
     with timer("phase"):
         pass
-    with pytest.raises(RuntimeError):
-        with timer("phase"):
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), timer("phase"):
+        raise RuntimeError("boom")
     state = drain_states()["time/phase_s"]
     assert state["reduction"] == "sum" and state["sum"] >= 0
 
@@ -114,7 +113,11 @@ def config():
 
 def test_logger_merges_recorded_and_plain_metrics_and_writes_jsonl(tmp_path, config, capsys):
     drain_states()
-    logger = MetricsLogger(tmp_path, log_rollouts=config.run.log_rollouts, backends=[JsonlBackend(tmp_path / "metrics.jsonl", tmp_path / "samples.jsonl"), ConsoleBackend()])
+    logger = MetricsLogger(
+        tmp_path,
+        log_rollouts=config.run.log_rollouts,
+        backends=[JsonlBackend(tmp_path / "metrics.jsonl", tmp_path / "samples.jsonl"), ConsoleBackend()],
+    )
     record_metric("reward/mean", 0.25)
     record_metric("reward/samples", {"episode_id": 0, "reward": 0.25}, Reduce.SAMPLE)
     actor = MetricCollector()
@@ -157,7 +160,15 @@ def test_wandb_backend_logs_scalars_and_a_samples_table_per_step(tmp_path):
 
     config = load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"wandb.mode": "offline"})
     backend = WandbBackend(config.wandb, tmp_path, config.model_dump(mode="json"))
-    backend.log_samples({"reward/samples": [{"episode_id": 0, "target": None, "reward": 1.0}, {"episode_id": 1, "target": "3", "reward": 0.5}]}, 1)
+    backend.log_samples(
+        {
+            "reward/samples": [
+                {"episode_id": 0, "target": None, "reward": 1.0},
+                {"episode_id": 1, "target": "3", "reward": 0.5},
+            ]
+        },
+        1,
+    )
     backend.log({"loss": 0.5}, 1)
     backend.close()
     [wandb_file] = tmp_path.glob("wandb/offline-run-*/run-*.wandb")

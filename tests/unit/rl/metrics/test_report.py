@@ -8,7 +8,6 @@ from rl.cli import main
 from rl.metrics.report import PHASES, read_jsonl
 from tests.support.paths import REPO
 
-
 FIXTURE = REPO / "tests" / "support" / "fixtures" / "main_job_run"
 """metrics.jsonl, samples.jsonl and config.toml of a real run of the main job (configs/sum_digits_smollm2_cpu.toml,
 14 steps, 2026-11-24), so the report is tested on the keys the loop emits, not on keys a fixture invents."""
@@ -39,13 +38,24 @@ def test_report_writes_plots_and_a_page_for_a_run_still_writing(tmp_path, capsys
     assert main(["report", str(run_dir)]) == 0
     out = run_dir / "report"
     assert capsys.readouterr().out.strip() == str(out / "index.html")
-    expected = ["reward.png", "response_length.png", "truncation.png", "entropy.png", "kl_clip.png", "loss.png", "policy_lag.png", "time_per_phase.png"]
+    expected = [
+        "reward.png",
+        "response_length.png",
+        "truncation.png",
+        "entropy.png",
+        "kl_clip.png",
+        "loss.png",
+        "policy_lag.png",
+        "time_per_phase.png",
+    ]
     for name in expected:
         height, width, _ = matplotlib.image.imread(out / name).shape
         assert width > 500 and height > 300, name
     page = (out / "index.html").read_text()
     assert all(f'src="{name}"' in page for name in expected)
-    assert "16 logged steps" not in page and "15 logged steps (last: step 14)" in page  # the half-written line is skipped
+    assert (
+        "16 logged steps" not in page and "15 logged steps (last: step 14)" in page
+    )  # the half-written line is skipped
     best, worst = page.split("Worst samples")
     # the last 3 steps' logged samples (steps 12-14): best 4 + 8 = 12 (step 14), worst the step-12 reply
     assert "4 + 8 = 12" in best and "Three is a multiple of ten" in worst and "[model]" in page

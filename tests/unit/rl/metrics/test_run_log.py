@@ -8,12 +8,16 @@ import warnings
 from rl.metrics.run_log import LOG_FILE_ENV, RunLog
 from tests.support.paths import REPO
 
-ACTOR_PROCESS = "from rl.metrics.run_log import redirect_actor_process; import os, sys; redirect_actor_process(); " \
-                "os.write(2, b'[W] NUMA binding note\\n'); print('FutureWarning from a dependency', file=sys.stderr)"
+ACTOR_PROCESS = (
+    "from rl.metrics.run_log import redirect_actor_process; import os, sys; redirect_actor_process(); "
+    "os.write(2, b'[W] NUMA binding note\\n'); print('FutureWarning from a dependency', file=sys.stderr)"
+)
 
 
 def actor_process(env):
-    return subprocess.run([sys.executable, "-c", ACTOR_PROCESS], env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-c", ACTOR_PROCESS], env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True
+    )
 
 
 def test_warnings_and_actor_stderr_land_in_the_run_log_even_when_an_actor_opens_it_late(tmp_path):
@@ -22,7 +26,7 @@ def test_warnings_and_actor_stderr_land_in_the_run_log_even_when_an_actor_opens_
         early = actor_process(os.environ.copy())
         with warnings.catch_warnings():
             warnings.showwarning = run_log._write_warning
-            warnings.warn("old API", FutureWarning)
+            warnings.warn("old API", FutureWarning, stacklevel=2)
         run_dir = tmp_path / "run"
         run_dir.mkdir()
         run_log.move_into(run_dir)

@@ -18,15 +18,27 @@ def rollout(index, reward, status=RolloutStatus.COMPLETED, completion=(5, 6), ve
         assistant_message={"role": "assistant", "content": f"answer {index}"},
         policy_version=version,
     )
-    return Rollout(rollout_id=f"train/row=7/{index}", group_id="train/row=7", task_name="sum_digits", sample_index=index,
-                   turns=[turn], status=status, reward=reward, reward_components={"digit_sum_correct": reward or 0.0})
+    return Rollout(
+        rollout_id=f"train/row=7/{index}",
+        group_id="train/row=7",
+        task_name="sum_digits",
+        sample_index=index,
+        turns=[turn],
+        status=status,
+        reward=reward,
+        reward_components={"digit_sum_correct": reward or 0.0},
+    )
 
 
 def samples(rewards, advantages=None, response_lens=None):
     """Sample dicts with episode ids 0.. and the given rewards (advantage = reward - 0.5 unless given)."""
     return [
-        {"episode_id": index, "reward": reward, "advantage": (advantages or [reward - 0.5 for reward in rewards])[index],
-         "response_len": (response_lens or [1] * len(rewards))[index]}
+        {
+            "episode_id": index,
+            "reward": reward,
+            "advantage": (advantages or [reward - 0.5 for reward in rewards])[index],
+            "response_len": (response_lens or [1] * len(rewards))[index],
+        }
         for index, reward in enumerate(rewards)
     ]
 
@@ -70,12 +82,18 @@ def test_abs_advantage_above_keeps_extremes_and_never_untrained_samples():
 def test_top_k_and_bottom_k_by_reward_ties_to_the_lower_episode_id():
     rank = SampleFilter(SampleFilters(top_k=1, bottom_k=2), seed=0)
     assert [s["episode_id"] for s in rank.select(samples(REWARDS), 1)] == [0, 1, 5]
-    assert [s["episode_id"] for s in SampleFilter(SampleFilters(top_k=2, bottom_k="off"), 0).select(samples(REWARDS), 1)] == [1, 4]
-    assert [s["episode_id"] for s in SampleFilter(SampleFilters(top_k=0, bottom_k=1), 0).select(samples(REWARDS), 1)] == [0]
+    assert [
+        s["episode_id"] for s in SampleFilter(SampleFilters(top_k=2, bottom_k="off"), 0).select(samples(REWARDS), 1)
+    ] == [1, 4]
+    assert [
+        s["episode_id"] for s in SampleFilter(SampleFilters(top_k=0, bottom_k=1), 0).select(samples(REWARDS), 1)
+    ] == [0]
 
 
 def test_custom_predicate_by_import_path():
-    assert select(REWARDS, response_lens=[1, 3, 5, 2, 3, 0], predicate="tests.support.sample_predicates:long_response") == [1, 2, 4]
+    assert select(
+        REWARDS, response_lens=[1, 3, 5, 2, 3, 0], predicate="tests.support.sample_predicates:long_response"
+    ) == [1, 2, 4]
 
 
 def test_freq_subsamples_with_a_seeded_rng_per_step():
@@ -90,7 +108,13 @@ def test_filters_combine():
     # reward tail AND |advantage| AND predicate, then the best one of those left
     advantages = [-1.0, 0.9, 0.0, -0.9, 0.6, -1.0]
     chosen = SampleFilter(
-        SampleFilters(reward_above=0.25, abs_advantage_above=0.5, predicate="tests.support.sample_predicates:long_response", top_k=1, bottom_k="off"),
+        SampleFilters(
+            reward_above=0.25,
+            abs_advantage_above=0.5,
+            predicate="tests.support.sample_predicates:long_response",
+            top_k=1,
+            bottom_k="off",
+        ),
         seed=0,
     ).select(samples(REWARDS, advantages, response_lens=[9, 9, 9, 9, 2, 9]), 1)
     assert [s["episode_id"] for s in chosen] == [1]  # 3 has |adv| .9 and reward .25 but 1 ranks higher; 4 is too short
@@ -115,32 +139,57 @@ def test_unknown_filter_key_fails_config_validation_naming_it():
 def test_sample_record_has_the_seed_fields():
     record = sample_record(rollout(2, 0.75, version=3), episode_id=42, target="11", advantage=0.25)
     assert record == {
-        "episode_id": 42, "policy_version": 3, "task": "sum_digits", "prompt": "user: Sum the digits of 47.",
-        "response": "answer 2", "target": "11", "reward": 0.75, "advantage": 0.25, "request_len": 4, "response_len": 2,
-        "ref_logprobs": None, "status": "completed", "rollout_id": "train/row=7/2", "reward/digit_sum_correct": 0.75,
+        "episode_id": 42,
+        "policy_version": 3,
+        "task": "sum_digits",
+        "prompt": "user: Sum the digits of 47.",
+        "response": "answer 2",
+        "target": "11",
+        "reward": 0.75,
+        "advantage": 0.25,
+        "request_len": 4,
+        "response_len": 2,
+        "ref_logprobs": None,
+        "status": "completed",
+        "rollout_id": "train/row=7/2",
+        "reward/digit_sum_correct": 0.75,
     }
 
 
 def run_sample_logger(config, targets, reference_logprobs=None):
     """The SampleLogger a run with `config` builds (as the controller does)."""
     return SampleLogger(
-        config.sample_logging, targets, seed=config.run.seed,
-        episodes_per_step=config.run.groups_per_step * config.algorithm.group_size, reference_logprobs=reference_logprobs,
+        config.sample_logging,
+        targets,
+        seed=config.run.seed,
+        episodes_per_step=config.run.groups_per_step * config.algorithm.group_size,
+        reference_logprobs=reference_logprobs,
     )
 
 
 async def test_sample_logger_records_the_chosen_samples_of_a_trained_batch():
     config = load_config(overrides={"run.groups_per_step": "1", "algorithm.group_size": "4"})
-    group = RolloutGroup(group_id="train/row=7", task_name="sum_digits", example={"answer": 11}, rollouts=[
-        rollout(0, 1.0), rollout(1, 0.0), rollout(2, None, status=RolloutStatus.ERROR), rollout(3, 0.5),
-    ])
+    group = RolloutGroup(
+        group_id="train/row=7",
+        task_name="sum_digits",
+        example={"answer": 11},
+        rollouts=[
+            rollout(0, 1.0),
+            rollout(1, 0.0),
+            rollout(2, None, status=RolloutStatus.ERROR),
+            rollout(3, 0.5),
+        ],
+    )
     for r, advantage in zip(group.rollouts, [0.5, -0.5, None, 0.0]):  # as SampleBuilder.assign credited them
         r.advantage = advantage
     drain_states()
     await run_sample_logger(config, {"sum_digits": lambda example: str(example["answer"])}).record([group], step=3)
     logged = drain_states()["reward/samples"]["samples"]
     # default filters: the best and the worst of the step; episode ids continue from 2 steps x 4 rollouts
-    assert [(s["episode_id"], s["reward"], s["advantage"], s["target"]) for s in logged] == [(8, 1.0, 0.5, "11"), (9, 0.0, -0.5, "11")]
+    assert [(s["episode_id"], s["reward"], s["advantage"], s["target"]) for s in logged] == [
+        (8, 1.0, 0.5, "11"),
+        (9, 0.0, -0.5, "11"),
+    ]
 
 
 async def test_disabled_sample_logging_records_nothing():
@@ -163,8 +212,12 @@ async def test_ref_logprobs_is_the_mean_reference_logprob_of_the_sampled_tokens(
         return [-token / 10 for token in token_ids]
 
     config = load_config(overrides={"run.groups_per_step": "1", "algorithm.group_size": "2"})
-    group = RolloutGroup(group_id="g", task_name="sum_digits", example={}, rollouts=[rollout(0, 1.0, completion=(5, 6)), rollout(1, 0.0)])
+    group = RolloutGroup(
+        group_id="g", task_name="sum_digits", example={}, rollouts=[rollout(0, 1.0, completion=(5, 6)), rollout(1, 0.0)]
+    )
     drain_states()
-    await run_sample_logger(config, {"sum_digits": lambda example: None}, reference_logprobs=reference).record([group], step=1)
+    await run_sample_logger(config, {"sum_digits": lambda example: None}, reference_logprobs=reference).record(
+        [group], step=1
+    )
     logged = drain_states()["reward/samples"]["samples"]
     assert [s["ref_logprobs"] for s in logged] == [pytest.approx(-0.55), pytest.approx(-0.55)]  # mean of -0.5, -0.6

@@ -9,28 +9,56 @@ from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 
 
 def rollout(task, index, reward, tokens, status=RolloutStatus.COMPLETED, version=0, components=None):
-    turn = RolloutTurn(prompt_messages=[], prompt_token_ids=[1], completion_token_ids=[2] * tokens, completion_logprobs=[-0.5] * (tokens - 1) + [-1.5] * min(tokens, 1), policy_version=version)
-    return Rollout(rollout_id=f"{task}/{index}", group_id=task, task_name=task, sample_index=index, turns=[turn], status=status,
-                   reward=reward, reward_components=components or {})
+    turn = RolloutTurn(
+        prompt_messages=[],
+        prompt_token_ids=[1],
+        completion_token_ids=[2] * tokens,
+        completion_logprobs=[-0.5] * (tokens - 1) + [-1.5] * min(tokens, 1),
+        policy_version=version,
+    )
+    return Rollout(
+        rollout_id=f"{task}/{index}",
+        group_id=task,
+        task_name=task,
+        sample_index=index,
+        turns=[turn],
+        status=status,
+        reward=reward,
+        reward_components=components or {},
+    )
 
 
 GROUPS = [
-    RolloutGroup(group_id="a", task_name="a", example={}, rollouts=[
-        rollout("a", 0, 1.0, 4, components={"correct": 1.0}, version=1),
-        rollout("a", 1, 0.0, 8, status=RolloutStatus.TRUNCATED, components={"correct": 0.0}, version=1),
-    ]),
-    RolloutGroup(group_id="b", task_name="b", example={}, rollouts=[
-        rollout("b", 0, 0.5, 2, version=2), rollout("b", 1, 0.0, 6, version=2),
-        rollout("b", 2, None, 0, status=RolloutStatus.ERROR, version=2),
-    ]),
+    RolloutGroup(
+        group_id="a",
+        task_name="a",
+        example={},
+        rollouts=[
+            rollout("a", 0, 1.0, 4, components={"correct": 1.0}, version=1),
+            rollout("a", 1, 0.0, 8, status=RolloutStatus.TRUNCATED, components={"correct": 0.0}, version=1),
+        ],
+    ),
+    RolloutGroup(
+        group_id="b",
+        task_name="b",
+        example={},
+        rollouts=[
+            rollout("b", 0, 0.5, 2, version=2),
+            rollout("b", 1, 0.0, 6, version=2),
+            rollout("b", 2, None, 0, status=RolloutStatus.ERROR, version=2),
+        ],
+    ),
 ]
 
 
 def test_reward_metrics_overall_and_per_task():
     rollouts = [r for group in GROUPS for r in group.rollouts]
     assert reward_metrics(rollouts, "eval/reward") == {
-        "eval/reward/mean": 1.5 / 5, "eval/reward/correct": 1.0 / 5,
-        "eval/reward/a/mean": 0.5, "eval/reward/a/correct": 0.5, "eval/reward/b/mean": 0.5 / 3,
+        "eval/reward/mean": 1.5 / 5,
+        "eval/reward/correct": 1.0 / 5,
+        "eval/reward/a/mean": 0.5,
+        "eval/reward/a/correct": 0.5,
+        "eval/reward/b/mean": 0.5 / 3,
     }
 
 
@@ -52,9 +80,15 @@ def test_malformed_tool_calls_are_counted_per_task_not_failed_tool_runs():
     from rollouts.types import ToolCallError
 
     calling = rollout("a", 0, 1.0, 4)
-    calling.turns[0].tool_call_errors = [ToolCallError(kind="invalid_json", detail="x"), ToolCallError(kind="tool_failed", detail="y")]
+    calling.turns[0].tool_call_errors = [
+        ToolCallError(kind="invalid_json", detail="x"),
+        ToolCallError(kind="tool_failed", detail="y"),
+    ]
     other = rollout("b", 0, 1.0, 4)
-    other.turns[0].tool_call_errors = [ToolCallError(kind="unknown_tool", detail="z"), ToolCallError(kind="bad_arguments", detail="w")]
+    other.turns[0].tool_call_errors = [
+        ToolCallError(kind="unknown_tool", detail="z"),
+        ToolCallError(kind="bad_arguments", detail="w"),
+    ]
     metrics = rollout_metrics([RolloutGroup(group_id="g", task_name="a", example={}, rollouts=[calling, other])])
     assert metrics["rollouts/malformed_tool_calls"] == 3
     assert metrics["rollouts/a/malformed_tool_calls"] == 1 and metrics["rollouts/b/malformed_tool_calls"] == 2

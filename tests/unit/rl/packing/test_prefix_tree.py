@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 
 from rl.algorithms.config import AlgorithmConfig
 from rl.assets import resolve_model_path
-from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.packing.prefix_tree import check_trees, pack_batch, pack_trees, packing_metrics
+from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.training.distributed import pad_row
 from rl.training.logprobs import packed_logprobs
 from rl.training.train_step import train_step
@@ -45,7 +45,11 @@ def test_pack_trees_lays_out_the_trie_depth_first() -> None:
     assert batch["fwd_subtree_end"].tolist() == [[8, 8, 6, 5, 5, 6, 8, 8, 10, 10]]
     assert batch["sequence_ids"].tolist() == [[2] * 5 + [3] * 4 + [1] * 4 + [0] * 2]  # the logical row, in trie order
     assert batch["fwd_index"].tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 5, 0, 1, 6, 7, 8, 9]]
-    assert packing_metrics(batch) == {"train/packing_efficiency": 1.0, "train/forward_tokens": 10.0, "train/logical_tokens": 15.0}
+    assert packing_metrics(batch) == {
+        "train/packing_efficiency": 1.0,
+        "train/forward_tokens": 10.0,
+        "train/logical_tokens": 15.0,
+    }
 
 
 def test_a_tree_cut_by_a_row_boundary_repeats_its_shared_prefix() -> None:
@@ -68,7 +72,9 @@ def test_check_trees_catches_a_mask_that_leaks_a_branch_to_its_sibling() -> None
 def test_rows_are_a_multiple_of_the_ranks_and_a_padding_row_sees_only_itself() -> None:
     batch = pack_trees(_hand(), seq_len=16, pad_token_id=0, rows_multiple_of=2)
     assert batch.batch_size == torch.Size([2])
-    assert pack_trees(_hand(), seq_len=16, pad_token_id=0, min_rows=3).batch_size == torch.Size([3])  # K minibatches need K rows
+    assert pack_trees(_hand(), seq_len=16, pad_token_id=0, min_rows=3).batch_size == torch.Size(
+        [3]
+    )  # K minibatches need K rows
     pad = pad_row(batch)
     assert pad["fwd_parent"].tolist() == [[-1] * pad["fwd_parent"].shape[1]]
     assert pad["fwd_subtree_end"].tolist() == [list(range(1, pad["fwd_parent"].shape[1] + 1))]
@@ -99,9 +105,18 @@ def _groups(turns: int, seed: int, groups: int = 3, size: int = 4) -> list[Train
 def model(request):
     torch.manual_seed(0)
     if request.param == "tiny-qwen3":
-        return AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-qwen3"), dtype=torch.float32, attn_implementation="sdpa")
-    config = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, attn_implementation="sdpa")
+        return AutoModelForCausalLM.from_pretrained(
+            resolve_model_path("tiny-qwen3"), dtype=torch.float32, attn_implementation="sdpa"
+        )
+    config = LlamaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        attn_implementation="sdpa",
+    )
     return AutoModelForCausalLM.from_config(config)
 
 
@@ -149,20 +164,30 @@ def test_the_flex_attention_block_mask_gives_the_logprobs_of_independent_sequenc
     if not NATIVE_BF16:
         pytest.skip("FlexAttention's compiled CPU kernel gives NaN on CPUs without AVX512-BF16 (torch 2.13)")
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2)
+    config = LlamaConfig(
+        vocab_size=1000,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     sdpa = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     flex = AutoModelForCausalLM.from_config(config, attn_implementation="flex_attention")
     flex.load_state_dict(sdpa.state_dict())
     samples = _groups(2, seed=1)
     flat = pack_samples(samples, seq_len=24, pad_token_id=0)
     tree = pack_trees(samples, seq_len=24, pad_token_id=0)
-    assert len(tree) > 1 and packing_metrics(tree)["train/forward_tokens"] < packing_metrics(tree)["train/logical_tokens"]
+    assert (
+        len(tree) > 1 and packing_metrics(tree)["train/forward_tokens"] < packing_metrics(tree)["train/logical_tokens"]
+    )
     with torch.no_grad():
         expected = packed_logprobs(sdpa, flat, mask=flat["loss_mask"])  # [R,L]
         got = packed_logprobs(flex, tree, mask=tree["loss_mask"])
     for i in range(len(samples)):
-        torch.testing.assert_close(got[tree["sequence_ids"] == i], expected[flat["sequence_ids"] == i], atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            got[tree["sequence_ids"] == i], expected[flat["sequence_ids"] == i], atol=1e-5, rtol=0
+        )
 
 
 def test_every_forward_of_a_train_step_goes_through_the_tree(model) -> None:
@@ -175,15 +200,34 @@ def test_every_forward_of_a_train_step_goes_through_the_tree(model) -> None:
     def run(batch) -> tuple[dict, list[torch.Tensor]]:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-        metrics = train_step(model, optimizer, scheduler, split_micro_batches(batch, 1), algorithm, max_grad_norm=1e9,
-                             horizon=256, n_minibatches=2, reference=model)
+        metrics = train_step(
+            model,
+            optimizer,
+            scheduler,
+            split_micro_batches(batch, 1),
+            algorithm,
+            max_grad_norm=1e9,
+            horizon=256,
+            n_minibatches=2,
+            reference=model,
+        )
         return metrics, [p.grad.clone() for p in model.parameters()]
 
     batch = pack_batch(samples, seq_len=32, pad_token_id=0, prefix_sharing=True, rows_multiple_of=2)
     assert len(batch) >= 2
     tree, tree_grads = run(batch)
-    flat, flat_grads = run(batch.exclude(*[key for key in batch.keys() if key.startswith("fwd_")]))
-    for key in ("loss", "pg_loss", "kl", "ratio_mean", "entropy", "mismatch_k3", "rollout_corr/kl", "grad_norm", "num_loss_tokens"):
+    flat, flat_grads = run(batch.exclude(*[key for key in batch if key.startswith("fwd_")]))
+    for key in (
+        "loss",
+        "pg_loss",
+        "kl",
+        "ratio_mean",
+        "entropy",
+        "mismatch_k3",
+        "rollout_corr/kl",
+        "grad_norm",
+        "num_loss_tokens",
+    ):
         assert tree[key] == pytest.approx(flat[key], rel=1e-4, abs=1e-6), key
     for want, have in zip(flat_grads, tree_grads):
         torch.testing.assert_close(have, want, atol=1e-5, rtol=1e-4)
@@ -197,14 +241,24 @@ def _rank(rank: int, world: int, init_file: str, out: str) -> None:
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.manual_seed(0)
-    lm = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-qwen3"), dtype=torch.float32, attn_implementation="sdpa")
+    lm = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path("tiny-qwen3"), dtype=torch.float32, attn_implementation="sdpa"
+    )
     model = shard(lm, device="cpu", param_dtype=None)
     ranks = Ranks(rank, world)
     batch = pack_batch(_groups(2, seed=3), seq_len=24, pad_token_id=0, prefix_sharing=True, rows_multiple_of=world)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    metrics = train_step(model, optimizer, scheduler, rank_rows([batch], ranks, 1), AlgorithmConfig(), max_grad_norm=1e9,
-                         horizon=40, ranks=ranks)
+    metrics = train_step(
+        model,
+        optimizer,
+        scheduler,
+        rank_rows([batch], ranks, 1),
+        AlgorithmConfig(),
+        max_grad_norm=1e9,
+        horizon=40,
+        ranks=ranks,
+    )
     grads = {name: p.grad.full_tensor() for name, p in lm.named_parameters()}
     if rank == 0:
         torch.save({"metrics": metrics, "grads": grads}, out)
@@ -218,11 +272,15 @@ def test_two_ranks_of_tree_rows_give_the_gradient_of_independent_sequences() -> 
         mp.spawn(_rank, args=(2, os.path.join(tmp, "init"), out), nprocs=2, join=True)
         sharded = torch.load(out)
     torch.manual_seed(0)
-    lm = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-qwen3"), dtype=torch.float32, attn_implementation="sdpa")
+    lm = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path("tiny-qwen3"), dtype=torch.float32, attn_implementation="sdpa"
+    )
     optimizer = torch.optim.SGD(lm.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     flat = pack_samples(_groups(2, seed=3), seq_len=24, pad_token_id=0)
-    metrics = train_step(lm, optimizer, scheduler, split_micro_batches(flat, 1), AlgorithmConfig(), max_grad_norm=1e9, horizon=40)
+    metrics = train_step(
+        lm, optimizer, scheduler, split_micro_batches(flat, 1), AlgorithmConfig(), max_grad_norm=1e9, horizon=40
+    )
     for key in ("loss", "ratio_mean", "entropy", "grad_norm", "num_loss_tokens"):
         assert sharded["metrics"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key
     for name, p in lm.named_parameters():

@@ -2,17 +2,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-from rl.packing.rows import component_counts
-from rl.packing.rows import TrainSample, pack_samples, split_micro_batches, trim_padding
+from rl.packing.rows import TrainSample, component_counts, pack_samples, split_micro_batches, trim_padding
 from rl.training.logprobs import token_logprobs
 
 
 def _hand_samples() -> list[TrainSample]:
     return [
         TrainSample([11, 12, 13], [False, True, True], [0.0, -0.1, -0.2], advantages=1.0, policy_version=3),
-        TrainSample(
-            [21, 22, 23, 24, 25], [False, False, True, True, True], [0.0, 0.0, -0.3, -0.4, -0.5], -0.5, 2
-        ),
+        TrainSample([21, 22, 23, 24, 25], [False, False, True, True, True], [0.0, 0.0, -0.3, -0.4, -0.5], -0.5, 2),
         TrainSample([31, 32], [False, True], [0.0, -0.6], advantages=2.0, policy_version=3),
         # a multi-turn sample: the environment's token 43 sits between two sampled tokens
         TrainSample([41, 42, 43, 44], [False, True, False, True], [0.0, -0.7, 0.0, -0.8], 0.25, 1),
@@ -31,9 +28,7 @@ def test_pack_samples_first_fit_decreasing_hand_example() -> None:
     assert batch["loss_mask"].tolist() == [[F, F, T, T, T, F, T, T], [F, T, F, T, F, T, F, F]]
     torch.testing.assert_close(
         batch["sampling_logprobs"],
-        torch.tensor(
-            [[0.0, 0.0, -0.3, -0.4, -0.5, 0.0, -0.1, -0.2], [0.0, -0.7, 0.0, -0.8, 0.0, -0.6, 0.0, 0.0]]
-        ),
+        torch.tensor([[0.0, 0.0, -0.3, -0.4, -0.5, 0.0, -0.1, -0.2], [0.0, -0.7, 0.0, -0.8, 0.0, -0.6, 0.0, 0.0]]),
         atol=0,
         rtol=0,
     )
@@ -140,7 +135,8 @@ def test_masked_logprobs_equal_full_logprobs_on_the_mask_with_gradients(kind: st
     """The output layer on the masked positions only: same values and the same gradients as the full pass."""
     model = _tiny_model(kind, "sdpa")
     samples = [
-        TrainSample(list(range(3, 3 + n)), [False] * p + [True] * (n - p), [0.0] * n, 0.0, 0) for n, p in ((5, 2), (3, 1), (6, 4))
+        TrainSample(list(range(3, 3 + n)), [False] * p + [True] * (n - p), [0.0] * n, 0.0, 0)
+        for n, p in ((5, 2), (3, 1), (6, 4))
     ]
     batch = pack_samples(samples, seq_len=8, pad_token_id=0)
     mask = batch["loss_mask"]
@@ -169,7 +165,7 @@ def test_trim_padding_drops_only_columns_that_are_padding_in_every_row() -> None
     batch = pack_samples(samples[1:], seq_len=8, pad_token_id=99)  # rows: [3 + 2 | 3 pads]
     trimmed = trim_padding(batch)
     assert trimmed["input_ids"].tolist() == [[1, 1, 1, 2, 2]]
-    for key in batch.keys():
+    for key in batch:
         assert torch.equal(trimmed[key], batch[key][:, :5]), key
 
 

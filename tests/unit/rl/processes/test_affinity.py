@@ -12,6 +12,8 @@ def test_pin_process_takes_its_share_of_the_cores():
         "print(pin_process([0], rank=1, of=2), pin_process(None))"
     )
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout.split("\n")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    ).stdout.split("\n")
     assert out[0] == "[1] [1] 1"  # replica 1 of 2 on cores [0, 1] gets core 1
     assert out[1] == "[0] []"  # fewer cores than replicas: all share them; unset: no pinning

@@ -8,13 +8,12 @@ import sys
 import pytest
 import torch
 
+from rl.config import ConfigError, load_config
+from rl.metrics.reduce import StepStats, merge_all, step_metrics
 from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.processes.cluster import Placement, bootstrap_command
-from rl.config import ConfigError, load_config
 from rl.training.distributed import Ranks, rank_rows
-from rl.metrics.reduce import StepStats, merge_all, step_metrics
 from tests.support.paths import CONFIGS, E2E_CONFIGS
-
 
 
 def test_cpu_processes_without_env_get_monarchs_default_bootstrap():
@@ -46,16 +45,26 @@ def built_job(config_name: str) -> dict:
         "print(json.dumps({'type': type(job).__name__, 'active': job.active, 'meshes': getattr(job, '_meshes', None), "
         "'gpus_per_node': getattr(job, '_gpus_per_node', None), 'partition': getattr(job, '_partition', None)}))"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=CONFIGS.parent)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=CONFIGS.parent
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def test_shipped_slurm_config_builds_its_job_without_submitting():
     job = built_job("qwen3_8b_slurm_2x8.toml")
-    assert job == {"type": "SlurmJob", "active": False, "meshes": {"trainer": 1, "generator": 1}, "gpus_per_node": 8, "partition": "gpu"}
+    assert job == {
+        "type": "SlurmJob",
+        "active": False,
+        "meshes": {"trainer": 1, "generator": 1},
+        "gpus_per_node": 8,
+        "partition": "gpu",
+    }
 
 
-@pytest.mark.skipif(importlib.util.find_spec("kubernetes") is None, reason="the `kubernetes` package is not installed here")
+@pytest.mark.skipif(
+    importlib.util.find_spec("kubernetes") is None, reason="the `kubernetes` package is not installed here"
+)
 def test_shipped_kubernetes_config_builds_its_job_without_submitting():
     job = built_job("qwen3_8b_kubernetes_2x8.toml")
     assert job["type"] == "KubernetesJob" and not job["active"]
@@ -70,13 +79,28 @@ def test_shipped_process_config_puts_a_two_rank_trainer_and_the_generator_on_two
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"cluster.hosts": "{ trainer = 2 }", "cluster.scheduler": "'process'", "weight_sync.transport": "'torchstore'"},
-         "trainer.num_hosts = 1 but the cluster gives the trainer 2 host"),
+        (
+            {
+                "cluster.hosts": "{ trainer = 2 }",
+                "cluster.scheduler": "'process'",
+                "weight_sync.transport": "'torchstore'",
+            },
+            "trainer.num_hosts = 1 but the cluster gives the trainer 2 host",
+        ),
         ({"cluster.hosts": "{ generator = 2 }"}, "cluster.scheduler = 'local' has one host"),
-        ({"cluster.hosts": "{ generator = 1 }", "cluster.scheduler": "'process'"}, "set weight_sync.transport = 'torchstore'"),
+        (
+            {"cluster.hosts": "{ generator = 1 }", "cluster.scheduler": "'process'"},
+            "set weight_sync.transport = 'torchstore'",
+        ),
         ({"cluster.scheduler": "'kubernetes'"}, "needs a \\[cluster.kubernetes\\] section"),
-        ({"cluster.hosts": "{ generator = 2 }", "cluster.scheduler": "'slurm'", "weight_sync.transport": "'torchstore'"},
-         "generator.num_replicas \\(1\\) must be a multiple of cluster.hosts.generator"),
+        (
+            {
+                "cluster.hosts": "{ generator = 2 }",
+                "cluster.scheduler": "'slurm'",
+                "weight_sync.transport": "'torchstore'",
+            },
+            "generator.num_replicas \\(1\\) must be a multiple of cluster.hosts.generator",
+        ),
         ({"cluster.hosts": "{ learner = 1 }"}, "cluster.hosts.learner: Extra inputs are not permitted"),
     ],
 )
@@ -106,7 +130,9 @@ def test_statistics_of_two_ranks_merge_like_one_process():
     second.add("ratio", torch.tensor([2.0, 4.0]))
     second.add_total("loss", 0.25)
     spread = ("ratio",)
-    assert step_metrics(merge_all([first.states(), second.states()]), spread) == pytest.approx(step_metrics(one.states(), spread))
+    assert step_metrics(merge_all([first.states(), second.states()]), spread) == pytest.approx(
+        step_metrics(one.states(), spread)
+    )
     assert step_metrics(merge_all([first.states(), second.states()]), spread)["ratio_mean"] == pytest.approx(7 / 3)
 
 
@@ -131,7 +157,12 @@ class FakeHosts:
 def test_service_replicas_go_round_robin_over_their_hosts_each_on_its_own_gpus():
     config = load_config(
         E2E_CONFIGS / "tiny_qwen3_e2e.toml",
-        {"trainer.device": "cuda", "generator.device": "cuda", "generator.num_replicas": "4", "generator.tensor_parallel_size": "2"},
+        {
+            "trainer.device": "cuda",
+            "generator.device": "cuda",
+            "generator.num_replicas": "4",
+            "generator.tensor_parallel_size": "2",
+        },
     )
     placement = Placement(config.cluster, config.trainer, config.generator, config.models)
     spawned: list = []
@@ -145,8 +176,14 @@ def test_service_replicas_go_round_robin_over_their_hosts_each_on_its_own_gpus()
 def test_frozen_model_replicas_go_on_the_models_hosts_after_the_models_declared_before():
     config = load_config(
         E2E_CONFIGS / "tiny_qwen3_e2e.toml",
-        {"models.teacher.path": "tiny-qwen3", "models.teacher.device": "cuda", "models.teacher.replicas": "2",
-         "models.judge.path": "tiny-qwen3", "models.judge.device": "cuda", "models.judge.replicas": "2"},
+        {
+            "models.teacher.path": "tiny-qwen3",
+            "models.teacher.device": "cuda",
+            "models.teacher.replicas": "2",
+            "models.judge.path": "tiny-qwen3",
+            "models.judge.device": "cuda",
+            "models.judge.replicas": "2",
+        },
     )
     placement = Placement(config.cluster, config.trainer, config.generator, config.models)
     spawned: list = []
@@ -161,8 +198,14 @@ def test_frozen_model_replicas_go_on_the_models_hosts_after_the_models_declared_
 def test_frozen_model_replicas_on_the_launchers_host_take_the_gpus_after_the_trainer_and_generators(monkeypatch):
     config = load_config(
         E2E_CONFIGS / "tiny_qwen3_e2e.toml",
-        {"trainer.device": "cuda", "generator.device": "cuda", "generator.num_replicas": "2",
-         "models.judge.path": "tiny-qwen3", "models.judge.device": "cuda", "models.judge.replicas": "2"},
+        {
+            "trainer.device": "cuda",
+            "generator.device": "cuda",
+            "generator.num_replicas": "2",
+            "models.judge.path": "tiny-qwen3",
+            "models.judge.device": "cuda",
+            "models.judge.replicas": "2",
+        },
     )
     spawned: list = []
     monkeypatch.setattr("rl.processes.cluster.this_host", lambda: FakeHosts(1, spawned, host=0))

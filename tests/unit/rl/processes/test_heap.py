@@ -49,8 +49,7 @@ print(resident_mb() - before)
 def probe(mode: str) -> float:
     """fixed / default: MB still resident after 3 of 4 touched 4 MiB blocks are freed; trim / untrimmed: MB given
     back when 199 of 200 touched 96 KiB heap blocks are freed. In a fresh interpreter."""
-    result = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True,
-                            cwd=REPO)
+    result = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, check=True, cwd=REPO)
     return float(result.stdout)
 
 
@@ -93,8 +92,14 @@ print((libc.mallinfo2().uordblks - before) / 2**20)  # MB of heap still in use o
 
 
 def onednn_probe(mode: str) -> str:
-    result = subprocess.run([sys.executable, "-c", ONEDNN_PROBE, mode], capture_output=True, text=True, check=True,
-                            cwd=REPO, env={k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"})
+    result = subprocess.run(
+        [sys.executable, "-c", ONEDNN_PROBE, mode],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"},
+    )
     return result.stdout.strip().splitlines()[-1]
 
 
@@ -103,5 +108,7 @@ def test_reloaded_layers_leave_no_primitives_behind_once_the_shared_onednn_cache
     default = onednn_probe("default")
     if default == "unsupported":
         pytest.skip("this vLLM build has no oneDNN matmul")
-    assert float(default) >= 30  # 240 primitives (~0.3 MB each) kept by the process-wide cache after their handlers died
+    assert (
+        float(default) >= 30
+    )  # 240 primitives (~0.3 MB each) kept by the process-wide cache after their handlers died
     assert float(onednn_probe("off")) <= 5

@@ -10,11 +10,15 @@ from rl.processes.titles import role_of
 from tests.support.paths import REPO
 
 
-
 def test_a_named_process_keeps_its_command_line_and_environment():
     code = "from rl.processes.titles import name_process; import sys, time; name_process('frozen_judge/0#0'); print('named', flush=True); time.sleep(30)"
-    child = subprocess.Popen([sys.executable, "-c", code, "monarch"], cwd=REPO, env={**os.environ, "RLMESH_TEST_MARKER": "titles"},
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, "monarch"],
+        cwd=REPO,
+        env={**os.environ, "RLMESH_TEST_MARKER": "titles"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert child.stdout.readline().strip() == "named"
         process = psutil.Process(child.pid)

@@ -41,8 +41,17 @@ def test_ledger_counts_attempts_and_resubmissions():
 
 
 def group(statuses: list[RolloutStatus]) -> RolloutGroup:
-    rollouts = [Rollout(rollout_id=f"g/{i}", group_id="g", task_name="t", sample_index=i, status=s, error="boom" if s == RolloutStatus.ERROR else None)
-                for i, s in enumerate(statuses)]
+    rollouts = [
+        Rollout(
+            rollout_id=f"g/{i}",
+            group_id="g",
+            task_name="t",
+            sample_index=i,
+            status=s,
+            error="boom" if s == RolloutStatus.ERROR else None,
+        )
+        for i, s in enumerate(statuses)
+    ]
     return RolloutGroup(group_id="g", task_name="t", example={}, rollouts=rollouts)
 
 
@@ -66,14 +75,18 @@ def test_breaker_opens_on_consecutive_failures_once():
 
 def test_breaker_opens_when_the_windows_failure_rate_exceeds_the_limit():
     opened: list[str] = []
-    breaker = CircuitBreaker(BreakerConfig(max_consecutive_failed_groups=10, window_groups=4, max_failure_rate=0.5), opened.append)
+    breaker = CircuitBreaker(
+        BreakerConfig(max_consecutive_failed_groups=10, window_groups=4, max_failure_rate=0.5), opened.append
+    )
     for failed in (True, False, True):  # 2 of 3, but the window is not full yet
         breaker.record(failed)
     breaker.record(False)  # (T, F, T, F): 2 of 4 = 0.5, not above the limit
     breaker.record(True)  # (F, T, F, T): 2 of 4
     assert opened == []
     breaker.record(True)  # (T, F, T, T) = 3 of 4 = 0.75 > 0.5
-    assert opened == ["rollout circuit breaker: 3 of the last 4 groups failed (services.breaker.max_failure_rate = 0.5); last error: "]
+    assert opened == [
+        "rollout circuit breaker: 3 of the last 4 groups failed (services.breaker.max_failure_rate = 0.5); last error: "
+    ]
 
 
 async def test_a_dead_replicas_requests_go_to_the_other_and_a_prepared_replacement_takes_its_place():
@@ -91,7 +104,9 @@ async def test_a_dead_replicas_requests_go_to_the_other_and_a_prepared_replaceme
     assert host.actors["generator_0_0"].calls == [("generate", "seed=7")]
     assert service.handle_failure(Failure(f"generator_0_0_s{service._serial}-Ab3xYz"))
     assert not service.handle_failure(Failure("trainer-Ab3xYz"))
-    assert service.handle_failure(Failure(f"generator_1_0_s{service._serial + 1}-Ab3xYz"))  # another run's replica, reported late: ignored
+    assert service.handle_failure(
+        Failure(f"generator_1_0_s{service._serial + 1}-Ab3xYz")
+    )  # another run's replica, reported late: ignored
     late: list[str] = []
     hook = after_run_fault_hook([service], late.append)
     for name in (f"generator_0_0_s{service._serial}-Ab3xYz", "logger-Ab3xYz", "trainer-Ab3xYz"):
@@ -104,7 +119,10 @@ async def test_a_dead_replicas_requests_go_to_the_other_and_a_prepared_replaceme
     metrics = service.metrics()
     assert metrics["services/generator/restarts"] == 1 and metrics["services/generator/resubmitted_requests"] == 1
     assert metrics["services/generator/healthy_replicas"] == 2
-    assert (metrics["services/generator/replica_0/requests"], metrics["services/generator/replica_1/requests"]) == (1, 1)
+    assert (metrics["services/generator/replica_0/requests"], metrics["services/generator/replica_1/requests"]) == (
+        1,
+        1,
+    )
     await service.stop()
 
 
@@ -149,7 +167,9 @@ async def test_the_run_stops_when_the_restart_budget_leaves_too_few_replicas():
 
 async def test_endpoints_are_typed_handles_that_route_to_one_replica_or_fan_out_to_all():
     service = make_service(FakeHost())
-    service.actor_class = type("DeclaredEndpoints", (), {"generate": None, "update": None})  # what the actor class declares
+    service.actor_class = type(
+        "DeclaredEndpoints", (), {"generate": None, "update": None}
+    )  # what the actor class declares
     await service.start()
     assert await service.generate.route(1, key="row=0") == ("generator_0_0", 1)
     assert await service.update.fanout(3, timeout_s=1.0) == [3, 3]
@@ -189,7 +209,10 @@ def test_services_config_is_validated_with_the_key_named():
     with pytest.raises(ConfigError, match=r"min_healthy_replicas \(2\) exceeds the 1 replicas of generator"):
         load_config(None, {"services.generator.min_healthy_replicas": "2"})
     config = load_config(None, {"generator.num_replicas": "2", "services.generator.min_healthy_replicas": "2"})
-    assert config.services.generator.min_healthy_replicas == 2 and config.services.breaker.max_consecutive_failed_groups == 16
+    assert (
+        config.services.generator.min_healthy_replicas == 2
+        and config.services.breaker.max_consecutive_failed_groups == 16
+    )
 
 
 async def test_service_counters_continue_from_a_checkpoints_counters():

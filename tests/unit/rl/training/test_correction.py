@@ -1,16 +1,16 @@
 """Rollout correction against hand-computed numbers: IS weights, rejection, veto, diagnostics, presets."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 from tensordict import TensorDict
-from types import SimpleNamespace
 
-from rl.training import correction
 from rl.algorithms.config import AlgorithmConfig, RolloutCorrectionConfig
-from rl.packing.rows import local_sequences
 from rl.metrics.reduce import StepStats
+from rl.packing.rows import local_sequences
+from rl.training import correction
 from rl.training.train_step import train_step
 
 P = "rollout_corr/"
@@ -35,7 +35,9 @@ def test_token_is_weights_bounded_truncated_and_zero_off_the_mask():
     assert keep.tolist() == MASK.tolist()  # IS never rejects
     assert m[P + "rollout_is_mean"] == pytest.approx((3 + 0.5 + 1e-5) / 3)
     assert m[P + "rollout_is_max"] == pytest.approx(3.0) and m[P + "rollout_is_min"] == pytest.approx(1e-5)
-    assert m[P + "rollout_is_std"] == pytest.approx(torch.tensor([3, 0.5, 1e-5], dtype=torch.float64).std(unbiased=False).item())
+    assert m[P + "rollout_is_std"] == pytest.approx(
+        torch.tensor([3, 0.5, 1e-5], dtype=torch.float64).std(unbiased=False).item()
+    )
     assert m[P + "rollout_is_ratio_fraction_high"] == pytest.approx(1 / 3)  # 3 > 2.5
     assert m[P + "rollout_is_ratio_fraction_low"] == pytest.approx(1 / 3)  # 1e-5 < 1/2.5
     # sequence ratios 3 * 0.5 = 1.5 and 1e-5
@@ -56,7 +58,15 @@ def test_sequence_safety_bound_keeps_weights_finite():
     stats = StepStats()
     index, count = local_sequences(SEQUENCE_IDS)
     train = ROLLOUT + torch.where(MASK, 30.0, 0.0)  # sequence 0: log ratio 60, unbounded e^60
-    weights, _ = correction.correct(train, ROLLOUT, MASK, index, count, RolloutCorrectionConfig(rollout_is="sequence", rollout_is_threshold=1e9), stats)
+    weights, _ = correction.correct(
+        train,
+        ROLLOUT,
+        MASK,
+        index,
+        count,
+        RolloutCorrectionConfig(rollout_is="sequence", rollout_is_threshold=1e9),
+        stats,
+    )
     assert weights[0, 1].item() == pytest.approx(math.exp(20), rel=1e-6)  # bounded at e^20 before truncation
 
 
@@ -108,7 +118,9 @@ def test_offpolicy_diagnostics_hand_computed():
     assert m[P + "rollout_ppl"] == pytest.approx(math.e)
     assert m[P + "log_ppl_diff"] == pytest.approx(sum(diffs) / 2)
     assert m[P + "log_ppl_abs_diff"] == pytest.approx(sum(abs(d) for d in diffs) / 2)
-    assert m[P + "log_ppl_diff_max"] == pytest.approx(max(diffs)) and m[P + "log_ppl_diff_min"] == pytest.approx(min(diffs))
+    assert m[P + "log_ppl_diff_max"] == pytest.approx(max(diffs)) and m[P + "log_ppl_diff_min"] == pytest.approx(
+        min(diffs)
+    )
     assert m[P + "ppl_ratio"] == pytest.approx(math.exp(-sum(diffs) / 2))
 
 
@@ -124,7 +136,9 @@ class UnigramLM(torch.nn.Module):
 
     def get_decoder(self):
         """Hidden state 1 at every position (the output layer reads only trained positions, `rl.training.logprobs`)."""
-        return lambda input_ids, position_ids=None, use_cache=False: SimpleNamespace(last_hidden_state=torch.ones(*input_ids.shape, 1))
+        return lambda input_ids, position_ids=None, use_cache=False: SimpleNamespace(
+            last_hidden_state=torch.ones(*input_ids.shape, 1)
+        )
 
     def get_output_embeddings(self):
         return lambda hidden: hidden * self.logits  # [N,1] -> [N,V]
@@ -171,7 +185,7 @@ def test_rejected_tokens_leave_the_loss_and_its_normalizer():
 
 
 def test_pg_is_preset_weights_the_policy_gradient_and_batch_normalization_and_ess():
-    metrics, grad = _step(preset="pg_is", rollout_is_threshold=2.0)
+    metrics, _grad = _step(preset="pg_is", rollout_is_threshold=2.0)
     # sequence weights min(1.5, 2) = 1.5 on tokens 1, 2 (A +1) and 1e-5 on token 4 (A -1); loss -w*A / 3
     assert metrics["loss"] == pytest.approx((-1.5 - 1.5 + 1e-5) / 3)
     # ESS over sequences of the final weights [1.5, 1e-5]: mean^2 / mean of squares
@@ -208,7 +222,10 @@ def test_presets_fill_unset_keys_and_yield_to_explicit_ones():
         (dict(rollout_rs_threshold=0.0, rollout_rs="token"), "rollout_rs_threshold must be positive"),
         (dict(rollout_token_veto_threshold=-1e-4), "rollout_token_veto_threshold must be positive"),
         (dict(rollout_rs="token"), "rollout_rs is set but rollout_rs_threshold is not"),
-        (dict(rollout_rs="token", rollout_rs_threshold=2.0, rollout_rs_threshold_lower=3.0), "rollout_rs_threshold_lower .* is above"),
+        (
+            dict(rollout_rs="token", rollout_rs_threshold=2.0, rollout_rs_threshold_lower=3.0),
+            "rollout_rs_threshold_lower .* is above",
+        ),
         (dict(use_policy_gradient=True, bypass_mode=False), "use_policy_gradient needs bypass_mode"),
         (dict(preset="nope"), "preset"),
     ],
@@ -230,7 +247,9 @@ def test_kl_in_reward_moves_the_sequence_kl_into_the_advantages():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     algorithm = AlgorithmConfig(kl_coef=0.1, kl_estimator="k1", kl_in_reward=True)
-    metrics = train_step(model, optimizer, scheduler, [_batch()], algorithm, max_grad_norm=1e9, horizon=6, reference=reference)
+    metrics = train_step(
+        model, optimizer, scheduler, [_batch()], algorithm, max_grad_norm=1e9, horizon=6, reference=reference
+    )
     a0 = 1 - 0.1 * math.log(32 / 27)
     a1 = -1 - 0.1 * (math.log(4 / 3) - math.log(1e-5))
     assert metrics["loss"] == pytest.approx((-1.28 * a0 - 0.5 * a0 - 0.8 * a1) / 3, abs=1e-6)  # float32 cancellation
@@ -241,8 +260,12 @@ def test_overriding_a_presets_upper_bound_takes_its_reciprocal_as_the_lower():
     # seed: rollout_rs_threshold_lower unset = 1 / rollout_rs_threshold; the preset's literal 0.5 belongs to its 2.0
     assert RolloutCorrectionConfig(preset="decoupled_seq_is_rs").rs_lower == 0.5
     assert RolloutCorrectionConfig(preset="decoupled_seq_is_rs", rollout_rs_threshold=4.0).rs_lower == 0.25
-    assert RolloutCorrectionConfig(preset="decoupled_geo_rs", rollout_rs_threshold=1.01).rs_lower == pytest.approx(1 / 1.01)
-    both = RolloutCorrectionConfig(preset="decoupled_seq_is_rs", rollout_rs_threshold=4.0, rollout_rs_threshold_lower=0.1)
+    assert RolloutCorrectionConfig(preset="decoupled_geo_rs", rollout_rs_threshold=1.01).rs_lower == pytest.approx(
+        1 / 1.01
+    )
+    both = RolloutCorrectionConfig(
+        preset="decoupled_seq_is_rs", rollout_rs_threshold=4.0, rollout_rs_threshold_lower=0.1
+    )
     assert both.rs_lower == 0.1
 
 
@@ -256,4 +279,7 @@ def test_sequence_is_diagnostics_stay_finite_past_exp_overflow():
     m = correction.correction_metrics(stats.states())
     assert m[P + "rollout_is_seq_max"] == pytest.approx(485165195.40979, rel=1e-9)
     assert m[P + "rollout_is_seq_mean"] == pytest.approx((485165195.40979 + 1) / 2, rel=1e-9)
-    assert all(math.isfinite(m[P + key]) for key in ("rollout_is_seq_mean", "rollout_is_seq_std", "rollout_is_seq_max_deviation"))
+    assert all(
+        math.isfinite(m[P + key])
+        for key in ("rollout_is_seq_mean", "rollout_is_seq_std", "rollout_is_seq_max_deviation")
+    )

@@ -5,8 +5,8 @@ import torch
 from tensordict import TensorDict
 
 from rl.algorithms.config import AlgorithmConfig
-from rl.packing.rows import component_counts
 from rl.metrics.reduce import StepStats, merge_all, step_metrics
+from rl.packing.rows import component_counts
 from rl.training.losses import compute_loss, k3_kl, kl_estimate, ppo_clip_token_loss
 
 LN2 = math.log(2.0)
@@ -29,9 +29,7 @@ def test_ppo_clip_token_loss_values_gradients_and_clip_flags() -> None:
     sampling_logprobs = torch.zeros(1, 9)
     advantages = torch.tensor([[1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, -2.0, 0.0]])
 
-    loss, clipped = ppo_clip_token_loss(
-        logprobs, sampling_logprobs, advantages, clip_eps_low=0.2, clip_eps_high=0.28
-    )
+    loss, clipped = ppo_clip_token_loss(logprobs, sampling_logprobs, advantages, clip_eps_low=0.2, clip_eps_high=0.28)
     loss.sum().backward()
 
     torch.testing.assert_close(
@@ -78,7 +76,9 @@ def test_k3_loss_term_is_clamped_to_ten_like_verl_and_skyrl() -> None:
     k3 = kl_estimate(logprobs, torch.zeros(4, dtype=torch.float64), estimator="k3")
     k3.sum().backward()
     torch.testing.assert_close(k3, torch.tensor([4.38905610, 10.0, 10.0, 10.0], dtype=torch.float64), atol=1e-8, rtol=0)
-    torch.testing.assert_close(logprobs.grad, torch.tensor([-6.38905610, 0.0, 0.0, 0.0], dtype=torch.float64), atol=1e-8, rtol=0)
+    torch.testing.assert_close(
+        logprobs.grad, torch.tensor([-6.38905610, 0.0, 0.0, 0.0], dtype=torch.float64), atol=1e-8, rtol=0
+    )
 
 
 def test_dual_clip_bounds_negative_advantage_tokens() -> None:
@@ -103,7 +103,9 @@ def test_k1_and_k2_estimators_values_gradients_and_clamp() -> None:
     (grad_k2,) = torch.autograd.grad(k2.sum(), logprobs)
     torch.testing.assert_close(k1, torch.tensor([0.0, LN2, -LN2, 20.0], dtype=torch.float64))
     torch.testing.assert_close(grad_k1, torch.tensor([1.0, 1.0, 1.0, 0.0], dtype=torch.float64))
-    torch.testing.assert_close(k2, torch.tensor([0.0, 0.24022651, 0.24022651, 200.0], dtype=torch.float64), atol=1e-8, rtol=0)
+    torch.testing.assert_close(
+        k2, torch.tensor([0.0, 0.24022651, 0.24022651, 200.0], dtype=torch.float64), atol=1e-8, rtol=0
+    )
     torch.testing.assert_close(grad_k2, torch.tensor([0.0, LN2, -LN2, 0.0], dtype=torch.float64))
 
 
@@ -238,7 +240,7 @@ def test_a_component_weight_scales_its_loss_and_gradient(alpha, aggregation) -> 
     # token-mean alpha * (2 + 1.69314718) / 2 tokens; seq-mean-token-mean the same (1 token per sequence, 2 sequences).
     # Gradient -alpha / 2 on each: alpha scales the component, where a Σw normalizer would cancel it.
     logprobs, batch = _hand_batch(rl=torch.zeros(1, 6), ce=torch.tensor([[0.0, 0.0, alpha, 0.0, alpha, 0.0]]))
-    loss, grads, metrics = _loss(batch, logprobs, aggregation=aggregation)
+    _, grads, metrics = _loss(batch, logprobs, aggregation=aggregation)
     assert metrics["ce_loss"] == pytest.approx(alpha * 1.84657359, rel=1e-6)
     assert grads == pytest.approx([0.0, 0.0, -alpha / 2, 0.0, -alpha / 2, 0.0], rel=1e-6, abs=1e-12)
 
@@ -292,7 +294,9 @@ def _eight_sequences() -> TensorDict:
     return batch
 
 
-@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
 @pytest.mark.parametrize("loss_type", ["ppo", "gspo", "cispo", "pg"])
 def test_loss_and_gradient_do_not_depend_on_micro_batches_or_ranks(aggregation, loss_type) -> None:
     batch = _eight_sequences()
@@ -307,7 +311,9 @@ def test_loss_and_gradient_do_not_depend_on_micro_batches_or_ranks(aggregation, 
         for micro_batches in ranks:
             rank_stats = StepStats()
             for micro in micro_batches:
-                loss = compute_loss(_policy_logprobs(weights, micro["input_ids"]), micro, counts, algorithm, rank_stats, horizon=8)
+                loss = compute_loss(
+                    _policy_logprobs(weights, micro["input_ids"]), micro, counts, algorithm, rank_stats, horizon=8
+                )
                 loss.backward()  # gradients of all ranks summed, as an all-reduce (sum) would
                 total += loss.item()
             stats.append(rank_stats.states())

@@ -9,11 +9,11 @@ from transformers import AutoModelForCausalLM
 
 from actors.trainer import lr_lambda
 from rl.algorithms.config import AlgorithmConfig
-from rl.training.losses import ppo_clip_token_loss
 from rl.assets import resolve_model_path
-from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.config.roles import TrainerConfig
+from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.training.logprobs import token_logprobs
+from rl.training.losses import ppo_clip_token_loss
 from rl.training.train_step import train_step
 
 SEQ_LEN = 24
@@ -39,7 +39,9 @@ def _samples(model, n=8, seed=0, **streams) -> list[TrainSample]:
         noise = torch.randn(length, generator=generator) * 0.3
         sampling = [float(own[t] + noise[t]) if mask[t] else 0.0 for t in range(length)]
         advantage = float(torch.randn((), generator=generator))
-        samples.append(TrainSample(ids, mask, sampling, advantage, 0, **{k: v(length, mask) for k, v in streams.items()}))
+        samples.append(
+            TrainSample(ids, mask, sampling, advantage, 0, **{k: v(length, mask) for k, v in streams.items()})
+        )
     return samples
 
 
@@ -52,8 +54,15 @@ def _grads(model, samples, micro_batch_size, algorithm=AlgorithmConfig(), max_gr
     """Gradients left by one train_step (no zero_grad here: train_step must clear the previous call's)."""
     optimizer, scheduler = _sgd(model)
     batch = pack_samples(samples, seq_len=SEQ_LEN, pad_token_id=0)
-    metrics = train_step(model, optimizer, scheduler, split_micro_batches(batch, micro_batch_size), algorithm,
-                         max_grad_norm=max_grad_norm, horizon=SEQ_LEN)
+    metrics = train_step(
+        model,
+        optimizer,
+        scheduler,
+        split_micro_batches(batch, micro_batch_size),
+        algorithm,
+        max_grad_norm=max_grad_norm,
+        horizon=SEQ_LEN,
+    )
     return [p.grad.clone() for p in model.parameters()], metrics
 
 
@@ -119,11 +128,16 @@ def test_k_minibatches_are_k_optimizer_steps_and_the_lr_schedule_counts_them(bas
     # batch equals two K = 1 calls on its halves, schedule included.
     k2, halves = copy.deepcopy(base_model), copy.deepcopy(base_model)
     results = []
-    for model, calls in ((k2, [(micro_batches, 2)]), (halves, [(micro_batches[: len(micro_batches) // 2], 1), (micro_batches[len(micro_batches) // 2 :], 1)])):
+    for model, calls in (
+        (k2, [(micro_batches, 2)]),
+        (halves, [(micro_batches[: len(micro_batches) // 2], 1), (micro_batches[len(micro_batches) // 2 :], 1)]),
+    ):
         optimizer = torch.optim.AdamW(model.parameters(), lr=trainer_config.lr)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(trainer_config, total_steps=4))
         for mbs, k in calls:
-            metrics = train_step(model, optimizer, scheduler, mbs, AlgorithmConfig(), max_grad_norm=1.0, horizon=SEQ_LEN, n_minibatches=k)
+            metrics = train_step(
+                model, optimizer, scheduler, mbs, AlgorithmConfig(), max_grad_norm=1.0, horizon=SEQ_LEN, n_minibatches=k
+            )
         results.append(metrics["lr"])
     for p_k2, p_halves in zip(k2.parameters(), halves.parameters()):
         torch.testing.assert_close(p_k2, p_halves, atol=1e-7, rtol=0)
@@ -138,14 +152,18 @@ def test_decoupled_mode_anchors_on_old_policy_computed_once(base_model):
     model = copy.deepcopy(base_model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # weights stay π_old: every ratio is exactly 1
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    metrics = train_step(model, optimizer, scheduler, micro_batches, algorithm, max_grad_norm=1.0, horizon=SEQ_LEN, n_minibatches=2)
-    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["ratio_max"] == pytest.approx(1.0, abs=1e-6)
+    metrics = train_step(
+        model, optimizer, scheduler, micro_batches, algorithm, max_grad_norm=1.0, horizon=SEQ_LEN, n_minibatches=2
+    )
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and metrics["ratio_max"] == pytest.approx(
+        1.0, abs=1e-6
+    )
     assert metrics["clip_frac_low"] == 0 and metrics["clip_frac_high"] == 0
     assert metrics["rollout_corr/k3_kl"] > 0  # the sampler's noise is still measured
 
 
 def test_all_empty_batch_runs_a_zero_gradient_backward(base_model):
-    zero = lambda n, mask: [0.0] * n  # noqa: E731
+    zero = lambda n, mask: [0.0] * n
     samples = _samples(base_model, n=3, rl_weights=zero)
     grads, metrics = _grads(base_model, samples, 2)
     assert all(g is not None and float(g.abs().sum()) == 0 for g in grads)
@@ -160,7 +178,7 @@ def test_nonfinite_sampler_logprobs_are_masked_and_counted(base_model):
     extra.sampling_logprobs = [float("nan") if m else 0.0 for m in extra.loss_mask]
     extra.sampling_logprobs[-1] = float("-inf")
     # the poisoned sample's tokens are all dropped: the other samples' gradient is unchanged
-    grads, metrics = _grads(base_model, poisoned + [extra], 2)
+    grads, metrics = _grads(base_model, [*poisoned, extra], 2)
     assert metrics["nonfinite_logprob_tokens"] == sum(extra.loss_mask)
     for g_clean, g in zip(clean_grads, grads):
         assert torch.isfinite(g).all()
@@ -192,6 +210,14 @@ def test_ppo_kl_is_zero_with_one_minibatch_and_positive_once_the_inner_loop_drif
         model = copy.deepcopy(base_model)
         optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-        kl[k] = train_step(model, optimizer, scheduler, micro_batches, AlgorithmConfig(), max_grad_norm=1e9, horizon=SEQ_LEN,
-                           n_minibatches=k)["ppo_kl"]
+        kl[k] = train_step(
+            model,
+            optimizer,
+            scheduler,
+            micro_batches,
+            AlgorithmConfig(),
+            max_grad_norm=1e9,
+            horizon=SEQ_LEN,
+            n_minibatches=k,
+        )["ppo_kl"]
     assert kl[1] == 0.0 and kl[2] > 1e-6
