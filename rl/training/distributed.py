@@ -51,14 +51,24 @@ class Ranks:
             dist.barrier()
 
 
+def process_group_backend(device: str) -> str:
+    """The group's backend per tensor device: gloo on CPU; on GPU NCCL for CUDA tensors and gloo for CPU ones.
+
+    NCCL has no CPU backend, and a step's collectives are not all on the GPU: the loss normalizers
+    (`component_counts`), the token count and the IS batch normalizer are a few float64 numbers built on the
+    CPU on purpose (no device sync per micro-batch), and object gathers pickle into CPU memory.
+    """
+    return "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
+
+
 def init_process_group(device: str) -> Ranks:
     """Join the trainer's group from RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT (set by `rl.processes.trainer_mesh`).
 
-    gloo on CPU, NCCL on GPU (each process sees only its own GPU, so it is cuda:0).
+    Backends: `process_group_backend` (each GPU process sees only its own GPU, so it is cuda:0).
     """
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=world)
+        dist.init_process_group(process_group_backend(device), rank=rank, world_size=world)
     return Ranks(rank, world)
 
 
