@@ -64,7 +64,7 @@ def _auto_renderer_name(tokenizer: PreTrainedTokenizerBase) -> str:
 class RendererConfig(BaseModel):
     """Which chat renderer to build for a model."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     name: str = "auto"
     """A `renderers` config name ("qwen3", "default", "llama-3", ...) or "auto"."""

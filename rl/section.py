@@ -1,6 +1,7 @@
 """The base of every config section, and the words sections share (device, dtype).
 
-A section forbids unknown keys and validates assignments, so a typo fails before any actor starts.
+A section forbids unknown keys and validates assignments, so a typo fails before any actor starts. The docstring
+under a field is its description (`use_attribute_docstrings`): `rl.config.reference` writes them into the docs.
 The torch dtype of a `DType` word is `rl.precision.TORCH_DTYPES` (this module stays free of torch).
 """
 
@@ -15,4 +16,4 @@ DType = Literal["float32", "bfloat16", "float16"]
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)

@@ -24,7 +24,7 @@ from rollouts.types import Completion, GenerationRequest, Message, Rollout, Roll
 class RendererEnvConfig(BaseModel):
     """Limits of one rollout."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     max_prompt_tokens: int = Field(512, gt=0)
     """A prompt longer than this ends the rollout without generating (PROMPT_OVERFLOW)."""
@@ -33,6 +33,7 @@ class RendererEnvConfig(BaseModel):
     max_total_tokens: int = Field(1024, gt=0)
     """Most tokens of the whole conversation (prompt + all completions); bounds training length."""
     max_turns: int = Field(1, gt=0)
+    """Most assistant turns of one rollout; the environment may end it earlier (`StepOutput(done=True)`)."""
     env_timeout_s: float = Field(30.0, gt=0)
     """Longest an environment `reset` or `step` may take before the rollout becomes TIMEOUT."""
 

@@ -39,8 +39,11 @@ class FrozenModelConfig(Section):
     path: str
     """HF folder, hub id, or a built-in offline asset ("tiny-qwen3", ...)."""
     dtype: DType = "float32"
+    """Weights dtype of its generators."""
     device: Device = "cpu"
+    """Where its generators run."""
     replicas: int = Field(1, ge=1)
+    """Generator replicas serving it (`[services.models]` sets their deadlines and restarts)."""
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -83,14 +86,17 @@ class RolloutCorrectionConfig(Section):
     """
 
     preset: Literal[tuple(PRESETS)] | None = None  # type: ignore[valid-type]
+    """Fills the correction keys a config leaves unset (the presets are listed in docs/algorithms.md)."""
     rollout_is: Literal["token", "sequence"] | None = None
     """Importance weights π_train/π_rollout per token or per sequence (product), truncated at the threshold."""
     rollout_is_threshold: float = 2.0
+    """Upper truncation of the IS weights."""
     rollout_is_batch_normalize: bool = False
     """Rescale the truncated weights to mean 1 over the step (token: all tokens; sequence: per sequence)."""
     rollout_rs: Literal["token", "sequence", "geometric"] | None = None
     """Rejection of tokens / sequences whose ratio leaves [lower, upper]; geometric = per-token geometric mean."""
     rollout_rs_threshold: float | None = None
+    """Upper bound of the rejection interval; required with `rollout_rs`."""
     rollout_rs_threshold_lower: float | None = None
     """None = 1 / rollout_rs_threshold."""
     rollout_token_veto_threshold: float | None = None
@@ -166,28 +172,41 @@ class EchoRoleWeights(Section):
     """echo: cross-entropy weight of environment tokens by the role of the message they render."""
 
     system: float = Field(0.0, ge=0)
+    """Weight of the tokens of system messages."""
     user: float = Field(0.0, ge=0)
+    """Weight of the tokens of user messages the environment adds."""
     assistant: float = Field(0.0, ge=0)
+    """Weight of the tokens of assistant messages the environment adds (not the policy's own replies)."""
     tool: float = Field(0.1, ge=0)
+    """Weight of the tokens of tool results."""
 
 
 class TaskAlgorithmConfig(Section):
     """How a task's scored groups become training samples. Every field left unset comes from `[algorithm]`."""
 
     type: AlgorithmType | None = None
+    """As `algorithm.type`, for this task."""
     normalize_advantage_std: bool | None = None
+    """As `algorithm.normalize_advantage_std`, for this task."""
     drop_constant_reward_groups: bool | None = None
+    """As `algorithm.drop_constant_reward_groups`, for this task."""
     custom_advantage_fn: str | None = None
+    """As `algorithm.custom_advantage_fn`, for this task."""
     teacher: str | None = None
+    """As `algorithm.teacher`, for this task."""
     sampler: str | None = None
+    """As `algorithm.sampler`, for this task."""
     demo_key: str | None = None
+    """As `algorithm.demo_key`, for this task."""
     echo_role_weights: EchoRoleWeights | None = None
+    """As `algorithm.echo_role_weights`, for this task."""
 
 
 class AlgorithmConfig(Section):
     type: AlgorithmType = "grpo"
-    """How advantages and loss weights are assigned (see the README's Algorithms section)."""
+    """How advantages and loss weights are assigned: a registered algorithm or `package.module:Class` (docs/algorithms.md)."""
     group_size: int = Field(8, ge=1)
+    """Samples per row; the group-relative algorithms (grpo, rloo, max_rl, reinforce_pp, echo) need at least 2."""
     normalize_advantage_std: bool = False
     """grpo: divide the centred rewards by the group's std (original GRPO) instead of Dr.GRPO's plain centring."""
     drop_constant_reward_groups: bool = False
@@ -204,21 +223,32 @@ class AlgorithmConfig(Section):
     """echo: cross-entropy weight of environment tokens by message role (tool-response bodies at 0.1)."""
 
     loss: Literal["ppo", "gspo", "cispo", "pg"] = "ppo"
+    """The policy loss: "ppo" (clipped token ratio), "gspo" (sequence ratio), "cispo" (clipped IS weight: no token
+    loses its gradient), "pg" (plain IS-weighted policy gradient)."""
     clip_eps_low: float = Field(0.2, ge=0)
+    """The ratio's lower clip, 1 - clip_eps_low."""
     clip_eps_high: float = Field(0.28, ge=0)
+    """The ratio's upper clip, 1 + clip_eps_high: 0.28 > 0.2 is DAPO's clip-higher, which lets unlikely tokens that
+    did well grow."""
     dual_clip_c: float | None = Field(None, gt=1)
     """ppo: bound the loss of negative-advantage tokens at -c·A (dual-clip PPO); None = off."""
     aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] = (
         "token-mean"
     )
-    """Unset: "seq-mean-token-mean" for gspo (one mean per sequence, as the paper, verl and SkyRL), else "token-mean"."""
+    """How per-token losses become one number: "token-mean" over all tokens, "seq-mean-token-mean" a mean per sequence then
+    over sequences, "seq-mean-token-sum" sums per sequence, "-norm" those divided by `trainer.seq_len`. Unset:
+    "seq-mean-token-mean" for gspo (one mean per sequence, as the paper, verl and SkyRL), else "token-mean"."""
     kl_coef: float = Field(0.0, ge=0)
     """Weight of the KL to a frozen copy of the initial policy; 0 loads no reference."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Estimator of KL(π_θ ‖ π_ref) per sampled token, k1 = log π_θ - log π_ref: "k1" (unbiased, may be negative),
+    "k2" (k1²/2), "k3" (exp(-k1) + k1 - 1: unbiased and ≥ 0, clamped to [-10, 10] as verl and SkyRL)."""
     kl_log_ratio_clamp: float = Field(20.0, gt=0)
+    """The log ratio k1 is clamped to ±this before any KL estimate, so one extreme token cannot swamp the loss."""
     kl_in_reward: bool = False
     """Fold -kl_coef·KL(sequence) into every token's advantage instead of adding a loss term."""
     rollout_correction: RolloutCorrectionConfig = RolloutCorrectionConfig()
+    """Measures, and optionally corrects, the gap between the sampler (π_rollout) and the trainer."""
 
     @model_validator(mode="before")
     @classmethod

@@ -11,8 +11,12 @@ from rl.section import Section
 
 class WandbConfig(Section):
     enabled: bool = True
+    """Log metrics and sample tables to wandb."""
     mode: Literal["offline", "online", "disabled"] = "offline"
+    """"offline": a local wandb run under the run directory (`wandb sync` uploads it later); "online" needs a
+    network and a login."""
     project: str = "rlmesh"
+    """The wandb project."""
 
 
 RankCut = Annotated[int, Field(ge=0)] | Literal["off"]
@@ -44,4 +48,6 @@ class SampleLoggingConfig(Section):
     """Sample-level logging (seed 000): trained samples to the console, a wandb table and samples.jsonl."""
 
     enabled: bool = True
+    """Log trained samples at all."""
     filters: SampleFilters = SampleFilters()
+    """Which samples a step logs."""

@@ -32,30 +32,46 @@ class ModelConfig(Section):
 
 class SamplingConfig(Section):
     temperature: float = Field(1.0, ge=0)
+    """Softmax temperature. 1.0 samples the policy itself (what the policy-gradient loss assumes); 0 is greedy."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: keep the smallest set of most likely tokens whose probability reaches this; 1.0 = off.
+    Below 1 the sampler no longer samples the policy the trainer scores."""
     top_k: int = -1
+    """Keep the k most likely tokens only; -1 = off (vLLM's word). Like `top_p`, a cut makes the sampler differ from
+    the policy."""
 
 
 class GeneratorConfig(Section):
     num_replicas: int = Field(1, ge=1)
+    """vLLM engines serving the policy, each in a process of its own; a request goes to the healthy replica with the
+    fewest outstanding."""
     device: Device = "cpu"
+    """Where the engines run; must equal `trainer.device`."""
     dtype: DType | Literal["auto"] = "auto"
     """Weights dtype of the sampler; "auto" = the trainer's parameter dtype, so it samples the exact policy.
     A lower dtype halves weight-sync bytes but samples a drifting policy (see `run.mismatch_warn_factor`)."""
     tensor_parallel_size: int = Field(1, ge=1)
+    """GPUs per replica: vLLM shards the model over them (tensor parallelism)."""
     enforce_eager: bool = True
     """Skip graph compilation: fast start-up (~3 s) at some decode speed."""
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     """CUDA only; on CPU the KV cache is sized by `cpu_kv_cache_gib`."""
     cpu_kv_cache_gib: int = Field(2, ge=1)
+    """CPU only: GiB of KV cache per engine (vLLM's `VLLM_CPU_KVCACHE_SPACE`, unless that is set in the
+    environment). 2 GiB holds ~45k tokens of SmolLM2-135M's fp32 KV cache."""
     max_num_seqs: int = Field(256, ge=1)
+    """Most sequences one engine decodes at once (vLLM's `max_num_seqs`); further requests wait in its queue."""
     max_model_len: int = Field(2048, ge=16)
+    """Longest sequence (prompt + completion) an engine accepts; every task's `env.max_total_tokens` must fit."""
     seed: int = 0
+    """vLLM's engine seed. Sampling does not depend on it: each request carries its own seed, from `run.seed`, the
+    rollout id and the turn."""
     fp64_sampling_noise: bool = False
     """Sample by an exponential race with fp64 noise (vLLM's `use_fp64_gumbel`) instead of the device's fast path
     (on CPU a fused fp32 Gumbel-max kernel): keeps tail events fp32 noise truncates, at some sampling speed.
-    Both are exact on the main job to what we could measure (README, "Learning per step")."""
+    Both are exact on the main job to what we could measure (benchmarks/README.md, "Learning per step")."""
     sampling: SamplingConfig = SamplingConfig()
+    """Sampling of the training rollouts."""
     eval_sampling: SamplingConfig = SamplingConfig(temperature=0.0)
     """Sampling for held-out validation (greedy by default)."""
     on_weight_update: Literal["finish", "resubmit"] = "finish"
@@ -66,6 +82,7 @@ class GeneratorConfig(Section):
 
 class TrainerConfig(Section):
     device: Device = "cpu"
+    """Where the trainer runs: "cpu", or "cuda" with one GPU per rank."""
     dtype: DType | Literal["auto"] = "auto"
     """Compute dtype: below `param_dtype` the forward/backward runs under autocast over fp32 master weights.
     "auto": bf16 where the device runs bf16 matmuls natively (CUDA; a CPU with AVX512-BF16/AMX), else
@@ -75,13 +92,21 @@ class TrainerConfig(Section):
     pure_low_precision: bool = False
     """Allow low-precision parameters: AdamW updates at RL learning rates mostly round away in bf16."""
     lr: float = Field(1e-6, gt=0)
+    """AdamW's learning rate (the peak, after warm-up). 1e-6 is TRL's GRPO default and the rate the main job was
+    measured with."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW's decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW's (β1, β2)."""
     max_grad_norm: float = Field(1.0, gt=0)
+    """Gradients are clipped to this global L2 norm; `train/grad_norm` logs the norm before clipping."""
     max_nonfinite_steps: int = Field(3, ge=1)
     """Steps in a row whose gradient norm is not finite (each skipped, weights unchanged) before the run stops."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """The LR after warm-up, over the run's optimizer steps (from `run.steps`, `run.epochs` or `run.max_rows`,
+    whichever ends first): constant, linear to 0, or cosine to 0."""
     warmup_steps: int = Field(0, ge=0)
+    """Optimizer steps of linear warm-up, from lr/(warmup_steps+1) to lr."""
     seq_len: int = Field(1024, ge=8)
     """Row length L of packed `[B, L]` training batches; a longer rollout is dropped."""
     prefix_sharing: bool = True
@@ -96,6 +121,7 @@ class TrainerConfig(Section):
     ppo_n_minibatches: int = Field(1, ge=1)
     """K optimizer steps per batch on disjoint minibatches, against π_old computed once without gradients."""
     seed: int = 0
+    """torch's seed in the trainer processes."""
     gradient_checkpointing: bool = False
     """Activation checkpointing: recompute each decoder layer's activations in backward."""
     cpus: list[int] | None = None

@@ -28,20 +28,31 @@ _PRECISION_BITS = {"float32": 24, "bfloat16": 8, "float16": 11}
 
 class Config(Section):
     model: ModelConfig = ModelConfig()
+    """The policy: the model that is trained and sampled."""
     generator: GeneratorConfig = GeneratorConfig()
+    """The policy's generators: vLLM engines that sample the rollouts and reload the new weights after every step."""
     trainer: TrainerConfig = TrainerConfig()
+    """The policy's trainer: its precision, optimizer (AdamW), LR schedule, batch packing and ranks."""
     algorithm: AlgorithmConfig = AlgorithmConfig()
+    """How scored groups become training samples (every task's default) and the trainer-wide loss."""
     models: dict[str, FrozenModelConfig] = Field(default_factory=dict)
     """Frozen models by name (teachers, samplers), each served by its own never-updated generators."""
     tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)
+    """What the run trains on: one entry per task, their training rows mixed by `weight`."""
     run: RunConfig = RunConfig()
+    """Length, seeds, evaluation, concurrency, staleness and deadlines of the run."""
     checkpoint: CheckpointConfig = CheckpointConfig()
+    """When checkpoints are written and how many are kept."""
     wandb: WandbConfig = WandbConfig()
+    """The wandb backend of the metrics (offline by default)."""
     sample_logging: SampleLoggingConfig = SampleLoggingConfig()
+    """Which trained samples are logged to the console, a wandb table and `samples.jsonl`."""
     weight_sync: WeightSyncConfig = WeightSyncConfig()
+    """How new weights move from the trainer to the generators."""
     cluster: ClusterConfig = ClusterConfig()
+    """Where the roles run: this host, local processes, Slurm or Kubernetes."""
     services: ServicesConfig = ServicesConfig()
-    """Deadlines, health probes, failover and respawn of generator, frozen-model and reward replicas (README: Fault tolerance)."""
+    """Deadlines, health probes, failover and respawn of generator, frozen-model and reward replicas (docs/checkpoints.md, "Fault tolerance")."""
 
     @model_validator(mode="after")
     def _check(self) -> Config:

@@ -9,10 +9,14 @@ from rl.section import Section
 
 class RunConfig(Section):
     name: str = "run"
+    """Name of the run: its directory is `output_dir/name`."""
     output_dir: str = "runs"
     """The run directory is `output_dir/name`."""
     seed: int = 0
+    """Seed of the run: the order of the training rows, every request's sampling seed (with the rollout id and turn)
+    and the sample-log draws."""
     steps: int = Field(10, ge=0)
+    """Optimizer steps to train; the run ends earlier when `epochs` or `max_rows` is reached."""
     groups_per_step: int = Field(8, ge=1)
     """Rollout groups (task rows) per optimizer step."""
     max_policy_staleness: int = Field(0, ge=0)
@@ -22,6 +26,7 @@ class RunConfig(Section):
     eval_groups: int | None = Field(None, ge=1)
     """Held-out rows per validation (None = the whole split), one sample each."""
     log_rollouts: bool = True
+    """Write every rollout, token-exact, to `rollouts.jsonl`."""
     weight_sync_timeout_s: float = Field(600.0, gt=0)
     """Longest a weight push or reload may take before the run stops with an error naming it."""
     metrics_timeout_s: float = Field(300.0, gt=0)
@@ -32,6 +37,8 @@ class RunConfig(Section):
     mismatch_warn_factor: float = Field(5.0, gt=1)
     """Warn when `train/mismatch_k3` exceeds this many times its first-step value (and `mismatch_warn_floor`)."""
     mismatch_warn_floor: float = Field(1e-3, ge=0)
+    """The mismatch warning's absolute floor, so that an exactly on-policy run (mismatch ~1e-9) does not warn on
+    noise."""
     max_concurrent_rollouts: int = Field(64, ge=1)
     """Most rows (each a whole group) generating at once."""
     epochs: float | None = Field(None, gt=0)

@@ -19,17 +19,24 @@ class RubricConfig(Section):
         fn: str
         """Registered name or import path `package.module:function`."""
         weight: float = Field(1.0, ge=0)
+        """Relative weight: a rubric's weights are normalised to sum 1."""
         name: str = ""
+        """Key of the component in metrics (`reward/<name>`) and sample logs; "" = the function's name."""
         args: dict[str, Any] = Field(default_factory=dict)
         """Keyword arguments bound to the function (`functools.partial`), e.g. `{ tolerance = 0.01 }`."""
 
     reward_fns: list[RewardFnEntry] = Field(default_factory=list)
+    """Functions of `(rollout, example)` returning a number; the reward is their weighted sum."""
     group_reward_fns: list[RewardFnEntry] = Field(default_factory=list)
     """Functions of `(rollouts, example)` returning one number per rollout of the group."""
     truncation_reward: float | None = None
+    """Reward of TRUNCATED and PROMPT_OVERFLOW rollouts, given without running the functions; None scores the cut
+    reply as it is."""
     error_reward: float | None = 0.0
     """`"none"` (TOML has no null) grades the partial turns of ERROR / TIMEOUT / ABORTED rollouts instead."""
     timeout_s: float = Field(60.0, gt=0)
+    """Longest one reward function may take on one rollout (a group function: on the group); past it the rollout is
+    TIMEOUT."""
     max_abs_reward: float = Field(1e6, gt=0, le=1e30)
     """Largest |value| a reward function may return; beyond it (or NaN) the rollout is an ERROR naming the function."""
 
@@ -71,11 +78,15 @@ class TaskConfig(Section):
     args: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the task's constructor."""
     env: RendererEnvConfig = RendererEnvConfig()
+    """Limits of one rollout: prompt, completion and conversation tokens, turns, the environment's deadline."""
     renderer: RendererConfig = RendererConfig()
+    """The chat renderer that turns messages into tokens and sampled tokens back into messages."""
     rubric: RubricConfig | None = None
+    """Replaces the task's own rubric (`Task.build_rubric`); None = the task's."""
     rollout_fn: str | None = None
     """Import path `package.module:fn` of `async fn(row, context) -> Rollout | None`, one trajectory per
     call, replacing the task's environment loop (see `rollouts.fanout`); None = the task's environment."""
     data: DataConfig | None = None
+    """Rows from local files instead of the task's own; None = the task's."""
     algorithm: TaskAlgorithmConfig | None = None
     """Overrides of `[algorithm]` for this task (type, teacher, sampler, ...); None = `[algorithm]` as is."""

@@ -23,6 +23,7 @@ class ServiceConfig(Section):
     max_restarts: int = Field(3, ge=0)
     """Replacements spawned within `restart_window_s`; past it a lost replica stays lost."""
     restart_window_s: float = Field(3600.0, gt=0)
+    """The window in which `max_restarts` is counted."""
     min_healthy_replicas: int = Field(1, ge=1)
     """The run stops when fewer replicas than this are healthy or being replaced."""
 
@@ -36,9 +37,11 @@ class BreakerConfig(Section):
     """Stop the run instead of training on a trickle of survivors (a group fails when all its rollouts are errors)."""
 
     max_consecutive_failed_groups: int = Field(16, ge=1)
+    """Stop the run after this many failed groups in a row."""
     window_groups: int = Field(64, ge=1)
     """Groups in the failure-rate window (the rate is checked once the window is full)."""
     max_failure_rate: float = Field(0.5, gt=0, le=1)
+    """Stop the run when more than this share of the last `window_groups` groups failed."""
 
 
 class ServicesConfig(Section):
@@ -47,7 +50,9 @@ class ServicesConfig(Section):
     models: ServiceConfig = ServiceConfig()
     """Every frozen model (`[models.<name>]`, `replicas` each)."""
     reward: RewardServiceConfig = RewardServiceConfig()
+    """The reward actors."""
     breaker: BreakerConfig = BreakerConfig()
+    """The rollout circuit breaker."""
 
     @model_validator(mode="after")
     def _check(self) -> ServicesConfig:
