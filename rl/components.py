@@ -16,6 +16,7 @@ TASKS: dict[str, str] = {
     "arithmetic_retry": "tasks.arithmetic_retry:ArithmeticRetryTask",
     "calculator_tool": "tasks.calculator_tool:CalculatorToolTask",
     "alphabet_sort": "tasks.alphabet_sort:AlphabetSortTask",
+    "reasoning_gym": "tasks.reasoning_gym:ReasoningGymTask",
 }
 
 REWARD_FNS: dict[str, str] = {
