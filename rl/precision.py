@@ -64,7 +64,7 @@ class MismatchWatch:
         return (
             f"train/mismatch_k3 = {mismatch_k3:.3g} is above {limit:.3g} ({self.factor:g} x its first value "
             f"{self.first:.3g}): the sampler's policy is drifting from the trainer's. A lower-precision sampler "
-            "than the trainer's weights (generator.dtype) is the usual cause; see the README's 'Precision'."
+            "than the trainer's weights (generator.dtype) is the usual cause; see docs/precision.md."
         )
 
 

@@ -18,8 +18,8 @@ the Linux kernel, without root (unprivileged user namespaces; checked at start):
   its processes together, at most `max_processes` processes. Where none can, the fallback is
   `RLIMIT_NPROC = max_processes`, counted per user namespace, so it caps the sandbox's processes
   alone (a fork bomb stops there) -- except when rlmesh runs as root: the kernel does not apply
-  RLIMIT_NPROC to uid 0, so root without a writable cgroup has no process cap (documented in the
-  README). Memory is then bounded per process only (`RLIMIT_AS`), i.e. at up to
+  RLIMIT_NPROC to uid 0, so root without a writable cgroup has no process cap (documented in
+  docs/writing-a-task.md). Memory is then bounded per process only (`RLIMIT_AS`), i.e. at up to
   `max_processes * memory_mb`;
 - per-process limits (`setrlimit`, set by the runner before the tool is imported): address space
   `memory_mb`, CPU time, size of any file written, open files; and a wall-clock `timeout_s` after

@@ -19,7 +19,7 @@ parse with the resume's own readers (`newest_loadable`), naming why it skipped a
 saved: their rows are drawn again after a resume.
 
 Loading a checkpoint runs no code from it: tensor files are read with `weights_only=True`. (The
-config in it names importable objects, which is code: see the README's trust boundary.)
+config in it names importable objects, which is code: see docs/checkpoints.md, "Trust boundary".)
 """
 
 from __future__ import annotations

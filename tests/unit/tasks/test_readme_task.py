@@ -1,4 +1,4 @@
-"""The README's task example, taken from the README itself, works as a user's own package."""
+"""The task example of docs/writing-a-task.md, taken from the page itself, works as a user's own package."""
 
 import re
 import subprocess
@@ -16,13 +16,13 @@ from rubrics.rubric import apply_reward
 from tests.support.paths import REPO
 
 
-def readme_blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", (REPO / "README.md").read_text(), flags=re.S)
+def page_blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", (REPO / "docs" / "writing-a-task.md").read_text(), flags=re.S)
 
 
 def write_user_package(root: Path) -> None:
-    [task_code] = [block for block in readme_blocks("python") if "class CapitalsTask" in block]
-    [rollout_code] = [block for block in readme_blocks("python") if "async def skip_long_rows" in block]
+    [task_code] = [block for block in page_blocks("python") if "class CapitalsTask" in block]
+    [rollout_code] = [block for block in page_blocks("python") if "async def skip_long_rows" in block]
     (root / "my_tasks").mkdir()
     (root / "my_tasks" / "__init__.py").write_text("")
     (root / "my_tasks" / "capitals.py").write_text(task_code)
@@ -31,7 +31,7 @@ def write_user_package(root: Path) -> None:
 
 def test_readme_task_configs_validate_by_import_path(tmp_path):
     write_user_package(tmp_path)
-    task_tomls = [block for block in readme_blocks("toml") if "my_tasks.capitals:CapitalsTask" in block]
+    task_tomls = [block for block in page_blocks("toml") if "my_tasks.capitals:CapitalsTask" in block]
     assert len(task_tomls) == 2  # the task, and the task with its own rollout_fn
     for index, task_toml in enumerate(task_tomls):
         config = tmp_path / f"capitals{index}.toml"
