@@ -19,21 +19,22 @@ class RubricConfig(Section):
         fn: str
         """Registered name or import path `package.module:function`."""
         weight: float = Field(1.0, ge=0)
-        """Relative weight: a rubric's weights are normalised to sum 1."""
+        """Relative weight: the weights of all of a rubric's functions (plain and group) are normalised to sum 1."""
         name: str = ""
         """Key of the component in metrics (`reward/<name>`) and sample logs; "" = the function's name."""
         args: dict[str, Any] = Field(default_factory=dict)
         """Keyword arguments bound to the function (`functools.partial`), e.g. `{ tolerance = 0.01 }`."""
 
     reward_fns: list[RewardFnEntry] = Field(default_factory=list)
-    """Functions of `(rollout, example)` returning a number; the reward is their weighted sum."""
+    """Functions of `(rollout, example)` returning a number; the reward is the weighted sum of these and the group functions."""
     group_reward_fns: list[RewardFnEntry] = Field(default_factory=list)
     """Functions of `(rollouts, example)` returning one number per rollout of the group."""
     truncation_reward: float | None = None
     """Reward of TRUNCATED and PROMPT_OVERFLOW rollouts, given without running the functions; None scores the cut
     reply as it is."""
     error_reward: float | None = 0.0
-    """`"none"` (TOML has no null) grades the partial turns of ERROR / TIMEOUT / ABORTED rollouts instead."""
+    """Reward of ERROR / TIMEOUT / ABORTED rollouts (given without running the functions) and of a rollout whose
+    reward function failed; `"none"` (TOML has no null) grades the partial turns of those rollouts instead."""
     timeout_s: float = Field(60.0, gt=0)
     """Longest one reward function may take on one rollout (a group function: on the group); past it the rollout is
     TIMEOUT."""
