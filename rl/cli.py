@@ -11,11 +11,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rl.algorithms.config import bypass_origin
 from rl.components import import_object
 from rl.config import Config, ConfigError, dump_toml, load_config
-from rl.config.algorithm import bypass_origin
-from rl.loop.resolve import resolve_config
-from rl.processes.preflight import cluster_warnings, launcher_address_problem
 from tasks.build import build_task
 
 if TYPE_CHECKING:
@@ -100,16 +98,10 @@ def main(argv: list[str] | None = None) -> int:
             config, resume_from = resume_config(args.resume, overrides)
         else:
             config = load_config(args.config, overrides)
-        config = resolve_config(config)
         for task_config in config.tasks:
             build_task(task_config)
         if config.sample_logging.filters.predicate:
             import_object(config.sample_logging.filters.predicate)  # fails here if it cannot be imported
-        address_problem = launcher_address_problem(config)
-        if address_problem is not None and args.command == "train":
-            raise ConfigError(address_problem)
-        for warning in cluster_warnings(config) + ([address_problem] if address_problem else []):
-            print(f"rlmesh: warning: {warning}", file=sys.stderr)
     except (ConfigError, ValueError) as exc:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return 2

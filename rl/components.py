@@ -17,6 +17,7 @@ TASKS: dict[str, str] = {
     "calculator_tool": "tasks.calculator_tool:CalculatorToolTask",
     "alphabet_sort": "tasks.alphabet_sort:AlphabetSortTask",
     "reasoning_gym": "tasks.reasoning_gym:ReasoningGymTask",
+    "agent": "tasks.agent:AgentTask",
 }
 
 REWARD_FNS: dict[str, str] = {

@@ -9,7 +9,7 @@ from typing import Any
 
 from rl.components import REWARD_FNS, TASKS, import_object, resolve
 from rl.config.tasks import RubricConfig, TaskConfig
-from rollouts.fanout import RolloutFn, task_rollout
+from rollouts.fanout import RolloutFn
 from rubrics.rubric import RewardFn, Rubric
 from tasks.datasets import check_rows, load_file_rows
 from tasks.task import Split, Task
@@ -47,7 +47,7 @@ class BuiltTask:
     task: Task
     rubric: Rubric
     rollout_fn: RolloutFn
-    """One trajectory per call: the config's `rollout_fn`, else the task's environment (`task_rollout`)."""
+    """One trajectory per call: the config's `rollout_fn`, else the task's (`Task.rollout_fn`: its environment)."""
 
     def load_rows(self, split: Split) -> list[dict[str, Any]]:
         """A split's rows: from the file the config names for it, else from the task; a row lacking one of the
@@ -72,5 +72,5 @@ def build_task(task_config: TaskConfig) -> BuiltTask:
         raise ValueError(f"task {task_config.name!r}: bad args {task_config.args}: {exc}") from exc
     rubric = build_rubric(task_config.rubric) if task_config.rubric is not None else task.build_rubric()
     task.rubric = rubric
-    rollout_fn = import_object(task_config.rollout_fn) if task_config.rollout_fn is not None else task_rollout
+    rollout_fn = import_object(task_config.rollout_fn) if task_config.rollout_fn is not None else task.rollout_fn()
     return BuiltTask(name=task_config.name, config=task_config, task=task, rubric=rubric, rollout_fn=rollout_fn)

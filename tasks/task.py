@@ -14,6 +14,7 @@ import abc
 from typing import Any, Literal
 
 from env_types.message_env import MessageEnv
+from rollouts.fanout import RolloutFn, task_rollout
 from rollouts.types import Rollout
 from rubrics.rubric import Reward, Rubric
 
@@ -42,6 +43,12 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def build_rubric(self) -> Rubric:
         """The task's default rubric; a config can replace it."""
+
+    def rollout_fn(self) -> RolloutFn:
+        """How one sample of a row is played: by default the task's environment (`rollouts.fanout.task_rollout`);
+        a task whose rollouts are something else (an agent through the gateway, `tasks.agent`) returns its own.
+        A config's `rollout_fn` takes precedence."""
+        return task_rollout
 
     def target(self, example: dict[str, Any]) -> str | None:
         """The reference answer of a row as text, shown next to samples in logs; None if the task has none."""

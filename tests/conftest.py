@@ -21,10 +21,9 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def renderer():
-    from env_types.renderer import build_renderer
-    from rl.config.tasks import RendererConfig
+    from env_types.renderer import RendererConfig
 
-    return build_renderer(RendererConfig(name="qwen3"), "tiny-qwen3")
+    return RendererConfig(name="qwen3").build("tiny-qwen3")
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,6 @@ import torch
 
 from rl.assets import resolve_model_path
 from rl.config import Config
-from rl.loop.resolve import resolve_config
 from rl.precision import TORCH_DTYPES, native_bf16
 
 
@@ -176,7 +175,6 @@ def table(results: dict[str, Any]) -> str:
 
 
 async def bench(config: Config) -> dict[str, Any]:
-    config = resolve_config(config)
     out = Path(config.run.output_dir) / f"{config.run.name}-bench"
     out.mkdir(parents=True, exist_ok=True)
     native = native_bf16(config.trainer.device)

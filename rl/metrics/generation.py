@@ -74,6 +74,7 @@ def batch_metrics(
         "time/generation_s": stats.seconds,
         "perf/sample_wait_time": wait_seconds,
         "perf/generation_tokens_per_s": stats.completion_tokens / stats.seconds if stats.seconds else 0.0,
+        "rollouts/gateway_new_samples": sum(r.metadata.get("gateway_new_samples", 0) for r in rollouts),
     }
     metrics.update(rollout_metrics(groups))
     return metrics

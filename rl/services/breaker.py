@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from rl.config.services import BreakerConfig
+from rl.services.config import BreakerConfig
 from rollouts.types import RolloutGroup, RolloutStatus
 
 _FAILED = (RolloutStatus.ERROR, RolloutStatus.TIMEOUT, RolloutStatus.ABORTED)

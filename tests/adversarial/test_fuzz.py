@@ -16,11 +16,10 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from env_types.renderer import build_renderer
+from env_types.renderer import RendererConfig
 from rl.cli import main
 from rl.config import Config
-from rl.config.tasks import RendererConfig, RendererEnvConfig
-from rollouts.renderer_env import RendererEnv
+from rollouts.renderer_env import RendererEnv, RendererEnvConfig
 from rollouts.types import Completion, Rollout, RolloutStatus, RolloutTurn
 from tasks.sum_digits import SumDigitsTask
 
@@ -131,7 +130,7 @@ class OneReplyEnv:
         return None
 
 
-RENDERER = build_renderer(RendererConfig(name="qwen3"), "tiny-qwen3")
+RENDERER = RendererConfig(name="qwen3").build("tiny-qwen3")
 
 
 @settings(max_examples=80, deadline=None, derandomize=True)

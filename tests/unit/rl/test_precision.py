@@ -3,9 +3,8 @@
 import pytest
 import torch
 
-from rl.config import Config, ConfigError
-from rl.loop import resolve
-from rl.loop.resolve import resolve_config
+from rl import precision
+from rl.config import Config
 from rl.precision import MismatchWatch, compute_context, resolve_compute_dtype
 
 
@@ -54,18 +53,15 @@ def test_auto_compute_dtype_is_bf16_only_where_bf16_is_native():
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_resolution_decides_auto_and_refuses_bf16_on_a_cpu_without_it(monkeypatch, native):
-    monkeypatch.setattr(resolve, "native_bf16", lambda device: native)
-    assert Config().trainer.dtype == "auto"  # the config alone decides nothing that needs the hardware
-    assert resolve_config(Config()).trainer.dtype == ("bfloat16" if native else "float32")
-    assert (
-        resolve_config(Config()).generator.dtype == "float32"
-    )  # the sampler follows the trainer's exact (fp32) weights
+def test_validation_resolves_auto_and_refuses_bf16_on_a_cpu_without_it(monkeypatch, native):
+    monkeypatch.setattr(precision, "native_bf16", lambda device: native)
+    assert Config().trainer.dtype == ("bfloat16" if native else "float32")
+    assert Config().generator.dtype == "float32"  # the sampler follows the trainer's exact (fp32) weights
     if native:
-        assert resolve_config(Config(trainer={"dtype": "bfloat16"})).trainer.dtype == "bfloat16"
+        assert Config(trainer={"dtype": "bfloat16"}).trainer.dtype == "bfloat16"
     else:
-        with pytest.raises(ConfigError, match="_is_mkldnn_bf16_supported"):
-            resolve_config(Config(trainer={"dtype": "bfloat16"}))
+        with pytest.raises(ValueError, match="_is_mkldnn_bf16_supported"):
+            Config(trainer={"dtype": "bfloat16"})
 
 
 def test_flex_attention_is_refused_on_a_cpu_trainer_and_accepted_on_cuda():

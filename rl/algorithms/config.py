@@ -10,10 +10,25 @@ from __future__ import annotations
 import warnings
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, create_model, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from rl.config.section import Device, DType, Section
+from rl.section import Device, DType, Section
 
+ALGORITHM_TYPES = ("grpo", "rloo", "max_rl", "reinforce_pp", "reward", "custom", "echo", "sft", "opd", "opsd")
+"""The registered algorithms, each a class in `rl.algorithms.registry`."""
+
+
+def _algorithm_type(value: Any) -> Any:
+    if isinstance(value, str) and value not in ALGORITHM_TYPES and ":" not in value:
+        raise ValueError(
+            f"{value!r} is neither a registered algorithm {list(ALGORITHM_TYPES)} nor an import path "
+            "'package.module:Class' of an rl.algorithms.base.Algorithm subclass"
+        )
+    return value
+
+
+AlgorithmType = Annotated[str, AfterValidator(_algorithm_type)]
+"""A registered algorithm, or `package.module:Class` naming a user's `Algorithm` subclass."""
 POLICY = "policy"
 """The reserved model name of the live, trained policy."""
 
@@ -89,7 +104,7 @@ class RolloutCorrectionConfig(Section):
     bypass_mode: bool | None = None
     """True: π_old = π_rollout (PPO anchors on the sampler's logprobs; no extra forward). False (decoupled):
     π_old comes from a no-grad pass at the start of the step; IS/RS correct π_old vs π_rollout. Unset: decided
-    from the run (`bypass_rule`, applied by `rl.loop.resolve`): bypass only where π_rollout = π_old holds by construction."""
+    from the run (`decide_bypass_mode`): bypass only where π_rollout = π_old holds by construction."""
     use_policy_gradient: bool = False
     """Replace the PPO loss by a plain policy gradient weighted by the IS weights (needs bypass_mode)."""
 
@@ -166,12 +181,32 @@ class EchoRoleWeights(Section):
     """Weight of the tokens of tool results."""
 
 
-class CreditConfig(Section):
-    """How a task's scored groups become training samples: the part of `[algorithm]` a task may override."""
+class TaskAlgorithmConfig(Section):
+    """How a task's scored groups become training samples. Every field left unset comes from `[algorithm]`."""
 
-    type: str = "grpo"
-    """How advantages and loss weights are assigned: a registered algorithm or `package.module:Class` (docs/algorithms.md);
-    checked against `rl.algorithms.registry` when the run resolves its config."""
+    type: AlgorithmType | None = None
+    """As `algorithm.type`, for this task."""
+    normalize_advantage_std: bool | None = None
+    """As `algorithm.normalize_advantage_std`, for this task."""
+    drop_constant_reward_groups: bool | None = None
+    """As `algorithm.drop_constant_reward_groups`, for this task."""
+    custom_advantage_fn: str | None = None
+    """As `algorithm.custom_advantage_fn`, for this task."""
+    teacher: str | None = None
+    """As `algorithm.teacher`, for this task."""
+    sampler: str | None = None
+    """As `algorithm.sampler`, for this task."""
+    demo_key: str | None = None
+    """As `algorithm.demo_key`, for this task."""
+    echo_role_weights: EchoRoleWeights | None = None
+    """As `algorithm.echo_role_weights`, for this task."""
+
+
+class AlgorithmConfig(Section):
+    type: AlgorithmType = "grpo"
+    """How advantages and loss weights are assigned: a registered algorithm or `package.module:Class` (docs/algorithms.md)."""
+    group_size: int = Field(8, ge=1)
+    """Samples per row; the group-relative algorithms (grpo, rloo, max_rl, reinforce_pp, echo) need at least 2."""
     normalize_advantage_std: bool = False
     """grpo: divide the centred rewards by the group's std (original GRPO) instead of Dr.GRPO's plain centring."""
     drop_constant_reward_groups: bool = False
@@ -186,33 +221,6 @@ class CreditConfig(Section):
     """sft / opsd: the dataset row key holding the demonstration text."""
     echo_role_weights: EchoRoleWeights = EchoRoleWeights()
     """echo: cross-entropy weight of environment tokens by message role (tool-response bodies at 0.1)."""
-
-
-def _override_of(model: type[Section], name: str, doc: str) -> type[Section]:
-    """A section with every field of `model`, each optional and unset by default: an override that names only what
-    it changes. Derived, so a field added to `model` is overridable at once."""
-    fields: dict[str, Any] = {
-        field: (
-            (Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation) | None,
-            Field(None, description=info.description),
-        )
-        for field, info in model.model_fields.items()
-    }
-    return create_model(name, __base__=Section, __doc__=doc, __module__=__name__, **fields)
-
-
-TaskAlgorithmConfig = _override_of(
-    CreditConfig,
-    "TaskAlgorithmConfig",
-    "A task's overrides of `[algorithm]`'s credit fields (`CreditConfig`); every field left unset comes from `[algorithm]`.",
-)
-
-
-class AlgorithmConfig(CreditConfig):
-    """`[algorithm]`: the default credit of every task, the group size and the trainer-wide loss."""
-
-    group_size: int = Field(8, ge=1)
-    """Samples per row; the group-relative algorithms (grpo, rloo, max_rl, reinforce_pp, echo) need at least 2."""
 
     loss: Literal["ppo", "gspo", "cispo", "pg"] = "ppo"
     """The policy loss: "ppo" (clipped token ratio), "gspo" (sequence ratio), "cispo" (clipped IS weight: no token
@@ -259,17 +267,12 @@ class AlgorithmConfig(CreditConfig):
             )
         return self
 
-    def for_task(self, override: Section | None) -> AlgorithmConfig:
+    def for_task(self, override: TaskAlgorithmConfig | None) -> AlgorithmConfig:
         """This algorithm with a task's override applied."""
         if override is None:
             return self
         update = {name: value for name in type(override).model_fields if (value := getattr(override, name)) is not None}
         return self.model_copy(update=update)
-
-
-def task_algorithm_key(index: int, override: Any) -> str:
-    """The key an error about task `index`'s algorithm names: its override when that sets the type."""
-    return f"tasks.{index}.algorithm" if override is not None and override.type is not None else "algorithm"
 
 
 def bypass_rule(config: Any) -> tuple[bool, str]:
@@ -294,6 +297,13 @@ def bypass_rule(config: Any) -> tuple[bool, str]:
     if reasons:
         return False, "decoupled: " + "; ".join(reasons)
     return True, "bypass: the sampler runs the trainer's exact weights, staleness 0, one minibatch, no frozen sampler"
+
+
+def decide_bypass_mode(config: Any) -> None:
+    """Resolve an unset `algorithm.rollout_correction.bypass_mode` by `bypass_rule` (use_policy_gradient needs bypass)."""
+    correction = config.algorithm.rollout_correction
+    if correction.bypass_mode is None:
+        correction.bypass_mode = correction.use_policy_gradient or bypass_rule(config)[0]
 
 
 def bypass_origin(config: Any) -> str:
