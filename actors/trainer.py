@@ -26,6 +26,7 @@ from rl.assets import resolve_model_path
 from rl.checkpoint import store as checkpoint
 from rl.config.roles import TrainerConfig
 from rl.metrics.actor import MetricsActor
+from rl.metrics.reduce import Reduce, record_metric
 from rl.precision import TORCH_DTYPES, compute_context
 from rl.processes.affinity import pin_process
 from rl.processes.titles import name_process
@@ -164,6 +165,8 @@ class PolicyTrainer(MetricsActor):
             keep_vars=self.ranks.world > 1
         )  # sharded: the DTensor parameters themselves (ties by identity)
         await self.publisher.publish(state_dict, policy_version, self.wire_dtype, self.ranks)
+        if self.ranks.rank == 0:
+            record_metric("weight_sync/bytes", weight_sync.payload_bytes(state_dict, self.wire_dtype), Reduce.MAX)
         self.policy_version = policy_version
         return time.perf_counter() - start
 

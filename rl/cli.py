@@ -1,5 +1,5 @@
 """`rlmesh train --config FILE [--section.key value ...]`, `rlmesh train --resume RUN_DIR [...]`, `rlmesh validate ...`,
-`rlmesh bench ...`, `rlmesh new-task NAME`, `rlmesh report RUN_DIR`."""
+`rlmesh bench ...`, `rlmesh new-task NAME`, `rlmesh report RUN_DIR`, `rlmesh export RUN_DIR --out DIR`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rl.algorithms.config import bypass_origin
+from rl.checkpoint import export
 from rl.components import import_object
 from rl.config import Config, ConfigError, dump_toml, load_config
 from tasks.build import build_task
@@ -73,7 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     new_task.add_argument("--dir", default=".", help="folder to create the package in")
     report = commands.add_parser("report", help="plots and an HTML page of a run (finished or running)")
     report.add_argument("run_dir", help="the run directory, e.g. runs/sum_digits_smollm2_cpu")
+    export.add_parser(commands)
     args, extra = parser.parse_known_args(argv)
+    if args.command == "export":
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        return export.export_command(args)
     if args.command == "report":
         from rl.metrics.report import report_command
 

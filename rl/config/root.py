@@ -62,6 +62,11 @@ class Config(Section):
         if self.generator.device != self.trainer.device:
             raise ValueError("generator.device and trainer.device must match on one machine")
         self._check_precision()
+        if self.run.eval_samples_per_row > 1 and self.generator.eval_sampling.temperature == 0:
+            raise ValueError(
+                f"run.eval_samples_per_row = {self.run.eval_samples_per_row} samples greedily would give the same "
+                "answer each time: set generator.eval_sampling.temperature above 0"
+            )
         for index, task in enumerate(self.tasks):
             if task.env.max_total_tokens > self.trainer.seq_len:
                 raise ValueError(

@@ -24,7 +24,13 @@ class RunConfig(Section):
     eval_every: int = Field(0, ge=0)
     """Validate on the held-out split every N steps (and at step 0 and at the end); 0 = never."""
     eval_groups: int | None = Field(None, ge=1)
-    """Held-out rows per validation (None = the whole split), one sample each."""
+    """Held-out rows per validation (None = the whole split)."""
+    eval_samples_per_row: int = Field(1, ge=1)
+    """Samples drawn per held-out row at `generator.eval_sampling`. 1 (the default, with greedy eval sampling): one
+    answer per row. k > 1 (needs a temperature above 0): also the unbiased `eval/pass@1` and `eval/pass@<k>`
+    (Chen et al. 2021) per task and overall; `eval/reward/mean` is then the mean over all k samples."""
+    eval_pass_threshold: float = 1.0
+    """A held-out sample passes (for `eval/pass@<k>`) when its reward is at least this."""
     log_rollouts: bool = True
     """Write every rollout, token-exact, to `rollouts.jsonl`."""
     weight_sync_timeout_s: float = Field(600.0, gt=0)

