@@ -5,7 +5,7 @@ from fractions import Fraction
 
 import pytest
 
-from rl.metrics.pass_at_k import pass_at_k, pass_metrics
+from rl.metrics.pass_at_k import eval_metrics, pass_at_k, pass_metrics
 from rollouts.types import Rollout, RolloutGroup
 
 
@@ -83,4 +83,20 @@ def test_one_greedy_sample_per_row_gives_the_pass_rate_alone():
     assert pass_metrics([group(0, "a", [1.0]), group(1, "a", [0.0])], k=1, threshold=1.0) == {
         "eval/pass@1": 0.5,
         "eval/pass@1/a": 0.5,
+    }
+
+
+def test_a_validations_metrics_are_the_mean_reward_over_every_sample_and_pass_at_k():
+    metrics = eval_metrics([group(0, "a", [1.0, 0.0]), group(1, "b", [0.5, 0.5])], k=2, threshold=1.0)
+    assert metrics == {
+        "eval/reward/mean": 0.5,
+        "eval/reward/a/mean": 0.5,
+        "eval/reward/b/mean": 0.5,
+        "eval/pass@1": 0.25,
+        "eval/pass@1/a": 0.5,
+        "eval/pass@1/b": 0.0,
+        "eval/pass@2": 0.5,
+        "eval/pass@2/a": 1.0,
+        "eval/pass@2/b": 0.0,
+        "eval/pass@2/rows_left_out": 0,
     }
