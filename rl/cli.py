@@ -18,6 +18,7 @@ from rl.config import Config, ConfigError, dump_toml, load_config
 from tasks.build import build_task
 
 if TYPE_CHECKING:
+    from rl.loop.controller import Controller
     from rl.processes.interrupts import InterruptibleRun
 
 
@@ -111,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return 2
+    from rl.precision import precision_warnings
+
+    for warning in precision_warnings(config):
+        print(f"rlmesh: warning: {warning}", file=sys.stderr)
     if args.command == "validate":
         print(f"# {bypass_origin(config)}")
         print(dump_toml(config), end="")
@@ -148,21 +153,42 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
     except (OSError, ValueError) as exc:
         print(f"rlmesh: cannot set up the run: {exc}", file=sys.stderr)
         return 2
+    controller.save_on_interrupt = True
+    interruptible.grace_s = config.checkpoint.interrupt_save_s + interruptible.grace_s  # the save, then the teardown
     try:
         summary = interruptible.run(controller.run())
     except KeyboardInterrupt:
-        print("rlmesh: interrupted; actors stopped", file=sys.stderr)
+        print(f"rlmesh: interrupted; actors stopped\n{_interrupted_message(controller, resume_from)}", file=sys.stderr)
         return EXIT_INTERRUPTED
     except asyncio.CancelledError:
         if not controller.actor_failures:
             raise
-        print("rlmesh: run stopped:\n" + "\n".join(controller.actor_failures), file=sys.stderr)
+        failures = [_resume_hint_if_any(message, controller) for message in controller.actor_failures]
+        print("rlmesh: run stopped:\n" + "\n".join(failures), file=sys.stderr)
         return 1
     except DeadlineMissed as exc:
-        print(f"rlmesh: run stopped: {exc}", file=sys.stderr)
+        print(f"rlmesh: run stopped: {_resume_hint_if_any(str(exc), controller)}", file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def _interrupted_message(controller: Controller, resume_from: Path | None) -> str:
+    """Where an interrupted run stands: the Ctrl-C checkpoint's report, or (stopped during start-up) what is left."""
+    if controller.interrupt_report is not None:
+        return controller.interrupt_report.message()
+    if resume_from is not None:
+        return f"stopped during start-up; {resume_from} is unchanged: resume with: rlmesh train --resume {resume_from.parent.parent}"
+    return "stopped during start-up: nothing was trained and there is nothing to resume"
+
+
+def _resume_hint_if_any(message: str, controller: Controller) -> str:
+    """A fault's message with its resume hint only when there is something to resume (a committed checkpoint)."""
+    from rl.loop.roles import RESUME_HINT
+
+    if controller.interrupt_checkpoint.committed_step > 0 or controller.resume_from is not None:
+        return message
+    return message.replace(RESUME_HINT, "the run stopped before any checkpoint: nothing to resume, start it again")
 
 
 def _new_task(name: str, directory: str, extra: list[str]) -> int:

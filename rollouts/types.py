@@ -43,6 +43,10 @@ class RolloutStatus(StrEnum):
         return new
 
 
+FAILED_STATUSES = (RolloutStatus.ERROR, RolloutStatus.TIMEOUT, RolloutStatus.ABORTED)
+"""A rollout that ended in one of these failed (its environment, generator or reward function): it carries an `error`."""
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """What to ask the generator for next."""

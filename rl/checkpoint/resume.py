@@ -74,6 +74,11 @@ def resume_config(run_dir: Path, overrides: dict[str, str]) -> tuple[Config, Pat
     step = checkpoint.read_run_state(newest)["step"]
     if resumed.run.steps < step:
         raise ConfigError(f"run.steps = {resumed.run.steps} is below the checkpoint's step {step}")
+    if resumed.run.steps == step:
+        raise ConfigError(
+            f"{run_dir} has finished its run.steps = {step} steps: nothing to resume. "
+            f"Train it further with --run.steps N (N > {step})"
+        )
     return resumed, newest
 
 

@@ -120,14 +120,16 @@ class Config(Section):
             )
 
     def _check_precision(self) -> None:
-        from rl.precision import native_bf16, resolve_compute_dtype
+        from rl.precision import native_bf16, resolve_precision
 
         trainer = self.trainer
         checkable = (
             trainer.device == "cuda" or self.cluster.hosts.trainer == 0
         )  # a CPU elsewhere cannot be asked from here
         native = native_bf16(trainer.device) if checkable else False
-        trainer.dtype = resolve_compute_dtype(trainer.dtype, trainer.param_dtype, native)
+        trainer.dtype, self.generator.dtype = resolve_precision(
+            trainer.dtype, self.generator.dtype, trainer.param_dtype, native
+        )
         if trainer.dtype == "bfloat16" and trainer.device == "cpu" and checkable and not native:
             raise ValueError(
                 "trainer.dtype = 'bfloat16' on a CPU without native bf16 matmuls (torch.ops.mkldnn._is_mkldnn_bf16_supported() "
@@ -152,8 +154,6 @@ class Config(Section):
             raise ValueError(
                 f"trainer.dtype ({trainer.dtype}) is wider than trainer.param_dtype ({trainer.param_dtype})"
             )
-        if self.generator.dtype == "auto":
-            self.generator.dtype = trainer.param_dtype
 
     @property
     def run_dir(self) -> Path:

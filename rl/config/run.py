@@ -58,3 +58,6 @@ class CheckpointConfig(Section):
     """Write a checkpoint every N optimizer steps; 0 = only the final one (always written when a run ends)."""
     keep: int = Field(2, ge=1)
     """Newest committed checkpoints kept; older ones are deleted after each commit."""
+    interrupt_save_s: float = Field(40.0, ge=0)
+    """On the first Ctrl-C (or SIGTERM) of `rlmesh train`, the run commits a checkpoint of its last completed step
+    within this many seconds (a train step in flight finishes first); 0 saves nothing. A second Ctrl-C stops at once."""

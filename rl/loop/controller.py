@@ -39,9 +39,18 @@ from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
 from rl.loop.roles import Roles
 from rl.loop.scored_groups import ScoredGroups
-from rl.loop.state import RunState, due_after, open_run_dir, row_index_of, save_checkpoint, train_group_id
+from rl.loop.state import (
+    InterruptCheckpoint,
+    InterruptReport,
+    RunState,
+    due_after,
+    open_run_dir,
+    row_index_of,
+    save_checkpoint,
+    train_group_id,
+)
 from rl.metrics import timer
-from rl.metrics.generation import GenerationStats, batch_metrics, overlap_metrics
+from rl.metrics.generation import GenerationStats, GroupFailures, batch_metrics, failure_line, overlap_metrics
 from rl.metrics.logger import MetricsLogger
 from rl.metrics.pass_at_k import eval_metrics
 from rl.metrics.sample_log import SampleLogger
@@ -86,8 +95,16 @@ class Controller:
         self.roles = Roles(config, stop_run=self._stop_run, policy_version=lambda: self.state.policy_version)
         self.samples = SampleBuilder(self.algorithms, self.renderers, self.roles.prompt_logprobs)
         self.scored_groups = ScoredGroups(self.tasks, self.renderers, self.roles, config.run.seed)
+        self.group_failures = GroupFailures()
+        """Groups produced and failed over the whole run: the end of the run says so when some failed."""
         self.actor_failures: list[str] = []
         """Why the run stopped, if an actor failure or the rollout breaker stopped it (the CLI prints these)."""
+        self.save_on_interrupt = False
+        """Set by `rlmesh train`: a cancelled run (the first Ctrl-C) commits its last completed step before it stops."""
+        self.interrupt_checkpoint = InterruptCheckpoint(self.state, config.checkpoint.interrupt_save_s)
+        self.interrupt_report: InterruptReport | None = None
+        """What the Ctrl-C checkpoint came to (the CLI prints it with the resume command)."""
+        self._unlogged: asyncio.Future | None = None  # the step being trained or ended, until its record is logged
         self._run_task: asyncio.Task | None = None
         self.run_lock: RunDirLock | None = None
         """The run directory's lock when this controller took it: a new run's, or a Python-API resume's (`rlmesh train --resume` holds its own)."""
@@ -140,11 +157,22 @@ class Controller:
                     summary["data_exhausted_at_step"] = self.state.step
                     await self._end_step(run_dir, summary, step_start, trained=None)
                     break
-                trained = await self._step(groups, evicted, wait_seconds=time.perf_counter() - step_start)
-                await self._end_step(run_dir, summary, step_start, trained)
+                self._unlogged = asyncio.ensure_future(self._step(groups, evicted, time.perf_counter() - step_start))
+                await self._end_step(run_dir, summary, step_start, await asyncio.shield(self._unlogged))
+                self._unlogged = None
+        except asyncio.CancelledError:
+            if self.save_on_interrupt and not self.actor_failures:
+                self.interrupt_report = await self.interrupt_checkpoint.save(
+                    run_dir, self._save_interrupted(run_dir, summary)
+                )
+            raise
         finally:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
+            leftover = self.generation_stats.drain().dropped_failed  # dropped after the last step: logged all the same
+            self.logger.log_rollouts(self.state.step, "dropped", leftover)
+            if warning := self.group_failures.summary():
+                self._warn(warning)
             self.logger.close()
             if self.run_lock is not None:
                 self.run_lock.release()
@@ -172,14 +200,16 @@ class Controller:
         self, groups: list[RolloutGroup], evicted: list[RolloutGroup], wait_seconds: float
     ) -> tuple[dict[str, float], list]:
         """One optimizer step on a consumed batch: its logs, its metrics and the actors' metric states."""
-        metrics = batch_metrics(
-            groups, len(evicted), self.generation_stats.drain(), self.state.policy_version, wait_seconds
-        )
+        stats = self.generation_stats.drain()
+        metrics = batch_metrics(groups, len(evicted), stats, self.state.policy_version, wait_seconds)
         train_start = time.perf_counter()
         step_metrics = await self.train_step(groups)
         busy = time.perf_counter() - train_start  # advantages, train step (all minibatches) and weight sync
         self.logger.log_rollouts(self.state.step + 1, "train", groups)  # with the advantages the step trained
-        await self.sample_logger.record(groups, self.state.step + 1)
+        self.logger.log_rollouts(self.state.step + 1, "dropped", stats.dropped_failed)
+        await self.sample_logger.record(groups, self.state.step + 1, dropped=stats.dropped_failed)
+        if line := failure_line(self.state.step + 1, groups + stats.dropped_failed):
+            self._warn(line)
         for key in (
             "rollouts/dropped_groups",
             "rollouts/dropped_zero_adv_groups",
@@ -192,13 +222,20 @@ class Controller:
         return metrics, actor_states
 
     async def _end_step(
-        self, run_dir: Path, summary: dict[str, Any], step_start: float, trained: tuple[dict[str, Any], list] | None
+        self,
+        run_dir: Path,
+        summary: dict[str, Any],
+        step_start: float,
+        trained: tuple[dict[str, Any], list] | None,
+        interrupted: bool = False,
     ) -> None:
         """Every step ends here: held-out eval and a checkpoint when due (`rl.loop.state.due_after`), the step's record reduced
         with the actors' states and committed with the checkpoint (a kill before its log line loses nothing), then logged.
-        `trained` is None when the data ran out: the run ends with the eval and checkpoint the last step did not do."""
+        `trained` is None when the data ran out: the run ends with the eval and checkpoint the last step did not do.
+        `interrupted`: after a Ctrl-C, no eval and always a checkpoint."""
         step, version = self.state.step, self.state.policy_version
         eval_due, checkpoint_due = due_after(step, self.planned_steps, self.config, data_ran_out=trained is None)
+        eval_due, checkpoint_due = eval_due and not interrupted, checkpoint_due or interrupted
         metrics, actor_states = trained or ({}, [])
         if eval_due:
             metrics |= (evaluation := await self.validate())
@@ -209,6 +246,7 @@ class Controller:
                 self.logger.log_step(step, {"policy_version": version, **metrics})
             if checkpoint_due:
                 await save_checkpoint(run_dir, self.state, self.roles, self.config)
+                self.interrupt_checkpoint.committed_step = step
             return
         metrics |= {key: value for service in self.roles.services for key, value in service.metrics().items()}
         record, samples = self.logger.reduce_step({"policy_version": version, **metrics}, actor_states)
@@ -216,8 +254,21 @@ class Controller:
             record["time/checkpoint_s"] = await save_checkpoint(
                 run_dir, self.state, self.roles, self.config, (record, samples)
             )
+            self.interrupt_checkpoint.committed_step = step
         record["time/step_s"] = time.perf_counter() - step_start
         self.logger.write_step(step, record, samples)
+
+    async def _save_interrupted(self, run_dir: Path, summary: dict[str, Any]) -> Path | None:
+        """After the first Ctrl-C: a train step in flight finishes (the trainer's weights are already moving), then the
+        last completed step is committed (its record too when it was not logged yet) unless it already is; the newest
+        committed checkpoint (None: nothing trained)."""
+        if self._unlogged is not None:
+            await self._end_step(run_dir, summary, time.perf_counter(), await self._unlogged, interrupted=True)
+        elif self.state.step > self.interrupt_checkpoint.committed_step:
+            await save_checkpoint(run_dir, self.state, self.roles, self.config)
+            self.interrupt_checkpoint.committed_step = self.state.step
+        committed = checkpoint.committed_checkpoints(run_dir)
+        return committed[-1] if committed else None
 
     async def _next_batch(self, producer: asyncio.Task) -> tuple[list[RolloutGroup], list[RolloutGroup]]:
         """The next batch from the buffer; a crashed producer raises here instead of hanging the run."""
@@ -261,7 +312,9 @@ class Controller:
             sampler=algorithm.config.sampler,
             rollout_fn=algorithm.rollout_fn(),
         )
-        self.breaker.record(*group_failure(group))
+        failure = group_failure(group)
+        self.breaker.record(*failure)
+        self.group_failures.record(*failure)
         # the group's advantages are computed here, once; a dropped group gives its slot to another row
         drop = self.samples.drop_reason(group, self.config.trainer.seq_len)
         self.generation_stats.row_finished(group, drop)

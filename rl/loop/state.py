@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,3 +90,57 @@ async def save_checkpoint(
     (tmp / "config.toml").write_text(dump_toml(config))
     checkpoint.commit(run_dir, tmp, state.step, keep=config.checkpoint.keep)
     return time.perf_counter() - start
+
+
+@dataclass
+class InterruptReport:
+    """What the first Ctrl-C's checkpoint came to, at run step `step`: `checkpoint`, the committed checkpoint holding it
+    (None: nothing trained and none to resume), or `error`, why it could not be saved, and `committed_step`, the newest
+    step that is saved (the steps after it are lost)."""
+
+    run_dir: Path
+    step: int
+    checkpoint: Path | None = None
+    error: str | None = None
+    committed_step: int = 0
+
+    def message(self) -> str:
+        """The console's lines: where the run is and the exact resume command, or how many steps were lost."""
+        resume = f"resume with: rlmesh train --resume {self.run_dir}"
+        if self.error is None and self.checkpoint is not None:
+            return f"rlmesh: interrupted after step {self.step}; it is saved in {self.checkpoint}\n{resume}"
+        if self.error is None:
+            return "rlmesh: interrupted before the first step; nothing was trained and there is nothing to resume"
+        lost = self.step - self.committed_step
+        kept = f"step {self.committed_step} is saved; {resume}" if self.committed_step else "nothing is saved"
+        return (
+            f"rlmesh: interrupted after step {self.step}; its checkpoint could not be saved ({self.error}): {lost} "
+            f"step(s) lost, {kept}. Keep progress with --checkpoint.every_steps N or a larger "
+            "--checkpoint.interrupt_save_s"
+        )
+
+
+class InterruptCheckpoint:
+    """The newest committed step, and the bounded save of the last completed step after the first Ctrl-C."""
+
+    def __init__(self, state: RunState, budget_s: float):
+        """`state`: the run's (its step is read when the save ends); `budget_s`: `checkpoint.interrupt_save_s`."""
+        self.state = state
+        self.committed_step = state.step  # a resumed run starts from a committed checkpoint of its step
+        self.budget_s = budget_s
+
+    async def save(self, run_dir: Path, saving: Awaitable[Path | None]) -> InterruptReport:
+        """Await `saving` (the checkpoint it committed, None when there was nothing to save) within the budget."""
+        try:
+            if self.budget_s <= 0:
+                raise TimeoutError("checkpoint.interrupt_save_s = 0")
+            path = await asyncio.wait_for(saving, self.budget_s)
+        except TimeoutError as exc:
+            why = str(exc) or f"took longer than checkpoint.interrupt_save_s = {self.budget_s:g} s"
+            return InterruptReport(run_dir, self.state.step, error=why, committed_step=self.committed_step)
+        except Exception as exc:
+            return InterruptReport(run_dir, self.state.step, error=repr(exc), committed_step=self.committed_step)
+        finally:
+            if asyncio.iscoroutine(saving):
+                saving.close()  # never started (a zero budget): no "never awaited" warning
+        return InterruptReport(run_dir, self.state.step, checkpoint=path, committed_step=self.committed_step)

@@ -15,7 +15,7 @@ from rl.algorithms.streams import rollout_to_samples
 from rl.components import import_object
 from rl.config.metrics import SampleFilters, SampleLoggingConfig
 from rl.metrics.reduce import Reduce, record_metric
-from rollouts.types import Rollout, RolloutGroup, message_text
+from rollouts.types import FAILED_STATUSES, Rollout, RolloutGroup, message_text
 
 SAMPLES_KEY = "reward/samples"
 
@@ -35,13 +35,16 @@ async def mean_reference_logprob(rollout: Rollout, reference_logprobs: Reference
     return total / count if count else None
 
 
-def sample_record(rollout: Rollout, *, episode_id: int, target: str | None, advantage: float | None) -> dict[str, Any]:
+def sample_record(
+    rollout: Rollout, *, episode_id: int | None, target: str | None, advantage: float | None
+) -> dict[str, Any]:
     """The seed's fields for one rollout, plus its task, status, id and reward components (`reward/<fn>`).
 
     prompt: the first turn's messages as `role: text` lines; response: every assistant reply (and, in
     multi-turn rollouts, the environment's messages between them as `role: text`); lengths in tokens,
     request_len of the first prompt, response_len of all sampled tokens; policy_version of the oldest
-    sampled token. `ref_logprobs` is filled in later, and only when the run has a reference model.
+    sampled token. `ref_logprobs` is filled in later, and only when the run has a reference model. `error`: why a
+    failed rollout (status error, timeout, aborted) failed, e.g. its reward function's exception; None otherwise.
     """
     first = rollout.turns[0] if rollout.turns else None
     response: list[str] = []
@@ -62,6 +65,7 @@ def sample_record(rollout: Rollout, *, episode_id: int, target: str | None, adva
         "response_len": rollout.num_completion_tokens,
         "ref_logprobs": None,
         "status": rollout.status.value,
+        "error": rollout.error,
         "rollout_id": rollout.rollout_id,
         **{f"reward/{name}": value for name, value in sorted(rollout.reward_components.items())},
     }
@@ -136,13 +140,26 @@ class SampleLogger:
         self.reference_logprobs = reference_logprobs
         self.filter = SampleFilter(config.filters, seed=seed)
 
-    async def record(self, groups: list[RolloutGroup], step: int) -> None:
+    async def record(self, groups: list[RolloutGroup], step: int, dropped: list[RolloutGroup] = ()) -> None:
         """Record the chosen samples of the batch trained at `step` (episode ids count trained rollouts from 0).
 
         With `reference_logprobs` (runs with `algorithm.kl_coef > 0`) each chosen sample gets `ref_logprobs`,
-        the mean reference logprob of its sampled tokens: one reference forward per logged sample.
+        the mean reference logprob of its sampled tokens: one reference forward per logged sample. Every failed
+        rollout of `dropped` (groups the step did not train, e.g. every rollout's reward function raised) is
+        logged too, whatever the filters, with no episode id: a failure is never out of sight.
         """
-        if not self.config.enabled or not self.filter.wants_step(step):
+        if not self.config.enabled:
+            return
+        for group in dropped:
+            target = self.targets[group.task_name](group.example)
+            for rollout in group.rollouts:
+                if rollout.status in FAILED_STATUSES:
+                    record_metric(
+                        SAMPLES_KEY,
+                        sample_record(rollout, episode_id=None, target=target, advantage=None),
+                        Reduce.SAMPLE,
+                    )
+        if not self.filter.wants_step(step):
             return
         episode_id = (step - 1) * self.episodes_per_step
         samples, rollouts = [], {}

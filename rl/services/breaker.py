@@ -6,14 +6,12 @@ from collections import deque
 from collections.abc import Callable
 
 from rl.services.config import BreakerConfig
-from rollouts.types import RolloutGroup, RolloutStatus
-
-_FAILED = (RolloutStatus.ERROR, RolloutStatus.TIMEOUT, RolloutStatus.ABORTED)
+from rollouts.types import FAILED_STATUSES, RolloutGroup
 
 
 def group_failure(group: RolloutGroup) -> tuple[bool, str]:
     """(failed, cause): a group failed when every rollout of it is an ERROR, TIMEOUT or ABORTED."""
-    errors = [rollout.error or rollout.status.value for rollout in group.rollouts if rollout.status in _FAILED]
+    errors = [rollout.error or rollout.status.value for rollout in group.rollouts if rollout.status in FAILED_STATUSES]
     return bool(errors) and len(errors) == len(group.rollouts), (errors[0] if errors else "")[-500:]
 
 

@@ -45,6 +45,7 @@ SAMPLE_COLUMNS = [
     "response_len",
     "ref_logprobs",
     "status",
+    "error",
     "rollout_id",
     "reward/even_token_share",
 ]

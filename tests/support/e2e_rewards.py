@@ -30,3 +30,22 @@ def judge_reply_length(reply: str) -> float:
 def always_fails(rollout: Rollout, example: dict) -> float:
     """A rubric that always raises: every group fails, for the circuit breaker."""
     raise RuntimeError("this rubric always fails")
+
+
+def flaky(rollout: Rollout, example: dict) -> float | str:
+    """The first-hour report's flaky reward (issue 33), by the row's number: raises ValueError when it ends in 0 or 1,
+    returns nan when it ends in 2 and the string "1.0" when it ends in 3 (4 of every 10 rows fail, all their rollouts
+    alike); otherwise `even_token_share`, which differs between samples."""
+    last_digit = example["number"] % 10
+    if last_digit in (0, 1):
+        raise ValueError(f"cannot grade number {example['number']}")
+    if last_digit == 2:
+        return float("nan")
+    if last_digit == 3:
+        return "1.0"
+    return even_token_share(rollout, example)
+
+
+def flaky_rows_fail(number: int) -> bool:
+    """Whether `flaky` fails every rollout of the row of `number`."""
+    return number % 10 in (0, 1, 2, 3)

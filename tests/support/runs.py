@@ -19,7 +19,7 @@ def fake_run(
     """A run directory with checkpoints as the run writes them, but a 4096-float trainer state; `damage_before_commit(tmp)`
     spoils a checkpoint before its manifest is taken (bad from the start, yet matching its manifest)."""
     run_dir = tmp_path / "run"
-    config = load_config(TINY)
+    config = load_config(TINY, {"run.steps": "10"})  # unfinished at every step it has a checkpoint of
     run_dir.mkdir()
     (run_dir / "config.toml").write_text(dump_toml(config))
     for step in steps_with_checkpoints:

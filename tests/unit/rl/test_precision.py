@@ -5,7 +5,7 @@ import torch
 
 from rl import precision
 from rl.config import Config
-from rl.precision import MismatchWatch, compute_context, resolve_compute_dtype
+from rl.precision import MismatchWatch, compute_context, known_not_to_learn, precision_warnings, resolve_precision
 
 
 def test_bf16_compute_keeps_fp32_master_weights_and_small_updates():
@@ -45,20 +45,44 @@ def test_mismatch_watch_floor_ignores_noise_of_an_exact_sampler():
     assert watch.check(2e-3) is not None
 
 
-def test_auto_compute_dtype_is_bf16_only_where_bf16_is_native():
-    assert resolve_compute_dtype("auto", "float32", native=True) == "bfloat16"
-    assert resolve_compute_dtype("auto", "float32", native=False) == "float32"
-    assert resolve_compute_dtype("auto", "bfloat16", native=False) == "bfloat16"  # pure low precision stays as it is
-    assert resolve_compute_dtype("float32", "float32", native=True) == "float32"  # an explicit dtype is kept
+DTYPES = ["auto", "float32", "bfloat16"]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_resolves_trainer_and_sampler_together_and_never_to_a_silent_disagreement(native):
+    """Every trainer.dtype x generator.dtype with "auto" on a side: the resolved pair agrees, or (a bf16 sampler the
+    trainer cannot follow without native bf16) `known_not_to_learn` names it. The native flag is injected: this
+    project's CPU has none, the issue's had it (bf16 autocast against an fp32 sampler, at lr 1e-6: did not learn)."""
+    for trainer, sampler in [(t, s) for t in DTYPES for s in DTYPES if "auto" in (t, s)]:
+        resolved = resolve_precision(trainer, sampler, "float32", native)
+        assert "auto" not in resolved
+        assert resolved[0] == resolved[1] or known_not_to_learn(*resolved, corrected=False), (trainer, sampler)
+    assert resolve_precision("auto", "auto", "float32", native) == ("float32", "float32")  # the measured learning pair
+    assert resolve_precision("bfloat16", "auto", "float32", native) == ("bfloat16", "bfloat16")  # sampler follows
+    assert resolve_precision("auto", "bfloat16", "float32", native) == ("bfloat16" if native else "float32", "bfloat16")
+    assert resolve_precision("auto", "auto", "bfloat16", native) == ("bfloat16", "bfloat16")  # pure low precision
+    assert resolve_precision("float32", "bfloat16", "float32", native) == ("float32", "bfloat16")  # explicit: kept
+
+
+def test_pairs_known_not_to_learn_are_named():
+    [bf16_trainer] = known_not_to_learn("bfloat16", "float32", corrected=True)
+    assert "did not learn" in bf16_trainer and "both 'auto' gives float32" in bf16_trainer
+    [bf16_sampler] = known_not_to_learn("float32", "bfloat16", corrected=False)
+    assert "decoupled_token_is" in bf16_sampler
+    assert known_not_to_learn("float32", "bfloat16", corrected=True) == []  # the GPU configs' pair
+    assert known_not_to_learn("float32", "float32", corrected=False) == []
+    assert known_not_to_learn("bfloat16", "bfloat16", corrected=False) == []
 
 
 @pytest.mark.parametrize("native", [True, False])
 def test_validation_resolves_auto_and_refuses_bf16_on_a_cpu_without_it(monkeypatch, native):
     monkeypatch.setattr(precision, "native_bf16", lambda device: native)
-    assert Config().trainer.dtype == ("bfloat16" if native else "float32")
-    assert Config().generator.dtype == "float32"  # the sampler follows the trainer's exact (fp32) weights
+    assert (Config().trainer.dtype, Config().generator.dtype) == ("float32", "float32")  # without a [trainer] section
+    assert precision_warnings(Config()) == []
     if native:
-        assert Config(trainer={"dtype": "bfloat16"}).trainer.dtype == "bfloat16"
+        config = Config(trainer={"dtype": "bfloat16"})
+        assert (config.trainer.dtype, config.generator.dtype) == ("bfloat16", "bfloat16")
+        assert precision_warnings(Config(trainer={"dtype": "bfloat16"}, generator={"dtype": "float32"}))
     else:
         with pytest.raises(ValueError, match="_is_mkldnn_bf16_supported"):
             Config(trainer={"dtype": "bfloat16"})

@@ -208,3 +208,10 @@ def test_a_resume_logs_the_checkpoints_step_record_when_the_run_stopped_before_l
     assert [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()] == [
         {"step": 3, "key": "train", "reward": 1.0}
     ]
+
+
+def test_resuming_a_finished_run_without_new_steps_says_so_at_once(tmp_path):
+    run_dir = fake_run(tmp_path, [1, 2])
+    with pytest.raises(ConfigError, match=r"has finished its run.steps = 2 steps: nothing to resume. .*--run.steps N"):
+        resume_config(run_dir, {"run.steps": "2"})
+    assert resume_config(run_dir, {"run.steps": "3"})[1].name == "step_00000002"

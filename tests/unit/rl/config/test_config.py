@@ -159,7 +159,7 @@ def test_precision_defaults_keep_fp32_master_weights_and_an_exact_sampler():
         NATIVE_BF16
     ):  # elsewhere bf16 compute on CPU is refused (tests/unit/rl/config/test_config.py: the shipped configs)
         bf16_compute = load_config(CONFIGS / "sum_digits_smollm2_cpu.toml", {"trainer.dtype": "bfloat16"})
-        assert (bf16_compute.trainer.param_dtype, bf16_compute.generator.dtype) == ("float32", "float32")
+        assert (bf16_compute.trainer.param_dtype, bf16_compute.generator.dtype) == ("float32", "bfloat16")
         insisted = load_config(
             None, {"trainer.param_dtype": "bfloat16", "trainer.dtype": "bfloat16", "trainer.pure_low_precision": "true"}
         )

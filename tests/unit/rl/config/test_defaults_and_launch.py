@@ -96,3 +96,10 @@ def test_every_shipped_config_validates_from_the_repo_root(config, monkeypatch, 
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # main() extends it: restored after the test
     assert main(["validate", "--config", f"configs/{config}"]) == 0, capsys.readouterr().err
+
+
+def test_validate_warns_about_a_precision_pair_known_not_to_learn(capsys):
+    assert main(["validate", "--generator.dtype", "bfloat16", "--trainer.dtype", "float32"]) == 0
+    assert "rlmesh: warning: generator.dtype = bfloat16 samples below the trainer's float32" in capsys.readouterr().err
+    assert main(["validate"]) == 0  # no [trainer] section: float32 for both, nothing to warn about
+    assert "warning" not in capsys.readouterr().err

@@ -151,6 +151,7 @@ def test_sample_record_has_the_seed_fields():
         "response_len": 2,
         "ref_logprobs": None,
         "status": "completed",
+        "error": None,
         "rollout_id": "train/row=7/2",
         "reward/digit_sum_correct": 0.75,
     }

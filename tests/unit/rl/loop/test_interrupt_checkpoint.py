@@ -1,0 +1,141 @@
+"""The first Ctrl-C commits the last completed step (a train step in flight finishes first), within
+`checkpoint.interrupt_save_s`; past it the report says how many steps were lost.
+
+The controller's own loop runs; generation, the trainer and the actors' part of a checkpoint are replaced (the run
+state, the step's record and the commit are the real ones). A real Ctrl-C and resume: tests/e2e/test_interrupt.py."""
+
+import asyncio
+import json
+
+import pytest
+
+from rl.checkpoint import store as checkpoint
+from rl.config import load_config
+from rl.loop.controller import Controller
+from rl.loop.state import row_index_of
+from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
+from tests.support.paths import E2E_CONFIGS
+
+NEVER = asyncio.Event  # an event nobody sets
+
+
+def group(row_id: str, task_name: str, row: dict, version: int) -> RolloutGroup:
+    """Two rollouts with rewards 1 and 0: something to learn."""
+    turn = RolloutTurn(
+        prompt_messages=[], prompt_token_ids=[1, 2], completion_token_ids=[3], completion_logprobs=[-0.5],
+        policy_version=version,
+    )  # fmt: skip
+    rollouts = [
+        Rollout(
+            rollout_id=f"{row_id}/{index}",
+            group_id=row_id,
+            task_name=task_name,
+            sample_index=index,
+            turns=[turn],
+            status=RolloutStatus.COMPLETED,
+            reward=float(index == 0),
+        )
+        for index in range(2)
+    ]
+    return RolloutGroup(group_id=row_id, task_name=task_name, example=row, rollouts=rollouts)
+
+
+class StubbedRun:
+    """A controller whose rows of step `generation_stops_at` never finish generating and whose train step
+    `train_step_waits_at` waits for `release`."""
+
+    def __init__(self, tmp_path, generation_stops_at=None, train_step_waits_at=None, save_s="40"):
+        self.controller = controller = Controller(
+            load_config(
+                E2E_CONFIGS / "tiny_qwen3_e2e.toml",
+                {
+                    "run.output_dir": str(tmp_path),
+                    "run.steps": "10",
+                    "run.eval_every": "0",
+                    "algorithm.group_size": "2",
+                    "checkpoint.interrupt_save_s": save_s,
+                    "wandb.enabled": "false",
+                },
+            )
+        )
+        controller.save_on_interrupt = True
+        self.in_flight, self.release = asyncio.Event(), asyncio.Event()
+        rows_per_step = controller.config.run.groups_per_step
+
+        async def make(row_id, task_name, row, group_size, sampling, sampler="policy", rollout_fn=None):
+            if generation_stops_at and row_index_of(row_id) >= (generation_stops_at - 1) * rows_per_step:
+                await NEVER().wait()
+            return group(row_id, task_name, row, controller.state.policy_version)
+
+        async def train_step(groups):
+            _samples, metrics = await controller.samples.build(groups)
+            if controller.state.step + 1 == train_step_waits_at:
+                self.in_flight.set()
+                await self.release.wait()
+            controller.state.policy_version += 1
+            await controller.admission.set_policy_version(controller.state.policy_version)
+            return metrics
+
+        async def no_states(step):
+            return []
+
+        async def trainer_part(path):  # the trainer's model and optimizer would go here
+            (path / "trainer_saved").write_text("")
+
+        controller.scored_groups.make = make
+        controller.train_step = train_step
+        controller.roles.gather_states = no_states
+        controller.roles.save_checkpoint = trainer_part
+
+    async def interrupt(self, when, then=None) -> None:
+        """Run `train()`, cancel it (the first Ctrl-C) once `when()` holds, call `then()`, wait for it to stop."""
+        task = asyncio.create_task(self.controller.train())
+        while not when():
+            await asyncio.sleep(0.01)
+        task.cancel()
+        if then is not None:
+            asyncio.get_running_loop().call_later(0.1, then)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+def logged_steps(run_dir) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+async def test_ctrl_c_while_the_next_batch_generates_commits_the_last_step(tmp_path):
+    run = StubbedRun(tmp_path, generation_stops_at=3)
+    controller = run.controller
+    await run.interrupt(lambda: controller.state.step == 2 and controller._unlogged is None)
+    report = controller.interrupt_report
+    run_dir = report.run_dir
+    assert (report.step, report.error) == (2, None) and report.checkpoint == checkpoint.newest_checkpoint(run_dir)
+    assert checkpoint.read_run_state(report.checkpoint)["step"] == 2 and (report.checkpoint / "trainer_saved").exists()
+    assert logged_steps(run_dir) == [1, 2]
+    assert report.message() == (
+        f"rlmesh: interrupted after step 2; it is saved in {report.checkpoint}\n"
+        f"resume with: rlmesh train --resume {run_dir}"
+    )
+
+
+async def test_a_train_step_in_flight_finishes_and_is_committed_with_its_record(tmp_path):
+    run = StubbedRun(tmp_path, train_step_waits_at=3)
+    await run.interrupt(run.in_flight.is_set, then=run.release.set)  # the trainer finishes after the Ctrl-C
+    report = run.controller.interrupt_report
+    assert (report.step, report.error) == (3, None) and report.checkpoint.name == "step_00000003"
+    metrics, _samples = checkpoint.read_step_record(report.checkpoint)
+    assert metrics["policy_version"] == 3 and metrics["reward/mean"] == 0.5
+    assert logged_steps(report.run_dir) == [1, 2, 3]
+
+
+async def test_a_save_past_its_budget_says_how_many_steps_were_lost(tmp_path):
+    run = StubbedRun(tmp_path, train_step_waits_at=3, save_s="0.2")  # the trainer never finishes step 3
+    await run.interrupt(run.in_flight.is_set)
+    report = run.controller.interrupt_report
+    assert checkpoint.committed_checkpoints(report.run_dir) == []
+    assert report.message() == (
+        "rlmesh: interrupted after step 2; its checkpoint could not be saved (took longer than "
+        "checkpoint.interrupt_save_s = 0.2 s): 2 step(s) lost, nothing is saved. Keep progress with "
+        "--checkpoint.every_steps N or a larger --checkpoint.interrupt_save_s"
+    )
+    run.release.set()
