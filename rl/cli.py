@@ -153,7 +153,7 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
     except (OSError, ValueError) as exc:
         print(f"rlmesh: cannot set up the run: {exc}", file=sys.stderr)
         return 2
-    controller.save_on_interrupt = True
+    controller.checkpoints.save_on_interrupt = True
     interruptible.grace_s = config.checkpoint.interrupt_save_s + interruptible.grace_s  # the save, then the teardown
     try:
         summary = interruptible.run(controller.run())
@@ -175,8 +175,8 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
 
 def _interrupted_message(controller: Controller, resume_from: Path | None) -> str:
     """Where an interrupted run stands: the Ctrl-C checkpoint's report, or (stopped during start-up) what is left."""
-    if controller.interrupt_report is not None:
-        return controller.interrupt_report.message()
+    if controller.checkpoints.report is not None:
+        return controller.checkpoints.report.message()
     if resume_from is not None:
         return f"stopped during start-up; {resume_from} is unchanged: resume with: rlmesh train --resume {resume_from.parent.parent}"
     return "stopped during start-up: nothing was trained and there is nothing to resume"
@@ -186,7 +186,7 @@ def _resume_hint_if_any(message: str, controller: Controller) -> str:
     """A fault's message with its resume hint only when there is something to resume (a committed checkpoint)."""
     from rl.loop.roles import RESUME_HINT
 
-    if controller.interrupt_checkpoint.committed_step > 0 or controller.resume_from is not None:
+    if controller.checkpoints.committed_step > 0 or controller.resume_from is not None:
         return message
     return message.replace(RESUME_HINT, "the run stopped before any checkpoint: nothing to resume, start it again")
 
@@ -203,7 +203,7 @@ def _new_task(name: str, directory: str, extra: list[str]) -> int:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return 2
     print(
-        f"wrote {package}/ (task.py, config.toml, test_task.py); run its test with: python -m pytest {package}/test_task.py"
+        f"wrote {package}/ (task.py, config.toml, test_task.py); run its test with: {sys.executable} -m pytest {package}/test_task.py"
     )
     return 0
 

@@ -40,16 +40,17 @@ class {env_class}(MessageEnv):
 
 
 class {task_class}(Task):
-    """Rows `{{question, answer}}`: seeded here, or from a file with the config's `data` table."""
+    """Rows `{{question, answer}}`, from a file with the config's `data` table or made here. The rows made here are a
+    placeholder that runs as is: sums of two numbers. Replace them with {title}'s own questions and answers."""
 
     row_fields = ("question", "answer")
 
     def __init__(self, num_train: int = 200, num_validation: int = 20, seed: int = 0):
-        rng = random.Random(seed)
-        rows = []
-        for _ in range(num_train + num_validation):
-            a, b = rng.randint(1, 50), rng.randint(1, 50)
-            rows.append({{"question": f"What is {{a}} + {{b}}? Reply with just the number.", "answer": str(a + b)}})
+        pairs = [(a, b) for a in range(1, 51) for b in range(1, 51)]
+        chosen = random.Random(seed).sample(pairs, num_train + num_validation)  # no row twice: the splits are disjoint
+        rows = [
+            {{"question": f"What is {{a}} + {{b}}? Reply with just the number.", "answer": str(a + b)}} for a, b in chosen
+        ]
         self.splits = {{"validation": rows[:num_validation], "train": rows[num_validation:]}}
 
     def load_dataset(self, split: Split) -> list[dict[str, Any]]:
@@ -66,6 +67,9 @@ class {task_class}(Task):
 _CONFIG = """# rlmesh train --config {name}/config.toml   (run from the folder that contains {name}/)
 [model]
 path = "smollm2-135m-instruct"
+
+[trainer]
+lr = 2e-5   # the default 1e-6 is a rate for 1B+ models; SmolLM2-135M learns at 2e-5 (dtype "auto": fp32 trainer and sampler)
 
 [algorithm]
 group_size = 8
@@ -107,7 +111,9 @@ async def test_rubric(text, expected):
 
 def test_splits_are_disjoint():
     task = {task_class}()
-    assert len(task.load_dataset("train")) == 200 and len(task.load_dataset("validation")) == 20
+    train, validation = task.load_dataset("train"), task.load_dataset("validation")
+    assert len(train) == 200 and len(validation) == 20
+    assert not {{row["question"] for row in train}} & {{row["question"] for row in validation}}
 
 
 @pytest.mark.asyncio

@@ -48,8 +48,9 @@ class GeneratorConfig(Section):
     device: Device = "cpu"
     """Where the engines run; must equal `trainer.device`."""
     dtype: DType | Literal["auto"] = "auto"
-    """Weights dtype of the sampler; "auto" = the trainer's parameter dtype, so it samples the exact policy.
-    A lower dtype halves weight-sync bytes but samples a drifting policy (see `run.mismatch_warn_factor`)."""
+    """Weights dtype of the sampler; "auto" = the trainer's compute dtype (`trainer.dtype`, resolved with it: both
+    "auto" gives the parameters' dtype, fp32, so it samples the trainer's exact policy). A lower dtype halves
+    weight-sync bytes but samples a drifting policy (see `run.mismatch_warn_factor`)."""
     tensor_parallel_size: int = Field(1, ge=1)
     """GPUs per replica: vLLM shards the model over them (tensor parallelism)."""
     enforce_eager: bool = True
@@ -85,15 +86,18 @@ class TrainerConfig(Section):
     """Where the trainer runs: "cpu", or "cuda" with one GPU per rank."""
     dtype: DType | Literal["auto"] = "auto"
     """Compute dtype: below `param_dtype` the forward/backward runs under autocast over fp32 master weights.
-    "auto": bf16 where the device runs bf16 matmuls natively (CUDA; a CPU with AVX512-BF16/AMX), else
-    `param_dtype`; resolved when the config is validated. Explicit "bfloat16" on a CPU without it is refused."""
+    "auto" resolves with `generator.dtype` so the two never silently disagree: both "auto" = `param_dtype` for
+    both (the pair measured to learn); a bf16 sampler = bf16 autocast where the device runs bf16 matmuls natively
+    (CUDA; a CPU with AVX512-BF16/AMX), else `param_dtype` (`rlmesh validate` warns). Explicit "bfloat16" on a CPU
+    without native bf16 is refused."""
     param_dtype: DType = "float32"
     """Dtype of the parameters and optimizer state. Below fp32 only with `pure_low_precision = true`."""
     pure_low_precision: bool = False
     """Allow low-precision parameters: AdamW updates at RL learning rates mostly round away in bf16."""
     lr: float = Field(1e-6, gt=0)
-    """AdamW's learning rate (the peak, after warm-up). 1e-6 is TRL's GRPO default and the rate the main job was
-    measured with."""
+    """AdamW's learning rate (the peak, after warm-up). The default 1e-6 is TRL's GRPO default, a rate for models of a
+    billion parameters and more (the shipped Qwen3 GPU configs use it). A small model needs a larger one: the main
+    job (SmolLM2-135M, fp32) and the `rlmesh new-task` config use 2e-5, where its reward rises within a few steps."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW's decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)

@@ -39,16 +39,7 @@ from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
 from rl.loop.roles import Roles
 from rl.loop.scored_groups import ScoredGroups
-from rl.loop.state import (
-    InterruptCheckpoint,
-    InterruptReport,
-    RunState,
-    due_after,
-    open_run_dir,
-    row_index_of,
-    save_checkpoint,
-    train_group_id,
-)
+from rl.loop.state import Checkpoints, RunState, due_after, open_run_dir, row_index_of, train_group_id
 from rl.metrics import timer
 from rl.metrics.generation import GenerationStats, GroupFailures, batch_metrics, failure_line, overlap_metrics
 from rl.metrics.logger import MetricsLogger
@@ -99,11 +90,7 @@ class Controller:
         """Groups produced and failed over the whole run: the end of the run says so when some failed."""
         self.actor_failures: list[str] = []
         """Why the run stopped, if an actor failure or the rollout breaker stopped it (the CLI prints these)."""
-        self.save_on_interrupt = False
-        """Set by `rlmesh train`: a cancelled run (the first Ctrl-C) commits its last completed step before it stops."""
-        self.interrupt_checkpoint = InterruptCheckpoint(self.state, config.checkpoint.interrupt_save_s)
-        self.interrupt_report: InterruptReport | None = None
-        """What the Ctrl-C checkpoint came to (the CLI prints it with the resume command)."""
+        self.checkpoints = Checkpoints(self.state, self.roles, config)
         self._unlogged: asyncio.Future | None = None  # the step being trained or ended, until its record is logged
         self._run_task: asyncio.Task | None = None
         self.run_lock: RunDirLock | None = None
@@ -161,10 +148,8 @@ class Controller:
                 await self._end_step(run_dir, summary, step_start, await asyncio.shield(self._unlogged))
                 self._unlogged = None
         except asyncio.CancelledError:
-            if self.save_on_interrupt and not self.actor_failures:
-                self.interrupt_report = await self.interrupt_checkpoint.save(
-                    run_dir, self._save_interrupted(run_dir, summary)
-                )
+            if not self.actor_failures:  # the first Ctrl-C
+                await self.checkpoints.after_interrupt(run_dir, self._end_step_in_flight(run_dir, summary))
             raise
         finally:
             producer.cancel()
@@ -245,30 +230,22 @@ class Controller:
             if metrics:
                 self.logger.log_step(step, {"policy_version": version, **metrics})
             if checkpoint_due:
-                await save_checkpoint(run_dir, self.state, self.roles, self.config)
-                self.interrupt_checkpoint.committed_step = step
+                await self.checkpoints.save(run_dir)
             return
         metrics |= {key: value for service in self.roles.services for key, value in service.metrics().items()}
         record, samples = self.logger.reduce_step({"policy_version": version, **metrics}, actor_states)
         if checkpoint_due:
-            record["time/checkpoint_s"] = await save_checkpoint(
-                run_dir, self.state, self.roles, self.config, (record, samples)
-            )
-            self.interrupt_checkpoint.committed_step = step
+            record["time/checkpoint_s"] = await self.checkpoints.save(run_dir, (record, samples))
         record["time/step_s"] = time.perf_counter() - step_start
         self.logger.write_step(step, record, samples)
 
-    async def _save_interrupted(self, run_dir: Path, summary: dict[str, Any]) -> Path | None:
-        """After the first Ctrl-C: a train step in flight finishes (the trainer's weights are already moving), then the
-        last completed step is committed (its record too when it was not logged yet) unless it already is; the newest
-        committed checkpoint (None: nothing trained)."""
-        if self._unlogged is not None:
-            await self._end_step(run_dir, summary, time.perf_counter(), await self._unlogged, interrupted=True)
-        elif self.state.step > self.interrupt_checkpoint.committed_step:
-            await save_checkpoint(run_dir, self.state, self.roles, self.config)
-            self.interrupt_checkpoint.committed_step = self.state.step
-        committed = checkpoint.committed_checkpoints(run_dir)
-        return committed[-1] if committed else None
+    async def _end_step_in_flight(self, run_dir: Path, summary: dict[str, Any]) -> bool:
+        """After the first Ctrl-C: a train step in flight finishes (the trainer's weights are already moving) and ends
+        with a checkpoint and no eval; False when no step was in flight."""
+        if self._unlogged is None:
+            return False
+        await self._end_step(run_dir, summary, time.perf_counter(), await self._unlogged, interrupted=True)
+        return True
 
     async def _next_batch(self, producer: asyncio.Task) -> tuple[list[RolloutGroup], list[RolloutGroup]]:
         """The next batch from the buffer; a crashed producer raises here instead of hanging the run."""

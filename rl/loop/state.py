@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,27 +120,49 @@ class InterruptReport:
         )
 
 
-class InterruptCheckpoint:
-    """The newest committed step, and the bounded save of the last completed step after the first Ctrl-C."""
+class Checkpoints:
+    """A run's checkpoint commits (`save_checkpoint`) and the newest committed step; after the first Ctrl-C of
+    `rlmesh train` (`save_on_interrupt`), the bounded commit of the last completed step and its `report`."""
 
-    def __init__(self, state: RunState, budget_s: float):
-        """`state`: the run's (its step is read when the save ends); `budget_s`: `checkpoint.interrupt_save_s`."""
-        self.state = state
+    def __init__(self, state: RunState, roles: Roles, config: Config):
+        self.state, self.roles, self.config = state, roles, config
         self.committed_step = state.step  # a resumed run starts from a committed checkpoint of its step
-        self.budget_s = budget_s
+        self.save_on_interrupt = False
+        """Set by `rlmesh train`: a cancelled run (the first Ctrl-C) commits its last completed step before it stops."""
+        self.report: InterruptReport | None = None
+        """What the Ctrl-C checkpoint came to (the CLI prints it with the resume command)."""
 
-    async def save(self, run_dir: Path, saving: Awaitable[Path | None]) -> InterruptReport:
-        """Await `saving` (the checkpoint it committed, None when there was nothing to save) within the budget."""
+    async def save(self, run_dir: Path, record: tuple[dict[str, Any], dict[str, Any]] | None = None) -> float:
+        """`save_checkpoint` of the current step; returns seconds spent."""
+        seconds = await save_checkpoint(run_dir, self.state, self.roles, self.config, record)
+        self.committed_step = self.state.step
+        return seconds
+
+    async def after_interrupt(self, run_dir: Path, end_step_in_flight: Coroutine[Any, Any, bool]) -> None:
+        """Within `checkpoint.interrupt_save_s`: `end_step_in_flight` (a train step in flight finishes and ends with a
+        checkpoint; False when none was in flight), else a commit of the last completed step unless it already is."""
+        budget_s = self.config.checkpoint.interrupt_save_s
+        if not self.save_on_interrupt:
+            end_step_in_flight.close()  # never started: no "never awaited" warning
+            return
+
+        async def saving() -> None:
+            if not await end_step_in_flight and self.state.step > self.committed_step:
+                await self.save(run_dir)
+
+        report = InterruptReport(run_dir, self.state.step, committed_step=self.committed_step)
         try:
-            if self.budget_s <= 0:
+            if budget_s <= 0:
                 raise TimeoutError("checkpoint.interrupt_save_s = 0")
-            path = await asyncio.wait_for(saving, self.budget_s)
+            await asyncio.wait_for(saving(), budget_s)
         except TimeoutError as exc:
-            why = str(exc) or f"took longer than checkpoint.interrupt_save_s = {self.budget_s:g} s"
-            return InterruptReport(run_dir, self.state.step, error=why, committed_step=self.committed_step)
+            report.error = str(exc) or f"took longer than checkpoint.interrupt_save_s = {budget_s:g} s"
         except Exception as exc:
-            return InterruptReport(run_dir, self.state.step, error=repr(exc), committed_step=self.committed_step)
+            report.error = repr(exc)
         finally:
-            if asyncio.iscoroutine(saving):
-                saving.close()  # never started (a zero budget): no "never awaited" warning
-        return InterruptReport(run_dir, self.state.step, checkpoint=path, committed_step=self.committed_step)
+            if budget_s <= 0:
+                end_step_in_flight.close()
+        report.step, report.committed_step = self.state.step, self.committed_step
+        if report.error is None and self.committed_step:
+            report.checkpoint = checkpoint.committed_checkpoints(run_dir)[-1]
+        self.report = report

@@ -1,6 +1,7 @@
 """`rlmesh new-task` writes a package whose own test passes, and whose config validates."""
 
 import os
+import shlex
 import subprocess
 import sys
 
@@ -12,9 +13,11 @@ def test_generated_package_passes_its_own_test_and_validates(tmp_path, capsys):
     assert main(["new-task", "word_math", "--dir", str(tmp_path)]) == 0
     package = tmp_path / "word_math"
     assert sorted(p.name for p in package.iterdir()) == ["__init__.py", "config.toml", "task.py", "test_task.py"]
+    printed = capsys.readouterr().out.split("run its test with: ")[1].strip()
+    assert printed == f"{sys.executable} -m pytest {package}/test_task.py"  # this interpreter: works outside the venv
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(package / "test_task.py")],
+        [*shlex.split(printed), "-q", "-p", "no:cacheprovider"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -33,6 +36,8 @@ def test_generated_package_passes_its_own_test_and_validates(tmp_path, capsys):
     )
     assert validated.returncode == 0, validated.stderr
     assert 'name = "word_math.task:WordMathTask"' in validated.stdout
+    assert "warning" not in validated.stderr  # the resolved precision pair is one known to learn
+    assert "lr = 2e-05" in validated.stdout
 
 
 def test_bad_names_and_existing_folders_are_refused(tmp_path, capsys):

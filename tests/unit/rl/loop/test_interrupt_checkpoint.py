@@ -58,7 +58,7 @@ class StubbedRun:
                 },
             )
         )
-        controller.save_on_interrupt = True
+        controller.checkpoints.save_on_interrupt = True
         self.in_flight, self.release = asyncio.Event(), asyncio.Event()
         rows_per_step = controller.config.run.groups_per_step
 
@@ -107,7 +107,7 @@ async def test_ctrl_c_while_the_next_batch_generates_commits_the_last_step(tmp_p
     run = StubbedRun(tmp_path, generation_stops_at=3)
     controller = run.controller
     await run.interrupt(lambda: controller.state.step == 2 and controller._unlogged is None)
-    report = controller.interrupt_report
+    report = controller.checkpoints.report
     run_dir = report.run_dir
     assert (report.step, report.error) == (2, None) and report.checkpoint == checkpoint.newest_checkpoint(run_dir)
     assert checkpoint.read_run_state(report.checkpoint)["step"] == 2 and (report.checkpoint / "trainer_saved").exists()
@@ -121,7 +121,7 @@ async def test_ctrl_c_while_the_next_batch_generates_commits_the_last_step(tmp_p
 async def test_a_train_step_in_flight_finishes_and_is_committed_with_its_record(tmp_path):
     run = StubbedRun(tmp_path, train_step_waits_at=3)
     await run.interrupt(run.in_flight.is_set, then=run.release.set)  # the trainer finishes after the Ctrl-C
-    report = run.controller.interrupt_report
+    report = run.controller.checkpoints.report
     assert (report.step, report.error) == (3, None) and report.checkpoint.name == "step_00000003"
     metrics, _samples = checkpoint.read_step_record(report.checkpoint)
     assert metrics["policy_version"] == 3 and metrics["reward/mean"] == 0.5
@@ -131,7 +131,7 @@ async def test_a_train_step_in_flight_finishes_and_is_committed_with_its_record(
 async def test_a_save_past_its_budget_says_how_many_steps_were_lost(tmp_path):
     run = StubbedRun(tmp_path, train_step_waits_at=3, save_s="0.2")  # the trainer never finishes step 3
     await run.interrupt(run.in_flight.is_set)
-    report = run.controller.interrupt_report
+    report = run.controller.checkpoints.report
     assert checkpoint.committed_checkpoints(report.run_dir) == []
     assert report.message() == (
         "rlmesh: interrupted after step 2; its checkpoint could not be saved (took longer than "
