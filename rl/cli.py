@@ -22,6 +22,23 @@ if TYPE_CHECKING:
     from rl.processes.interrupts import InterruptibleRun
 
 
+OVERRIDES_HELP = """\
+Any config key can be set on the command line after the options: --section.key value (or --section.key=value),
+TOML values, nested keys with dots, list entries by index. For example:
+  rlmesh train --config configs/sum_digits_smollm2_cpu.toml --run.steps 4 --trainer.lr 1e-5
+  rlmesh validate --config my.toml --tasks.0.args.num_validation 8 --generator.sampling.temperature 0.7
+Every key and its default: docs/configuration.md."""
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("rlmesh")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def parse_overrides(extra: list[str]) -> dict[str, str]:
     """`--a.b value` and `--a.b=value` pairs → {"a.b": "value"}."""
     overrides: dict[str, str] = {}
@@ -55,21 +72,40 @@ def import_from_launch_directory() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     import_from_launch_directory()
-    parser = argparse.ArgumentParser(prog="rlmesh", description="RL post-training of language models on Monarch actors")
+    parser = argparse.ArgumentParser(
+        prog="rlmesh",
+        description="RL post-training of language models on Monarch actors",
+        epilog=OVERRIDES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, help_text in (
-        ("train", "run training"),
-        ("validate", "print the resolved config and start nothing"),
+    for name, help_text, resume_help in (
+        (
+            "train",
+            "run training",
+            "continue RUN_DIR from its newest checkpoint (overrides may change only resumable keys)",
+        ),
+        (
+            "validate",
+            "print the resolved config and start nothing (warns about settings known not to learn)",
+            "check that RUN_DIR can be resumed and print the config it would resume with",
+        ),
         (
             "bench",
             "measure generation, training, the sync and async loops and weight sync; write bench.json and bench.md",
+            "measure with the config RUN_DIR would resume with (its weights are not loaded)",
         ),
     ):
-        command = commands.add_parser(name, help=help_text)
-        command.add_argument("--config", help="TOML config file (defaults apply to anything it leaves out)")
-        command.add_argument(
-            "--resume", metavar="RUN_DIR", type=Path, help="continue RUN_DIR from its newest checkpoint"
+        command = commands.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=OVERRIDES_HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
         )
+        command.add_argument("--config", help="TOML config file (defaults apply to anything it leaves out)")
+        command.add_argument("--resume", metavar="RUN_DIR", type=Path, help=resume_help)
     new_task = commands.add_parser("new-task", help="write a task package (task, rubric, config, test) to start from")
     new_task.add_argument("name", help="package name, a lower-case Python identifier")
     new_task.add_argument("--dir", default=".", help="folder to create the package in")
@@ -81,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return export.export_command(args)
+    if args.command == "report" and extra:
+        parser.error(f"report takes one run directory; unexpected {' '.join(extra)} (it compares no runs)")
     if args.command == "report":
         from rl.metrics.report import report_command
 

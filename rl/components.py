@@ -7,6 +7,7 @@ editing rlmesh.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from typing import Any
 
@@ -63,8 +64,10 @@ def resolve(name_or_path: str, registry: dict[str, str], kind: str) -> Any:
         return import_object(registry[name_or_path])
     if ":" in name_or_path or "." in name_or_path:
         return import_object(name_or_path)
+    close = difflib.get_close_matches(name_or_path, registry, n=1)
     raise ValueError(
-        f"unknown {kind} {name_or_path!r}: registered {kind}s are {sorted(registry)}, or give 'package.module:Name'"
+        f"unknown {kind} {name_or_path!r}{f'; did you mean {close[0]!r}?' if close else ''}: registered {kind}s are "
+        f"{sorted(registry)}, or give 'package.module:Name'"
     )
 
 

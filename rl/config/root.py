@@ -8,11 +8,13 @@ here, not by code edits.
 
 from __future__ import annotations
 
+import difflib
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from rl.algorithms.config import AlgorithmConfig, FrozenModelConfig
 from rl.config.cluster import ClusterConfig
@@ -208,8 +210,31 @@ def _format_validation_error(error: ValidationError) -> str:
         value = item.get("input")
         shown = "" if item["type"] == "missing" or isinstance(value, dict) else f" (got {value!r})"
         message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden" and (
+            close := difflib.get_close_matches(str(item["loc"][-1]), _fields_at(item["loc"][:-1]), n=1)
+        ):
+            message += f"; did you mean {close[0]!r}?"
         lines.append(f"  {message}" if key == "<config>" else f"  {key}: {message}{shown}")
     return "invalid config:\n" + "\n".join(lines)
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the section at `loc` (list indices and `[models.<name>]` keys stepped over), for "did you mean"."""
+    model: Any = Config
+    for part in loc:
+        if part in getattr(model, "model_fields", {}):  # else a list index or a key of a dict of sections
+            model = _section_of(model.model_fields[part].annotation)
+    return list(getattr(model, "model_fields", {}))
+
+
+def _section_of(annotation: Any) -> Any:
+    """The section class inside a field's type (`X | None`, `list[X]`, `dict[str, X]`), else None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for argument in typing.get_args(annotation):
+        if (found := _section_of(argument)) is not None:
+            return found
+    return None
 
 
 def load_config(path: str | Path | None = None, overrides: dict[str, str] | None = None) -> Config:

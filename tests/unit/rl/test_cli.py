@@ -1,0 +1,39 @@
+"""The CLI explains itself: override syntax in the help, `--version`, per-command help, "did you mean"."""
+
+import pytest
+
+from rl.cli import main
+
+
+def test_help_shows_the_override_syntax_and_each_command_its_own_resume_help(capsys):
+    for command, resume_help in (("train", "continue RUN_DIR"), ("validate", "check that RUN_DIR can be resumed")):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        out = " ".join(capsys.readouterr().out.split())
+        assert "--section.key value" in out and "--run.steps 4 --trainer.lr 1e-5" in out and resume_help in out
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.startswith("rlmesh 0.")
+
+
+def test_report_refuses_extra_run_directories(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", str(tmp_path), str(tmp_path)])
+    assert exit_info.value.code == 2 and "report takes one run directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "override, suggestion",
+    [
+        (["--trainer.lrr", "1e-5"], "trainer.lrr: Extra inputs are not permitted; did you mean 'lr'?"),
+        (["--trainr.lr", "1"], "trainr: Extra inputs are not permitted; did you mean 'trainer'?"),
+        (["--tasks", "[{name = 'sum_digit'}]"], "unknown task 'sum_digit'; did you mean 'sum_digits'?"),
+        (
+            ["--tasks", "[{name = 'sum_digits', rubric = { reward_fns = [{ fn = 'exact_mach' }] }}]"],
+            "unknown reward function 'exact_mach'; did you mean 'exact_match'?",
+        ),
+    ],
+)
+def test_unknown_keys_tasks_and_reward_names_get_a_did_you_mean(capsys, override, suggestion):
+    assert main(["validate", *override]) == 2
+    assert suggestion in capsys.readouterr().err
