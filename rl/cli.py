@@ -30,6 +30,31 @@ TOML values, nested keys with dots, list entries by index. For example:
 Every key and its default: docs/configuration.md."""
 
 
+def runtime_problems(config: Config) -> list[str]:
+    """What the launching machine lacks for `config`, found before anything starts: a CUDA device where the trainer
+    or the generators run here (a `[cluster]` host elsewhere cannot be asked from here), a task's data file."""
+    problems = []
+    here = {
+        "trainer.device": (config.trainer.device, config.cluster.hosts.trainer == 0),
+        "generator.device": (config.generator.device, config.cluster.hosts.generator == 0),
+    }
+    if any(device == "cuda" and local for device, local in here.values()):
+        import torch
+
+        if not torch.cuda.is_available():
+            keys = [key for key, (device, local) in here.items() if device == "cuda" and local]
+            problems.append(
+                f"{' and '.join(keys)} = 'cuda' but this machine has no CUDA device (torch {torch.__version__}, "
+                f"torch.cuda.is_available() is False); use 'cpu' or run it where the GPUs are"
+            )
+    for index, task in enumerate(config.tasks):
+        for split in ("train", "validation"):
+            path = getattr(task.data, split) if task.data is not None else None
+            if path is not None and not Path(path).is_file():
+                problems.append(f"tasks.{index}.data.{split}: data file not found: {path} (from {os.getcwd()})")
+    return problems
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -145,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             config = load_config(args.config, overrides)
         for task_config in config.tasks:
             build_task(task_config)
+        if problems := runtime_problems(config):
+            raise ConfigError("this machine cannot run the config:\n" + "\n".join(f"  {p}" for p in problems))
         if config.sample_logging.filters.predicate:
             import_object(config.sample_logging.filters.predicate)  # fails here if it cannot be imported
     except (ConfigError, ValueError) as exc:

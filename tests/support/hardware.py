@@ -13,3 +13,14 @@ def refuses_bf16_compute(config_file: Path) -> bool:
     """Whether validating `config_file` here must fail with the no-native-bf16 refusal (bf16 autocast on this CPU)."""
     trainer = tomllib.loads(config_file.read_text()).get("trainer", {})
     return trainer.get("dtype") == "bfloat16" and trainer.get("device", "cpu") == "cpu" and not NATIVE_BF16
+
+
+def refuses_cuda(config_file: Path) -> bool:
+    """Whether validating `config_file` here must fail for want of a CUDA device (a role on this host asks for one)."""
+    data = tomllib.loads(config_file.read_text())
+    hosts = data.get("cluster", {}).get("hosts", {})
+    local_cuda = any(
+        data.get(role, {}).get("device", "cpu") == "cuda" and not hosts.get(role, 0)
+        for role in ("trainer", "generator")
+    )
+    return local_cuda and not torch.cuda.is_available()

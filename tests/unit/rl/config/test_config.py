@@ -7,7 +7,7 @@ import pytest
 
 from rl.cli import main, parse_overrides
 from rl.config import ConfigError, load_config
-from tests.support.hardware import NATIVE_BF16, refuses_bf16_compute
+from tests.support.hardware import NATIVE_BF16, refuses_bf16_compute, refuses_cuda
 from tests.support.paths import CONFIGS, E2E_CONFIGS
 
 
@@ -84,12 +84,15 @@ def test_validate_rejects_unknown_task_before_starting(capsys):
     "config_file", sorted([*CONFIGS.glob("*.toml"), *E2E_CONFIGS.glob("*.toml")]), ids=lambda p: p.name
 )
 def test_shipped_configs_validate(config_file):
-    """Each shipped config validates; one that asks for bf16 compute on a CPU without native bf16 is refused, saying why."""
+    """Each shipped config validates; one that asks for bf16 compute on a CPU without native bf16, or for a CUDA
+    device on a machine without one, is refused, saying why."""
     refused = refuses_bf16_compute(config_file)
     result = subprocess.run(
         [sys.executable, "-m", "rl.cli", "validate", "--config", str(config_file)], capture_output=True, text=True
     )
-    if refused:
+    if refuses_cuda(config_file):
+        assert result.returncode == 2 and "but this machine has no CUDA device" in result.stderr, result.stderr
+    elif refused:
         assert result.returncode == 2 and "without native bf16 matmuls" in result.stderr, result.stderr
     else:
         assert result.returncode == 0, result.stderr

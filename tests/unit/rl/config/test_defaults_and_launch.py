@@ -8,7 +8,7 @@ import pytest
 
 from rl.cli import main
 from rl.config import load_config
-from tests.support.hardware import NATIVE_BF16, NO_NATIVE_BF16, refuses_bf16_compute
+from tests.support.hardware import NATIVE_BF16, NO_NATIVE_BF16, refuses_bf16_compute, refuses_cuda
 from tests.support.paths import REPO
 
 
@@ -95,6 +95,10 @@ def test_every_shipped_config_validates_from_the_repo_root(config, monkeypatch, 
         pytest.skip(NO_NATIVE_BF16)
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # main() extends it: restored after the test
+    if refuses_cuda(REPO / "configs" / config):  # a GPU config on a machine without one: refused before anything starts
+        assert main(["validate", "--config", f"configs/{config}"]) == 2
+        assert "but this machine has no CUDA device" in capsys.readouterr().err
+        return
     assert main(["validate", "--config", f"configs/{config}"]) == 0, capsys.readouterr().err
 
 
@@ -103,3 +107,18 @@ def test_validate_warns_about_a_precision_pair_known_not_to_learn(capsys):
     assert "rlmesh: warning: generator.dtype = bfloat16 samples below the trainer's float32" in capsys.readouterr().err
     assert main(["validate"]) == 0  # no [trainer] section: float32 for both, nothing to warn about
     assert "warning" not in capsys.readouterr().err
+
+
+def test_validate_refuses_a_missing_data_file(capsys, tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    assert main(["validate", "--tasks", f"[{{name = 'sum_digits', data = {{ train = '{missing}' }}}}]"]) == 2
+    assert f"tasks.0.data.train: data file not found: {missing}" in capsys.readouterr().err
+
+
+def test_validate_refuses_cuda_where_no_device_is_present(capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["validate", "--trainer.device", "cuda", "--generator.device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert "trainer.device and generator.device = 'cuda' but this machine has no CUDA device" in err
