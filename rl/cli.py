@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
             InterruptibleRun()
         )  # before any other thread starts (numpy, Monarch): see rl/processes/interrupts.py
     from rl.checkpoint import run_dir
-    from rl.checkpoint.resume import resume_config, take_over
+    from rl.checkpoint.resume import NothingToResume, resume_config, take_over
 
     resume_from = None
     try:
@@ -174,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("this machine cannot run the config:\n" + "\n".join(f"  {p}" for p in problems))
         if config.sample_logging.filters.predicate:
             import_object(config.sample_logging.filters.predicate)  # fails here if it cannot be imported
+    except NothingToResume as exc:
+        print(f"rlmesh: {exc}", file=sys.stderr)
+        return 0
     except (ConfigError, ValueError) as exc:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return 2

@@ -75,11 +75,15 @@ def resume_config(run_dir: Path, overrides: dict[str, str]) -> tuple[Config, Pat
     if resumed.run.steps < step:
         raise ConfigError(f"run.steps = {resumed.run.steps} is below the checkpoint's step {step}")
     if resumed.run.steps == step:
-        raise ConfigError(
+        raise NothingToResume(
             f"{run_dir} has finished its run.steps = {step} steps: nothing to resume. "
             f"Train it further with --run.steps N (N > {step})"
         )
     return resumed, newest
+
+
+class NothingToResume(ConfigError):
+    """The run directory finished its `run.steps`: a resume without more steps has nothing to do (exit 0)."""
 
 
 LOGS = ("metrics.jsonl", "rollouts.jsonl", "samples.jsonl")

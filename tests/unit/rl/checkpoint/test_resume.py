@@ -215,3 +215,12 @@ def test_resuming_a_finished_run_without_new_steps_says_so_at_once(tmp_path):
     with pytest.raises(ConfigError, match=r"has finished its run.steps = 2 steps: nothing to resume. .*--run.steps N"):
         resume_config(run_dir, {"run.steps": "2"})
     assert resume_config(run_dir, {"run.steps": "3"})[1].name == "step_00000002"
+
+
+def test_the_cli_says_a_finished_run_has_nothing_to_resume_and_starts_nothing(tmp_path, capsys):
+    from rl.cli import main
+
+    run_dir = fake_run(tmp_path, [1, 2])
+    assert main(["validate", "--resume", str(run_dir), "--run.steps", "2"]) == 0
+    captured = capsys.readouterr()
+    assert "has finished its run.steps = 2 steps: nothing to resume" in captured.err and captured.out == ""
