@@ -4,7 +4,7 @@ reasoning-gym (`pip install reasoning-gym`, offline) has 100+ generators of veri
 (`create_dataset(name, size, seed, **config)`); each dataset scores an answer string against an
 entry with `score_answer(answer, entry)` (1.0 right, partial credit for some, 0.0 wrong). The
 answer is read from the reply's last `<answer>...</answer>` block (reasoning-gym's own
-`extract_answer`), or, with `answer_tag = ""`, is the whole reply stripped.
+`extract_answer`), or is the last match of `answer_pattern`, or, with `answer_tag = ""`, the whole reply.
 
     [[tasks]]
     name = "reasoning_gym"
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
@@ -40,16 +41,24 @@ def _dataset(name: str, config_json: str, seed: int, size: int) -> Any:
         raise ValueError(f"reasoning-gym dataset {name!r} with config {config}: {exc}{hint}") from exc
 
 
-def extract_answer(reply: str, answer_tag: str) -> str | None:
-    """The answer string of a reply: its last `<answer_tag>` block (reasoning-gym's `extract_answer`), or the
-    whole reply stripped when `answer_tag` is ""."""
+def extract_answer(reply: str, answer_tag: str, answer_pattern: str | None = None) -> str | None:
+    """The answer string of a reply: the last match of `answer_pattern` when given (None when none matches), else its
+    last `<answer_tag>` block (reasoning-gym's `extract_answer`), else (`answer_tag` "") the whole reply stripped."""
     from reasoning_gym.utils import extract_answer as extract_tagged
 
+    if answer_pattern is not None:
+        matches = re.findall(answer_pattern, reply)
+        return matches[-1] if matches else None
     return extract_tagged(reply, tag_name=answer_tag) if answer_tag else reply.strip()
 
 
 def score_answer(
-    rollout: Rollout, example: dict[str, Any], *, dataset: tuple[str, str, int, int], answer_tag: str
+    rollout: Rollout,
+    example: dict[str, Any],
+    *,
+    dataset: tuple[str, str, int, int],
+    answer_tag: str,
+    answer_pattern: str | None = None,
 ) -> float:
     """The dataset's own `score_answer` of the reply's answer, against the generator's entry when the row is one
     the task made (`index` and question match: its metadata as generated), else against the row itself (rows
@@ -61,7 +70,8 @@ def score_answer(
         own = generator[index]
         if own["question"] == example["question"]:
             entry = own
-    return float(generator.score_answer(extract_answer(rollout.last_assistant_text(), answer_tag), entry))
+    answer = extract_answer(rollout.last_assistant_text(), answer_tag, answer_pattern)
+    return float(generator.score_answer(answer, entry))
 
 
 class SinglePromptEnv(MessageEnv):
@@ -97,10 +107,12 @@ class ReasoningGymTask(Task):
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
         prompt_template: str = "{question}",
         answer_tag: str = "answer",
+        answer_pattern: str | None = None,
     ):
         """`system_prompt`: a reasoning-gym `SYSTEM_PROMPTS` name, the text itself, or None for none;
         `prompt_template`: the user message, `{question}` replaced; `answer_tag`: the tag the answer is read
-        from ("" = the whole reply)."""
+        from ("" = the whole reply); `answer_pattern`: a regular expression whose last match in the reply is the
+        answer (e.g. `-?\\d+`, the last integer), instead of the tag."""
         from reasoning_gym.utils import SYSTEM_PROMPTS
 
         if num_train < 1 or num_validation < 1:
@@ -115,6 +127,14 @@ class ReasoningGymTask(Task):
         self.system_prompt = SYSTEM_PROMPTS.get(system_prompt, system_prompt) if system_prompt else None
         self.prompt_template = prompt_template
         self.answer_tag = answer_tag
+        if answer_pattern is not None:
+            try:
+                re.compile(answer_pattern)
+            except re.error as exc:
+                raise ValueError(f"answer_pattern {answer_pattern!r} is not a regular expression: {exc}") from exc
+            if re.compile(answer_pattern).groups > 1:
+                raise ValueError(f"answer_pattern {answer_pattern!r} may have at most one group (the answer)")
+        self.answer_pattern = answer_pattern
         self.entries: dict[int, dict[str, Any]] = {}
         validation: list[int] = []
         train: list[int] = []
@@ -154,5 +174,7 @@ class ReasoningGymTask(Task):
         return SinglePromptEnv(messages)
 
     def build_rubric(self) -> Rubric:
-        scorer = functools.partial(score_answer, dataset=self.dataset_key, answer_tag=self.answer_tag)
+        scorer = functools.partial(
+            score_answer, dataset=self.dataset_key, answer_tag=self.answer_tag, answer_pattern=self.answer_pattern
+        )
         return Rubric([RewardFn(scorer, weight=1.0, name="score_answer")], error_reward=0.0)

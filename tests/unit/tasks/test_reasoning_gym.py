@@ -129,3 +129,27 @@ def test_built_from_config_by_its_registered_name():
     )
     assert isinstance(built.task, ReasoningGymTask)
     assert len(built.load_rows("train")) == 8 and built.rubric.weights == {"score_answer": 1.0}
+
+
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ("4 - 1 = 3", 1.0),  # the last integer is the answer, scored by the dataset's exact match
+        ("To subtract, 4 - 1 is 3.", 1.0),
+        ("4 - 1 = 2", 0.0),
+        ("three", 0.0),  # nothing matches: no answer
+    ],
+)
+async def test_an_answer_pattern_reads_the_last_match(renderer, tokenizer, reply, expected):
+    task = ReasoningGymTask(
+        "basic_arithmetic", config=ADDITION, num_train=5, num_validation=5, system_prompt="", answer_pattern=r"-?\d+"
+    )
+    row = {"question": "Calculate 4 - 1.", "answer": "3"}
+    assert (await score(renderer, tokenizer, task, row, reply)).reward == expected
+
+
+def test_a_bad_answer_pattern_is_named():
+    with pytest.raises(ValueError, match="is not a regular expression"):
+        ReasoningGymTask("chain_sum", answer_pattern="(")
+    with pytest.raises(ValueError, match="at most one group"):
+        ReasoningGymTask("chain_sum", answer_pattern=r"(\d)(\d)")
