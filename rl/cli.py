@@ -222,7 +222,7 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
         print(f"rlmesh: cannot set up the run: {exc}", file=sys.stderr)
         return 2
     controller.checkpoints.save_on_interrupt = True
-    interruptible.grace_s = config.checkpoint.interrupt_save_s + interruptible.grace_s  # the save, then the teardown
+    controller.checkpoints.on_save = lambda budget_s: interruptible.extend(budget_s + interruptible.grace_s)
     try:
         summary = interruptible.run(controller.run())
     except KeyboardInterrupt:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,6 +131,8 @@ class Checkpoints:
         """Set by `rlmesh train`: a cancelled run (the first Ctrl-C) commits its last completed step before it stops."""
         self.report: InterruptReport | None = None
         """What the Ctrl-C checkpoint came to (the CLI prints it with the resume command)."""
+        self.on_save: Callable[[float], None] = lambda budget_s: None
+        """Called with the save's budget as it starts (the CLI pushes its hard stop past the save and the teardown)."""
 
     async def save(self, run_dir: Path, record: tuple[dict[str, Any], dict[str, Any]] | None = None) -> float:
         """`save_checkpoint` of the current step; returns seconds spent."""
@@ -151,6 +153,7 @@ class Checkpoints:
                 await self.save(run_dir)
 
         report = InterruptReport(run_dir, self.state.step, committed_step=self.committed_step)
+        self.on_save(budget_s)
         try:
             if budget_s <= 0:
                 raise TimeoutError("checkpoint.interrupt_save_s = 0")

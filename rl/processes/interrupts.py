@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -63,6 +64,7 @@ class InterruptibleRun:
 
     def __init__(self, grace_s: float = 20.0):
         self.grace_s = grace_s
+        self._deadline = float("inf")  # monotonic time of the hard stop, once interrupted
         self.interrupted = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
@@ -95,13 +97,23 @@ class InterruptibleRun:
         with self._lock:
             if self._loop is not None and self._task is not None:
                 self._loop.call_soon_threadsafe(self._task.cancel)
+        self.extend(self.grace_s)
         threading.Thread(target=self._hard_stop_after_grace, name="rlmesh-grace", daemon=True).start()
         signal.sigwait(_SIGNALS)
         self._hard_stop("second interrupt")
 
+    def extend(self, seconds: float) -> None:
+        """Push the hard stop to `seconds` from now (from any thread): the Ctrl-C checkpoint's save, then the teardown."""
+        with self._lock:
+            now = time.monotonic()
+            self._deadline = now + seconds if self._deadline == float("inf") else max(self._deadline, now + seconds)
+
     def _hard_stop_after_grace(self) -> None:
-        threading.Event().wait(self.grace_s)
-        self._hard_stop(f"run did not stop within {self.grace_s:.0f} s; it was waiting in:\n{self._where()}")
+        start = time.monotonic()
+        while (left := self._deadline - time.monotonic()) > 0:
+            threading.Event().wait(left)
+        waited = time.monotonic() - start
+        self._hard_stop(f"run did not stop within {waited:.0f} s; it was waiting in:\n{self._where()}")
 
     def _where(self) -> str:
         """Where the run's main task is suspended (innermost last), for the hard-stop message."""
