@@ -15,6 +15,7 @@ from rl.algorithms.config import bypass_origin
 from rl.checkpoint import export
 from rl.components import import_object
 from rl.config import Config, ConfigError, dump_toml, load_config
+from rl.processes.preflight import cluster_warnings, launcher_address_problem
 from tasks.build import build_task
 
 if TYPE_CHECKING:
@@ -174,6 +175,11 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("this machine cannot run the config:\n" + "\n".join(f"  {p}" for p in problems))
         if config.sample_logging.filters.predicate:
             import_object(config.sample_logging.filters.predicate)  # fails here if it cannot be imported
+        address_problem = launcher_address_problem(config)
+        if address_problem is not None and args.command == "train":
+            raise ConfigError(address_problem)
+        for warning in cluster_warnings(config) + ([address_problem] if address_problem else []):
+            print(f"rlmesh: warning: {warning}", file=sys.stderr)
     except NothingToResume as exc:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return 0

@@ -8,6 +8,7 @@ a second writer or `--resume` of a locked directory is refused with the holder n
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import socket
@@ -21,6 +22,13 @@ _HELD: set[Path] = set()
 
 class RunDirBusy(RuntimeError):
     """Another process holds the run directory's lock."""
+
+
+class RunDirUnlockable(RuntimeError):
+    """The run directory's filesystem has no working `flock` (some NFS and FUSE mounts)."""
+
+
+_NO_LOCKS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
 
 
 class RunDirLock:
@@ -37,6 +45,15 @@ class RunDirLock:
             holder = os.pread(self._fd, 4096, 0).decode(errors="replace").strip() or "another process"
             self.release()
             raise RunDirBusy(f"{run_dir} is in use by {holder}; a run directory has one writer at a time") from None
+        except OSError as exc:
+            self.release()
+            if exc.errno not in _NO_LOCKS:
+                raise
+            raise RunDirUnlockable(
+                f"{run_dir}: its filesystem does not support flock ({errno.errorcode[exc.errno]}), which keeps a run "
+                "directory to one writer; set run.output_dir to a local disk or a filesystem with locks "
+                "(NFS: mount with lock support, not `nolock`)"
+            ) from None
         os.ftruncate(self._fd, 0)
         os.pwrite(
             self._fd,

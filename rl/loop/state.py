@@ -88,7 +88,8 @@ async def save_checkpoint(
     checkpoint.save_rng(tmp, "controller")
     checkpoint.write_run_state(tmp, state)
     (tmp / "config.toml").write_text(dump_toml(config))
-    checkpoint.commit(run_dir, tmp, state.step, keep=config.checkpoint.keep)
+    # hashing and fsyncing every file takes minutes at 8B with AdamW: off the event loop, so pings and generation go on
+    await asyncio.to_thread(checkpoint.commit, run_dir, tmp, state.step, keep=config.checkpoint.keep)
     return time.perf_counter() - start
 
 

@@ -2,7 +2,7 @@
 
     local       every role on the launcher's host (`this_host()`), nothing allocated
     process     each role's hosts are local worker processes (monarch `ProcessJob`): multi-host on one machine
-    slurm       `SlurmJob`: one sbatch allocation, a host mesh per role
+    slurm       `SlurmJob` (rl/processes/slurm.py reads older Slurm's squeue): one sbatch allocation, a host mesh per role
     kubernetes  `KubernetesJob`: a MonarchMesh of pods per role (the MonarchMesh operator provisions them)
 
 A role not listed in `cluster.hosts` runs on the launcher's host. Processes on allocated hosts do not
@@ -52,10 +52,10 @@ def make_job(cluster: ClusterConfig) -> Any:
 
         return ProcessJob(meshes, env=cluster.env or None)
     if cluster.scheduler == "slurm":
-        from monarch.job import SlurmJob
+        from rl.processes.slurm import RlmeshSlurmJob
 
         slurm = cluster.slurm
-        return SlurmJob(
+        return RlmeshSlurmJob(
             meshes,
             python_exe=slurm.python_exe,
             slurm_args=slurm.slurm_args,

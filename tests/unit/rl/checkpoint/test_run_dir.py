@@ -1,6 +1,8 @@
 """A run directory has one writer: claimed atomically, locked for the run, a second writer or resume refused."""
 
+import errno
 import json
+import os
 import subprocess
 import sys
 
@@ -108,3 +110,16 @@ def test_a_resume_through_the_python_api_takes_the_lock_and_repairs_the_logs(tmp
     finally:
         held.release()
     assert not run_dir.held_here(directory)
+
+
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP])
+def test_a_filesystem_without_flock_is_named_with_the_fix(tmp_path, monkeypatch, code):
+    def no_locks(fd, operation):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(run_dir.fcntl, "flock", no_locks)
+    with pytest.raises(
+        run_dir.RunDirUnlockable, match=rf"does not support flock \({errno.errorcode[code]}\).*run.output_dir"
+    ):
+        run_dir.lock(tmp_path)
+    assert not run_dir.held_here(tmp_path)
