@@ -54,7 +54,7 @@ def built_job(config_name: str) -> dict:
 def test_shipped_slurm_config_builds_its_job_without_submitting():
     job = built_job("qwen3_8b_slurm_2x8.toml")
     assert job == {
-        "type": "SlurmJob",
+        "type": "RlmeshSlurmJob",
         "active": False,
         "meshes": {"trainer": 1, "generator": 1},
         "gpus_per_node": 8,
