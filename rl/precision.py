@@ -23,7 +23,9 @@ def native_bf16(device: str) -> bool:
     kernels (AVX512-BF16 or AMX: `torch.ops.mkldnn._is_mkldnn_bf16_supported()`). Elsewhere bf16 falls back to
     PyTorch's reference GEMM, measured >20x slower than fp32 on an AVX2-only CPU."""
     if device == "cuda":  # a launcher without a GPU cannot ask: the trainer's GPUs are taken to be bf16-capable
-        return not torch.cuda.is_available() or torch.cuda.is_bf16_supported()
+        from rl.gpus import local_gpus  # asked in a child process: no CUDA context in this one
+
+        return not torch.cuda.is_available() or local_gpus().count == 0 or local_gpus().bf16
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("rl", "actors", "tasks", "rollouts", "rubrics", "env_types", "tools")
 FLOORS = [  # the ground first; a folder of `rl/` and a module directly in `rl/` are each a room
-    {"rl/components.py", "rl/assets.py", "rl/section.py", "rl/engine_loop.py", "rl/precision.py"},
+    {"rl/components.py", "rl/assets.py", "rl/section.py", "rl/engine_loop.py", "rl/gpus.py"},
+    {"rl/precision.py"},
     {"rl/packing"},  # training samples packed into rows, and the prefix-tree layout over them
     {"env_types"},  # what a task author's environment is: messages in, messages out; messages <-> tokens
     {"rollouts"},  # the records of a rollout and how one is driven and fanned out

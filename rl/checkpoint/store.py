@@ -257,12 +257,14 @@ def read_service_counters(path: Path) -> dict[str, dict[str, Any]]:
 
 
 def rng_state() -> dict[str, Any]:
-    """This process's python, numpy and torch RNG states, as plain containers and tensors (loadable with `weights_only=True`)."""
+    """This process's python, numpy and torch RNG states (each of its GPUs' too, once it has used CUDA), as plain
+    containers and tensors (loadable with `weights_only=True`)."""
     numpy_state = np.random.get_state(
         legacy=False
     )  # {"bit_generator", "state": {"key": uint32 [624], "pos"}, "has_gauss", "gauss"}
     numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
-    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+    return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state(), "cuda": cuda}
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
@@ -273,6 +275,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
     }
     np.random.set_state(numpy_state)
     torch.set_rng_state(state["torch"])
+    if state.get("cuda"):  # a checkpoint from before CUDA states were saved has none
+        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def save_rng(path: Path, process: str) -> None:

@@ -79,6 +79,10 @@ class GeneratorConfig(Section):
     """Requests in flight at a weight reload: finish on the old weights, or abort and restart on the new."""
     cpus: list[int] | None = None
     """CPU cores for the generator processes (split evenly between replicas); None = no pinning."""
+    colocate_with_trainer: bool = False
+    """CUDA, on the launcher's host: the generator replicas share the trainer's GPUs (replica i on the GPUs from
+    i x tensor_parallel_size) instead of taking the GPUs after them, so one GPU runs both roles. Size
+    `gpu_memory_utilization` and `trainer.gpu_memory_fraction` to fit together."""
 
 
 class TrainerConfig(Section):
@@ -134,6 +138,9 @@ class TrainerConfig(Section):
     """Trainer processes (ranks) per host; above one in all, the model is sharded over them with FSDP2."""
     num_hosts: int = Field(1, ge=1)
     """Hosts of the trainer; more than one needs a `[cluster]` scheduler that allocates hosts."""
+    gpu_memory_fraction: float | None = Field(None, gt=0, le=1)
+    """CUDA only: the most of its GPU's memory each trainer process's allocator takes
+    (`torch.cuda.set_per_process_memory_fraction`); None = no limit. Needed when generators share its GPU."""
     call_timeout_s: float = Field(1800.0, gt=0)
     """Deadline of every trainer call but the weight push (`run.weight_sync_timeout_s`): a train step, logprobs,
     a checkpoint's save or load. A missed one stops the run (resume from the last checkpoint), as the trainer's death does."""

@@ -26,6 +26,8 @@ from rl.section import Section
 from rl.services.config import ServicesConfig
 
 _PRECISION_BITS = {"float32": 24, "bfloat16": 8, "float16": 11}
+COLOCATED_MEMORY = 0.92
+"""The share of one GPU a colocated trainer and generator may plan for together."""
 
 
 class Config(Section):
@@ -115,10 +117,33 @@ class Config(Section):
             )
         if cluster.scheduler == "kubernetes" and cluster.kubernetes is None:
             raise ValueError("cluster.scheduler = 'kubernetes' needs a [cluster.kubernetes] section (image, namespace)")
+        self._check_colocation()
         apart = cluster.scheduler != "local" and (trainer_hosts > 0 or cluster.hosts.generator > 0)
         if apart and self.weight_sync.transport != "torchstore":
             raise ValueError(
                 "trainer and generators on different hosts: set weight_sync.transport = 'torchstore' (shared memory is one host's)"
+            )
+
+    def _check_colocation(self) -> None:
+        generator, trainer = self.generator, self.trainer
+        if not generator.colocate_with_trainer:
+            return
+        if generator.device != "cuda":
+            raise ValueError("generator.colocate_with_trainer is for GPUs (generator.device = 'cuda')")
+        if self.cluster.hosts.generator > 0 or self.cluster.hosts.trainer > 0:
+            raise ValueError(
+                "generator.colocate_with_trainer: trainer and generators must both run on the launcher's host"
+            )
+        if trainer.gpu_memory_fraction is None:
+            raise ValueError(
+                "generator.colocate_with_trainer: set trainer.gpu_memory_fraction too, so the trainer leaves the "
+                f"generator its generator.gpu_memory_utilization = {generator.gpu_memory_utilization} of the GPU"
+            )
+        if trainer.gpu_memory_fraction + generator.gpu_memory_utilization > COLOCATED_MEMORY:
+            raise ValueError(
+                f"trainer.gpu_memory_fraction ({trainer.gpu_memory_fraction}) + generator.gpu_memory_utilization "
+                f"({generator.gpu_memory_utilization}) exceeds {COLOCATED_MEMORY} of one GPU (the rest: CUDA contexts, "
+                "NCCL, fragmentation)"
             )
 
     def _check_precision(self) -> None:

@@ -27,69 +27,82 @@ import torch
 from rl.assets import resolve_model_path
 from rl.config import Config
 from rl.precision import TORCH_DTYPES, native_bf16
+from rl.weights.shared_file import SharedWeights, file_path, map_file, plan_layout, write
 
 
-def matmul_peak_gflops(dtype: torch.dtype, cpus: list[int] | None, size: int = 2048, repeats: int = 5) -> float:
-    """Best GFLOP/s of a square matmul on the trainer's cores (all cores when unpinned)."""
+def matmul_peak_gflops(
+    dtype: torch.dtype, cpus: list[int] | None, size: int = 2048, repeats: int = 5, device: str = "cpu"
+) -> float:
+    """Best GFLOP/s of a square matmul on the trainer's device: its cores (all when unpinned), or its GPU."""
     saved_affinity, saved_threads = os.sched_getaffinity(0), torch.get_num_threads()
-    if cpus:
+    if cpus and device == "cpu":
         os.sched_setaffinity(0, cpus)
         torch.set_num_threads(len(cpus))
     try:
-        a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+        a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
         a @ b
-        best = min(_timed(lambda: a @ b) for _ in range(repeats))
+        best = min(_timed(lambda: a @ b, device) for _ in range(repeats))
     finally:
         os.sched_setaffinity(0, saved_affinity)
         torch.set_num_threads(saved_threads)
     return 2 * size**3 / best / 1e9
 
 
-def _timed(fn: Any) -> float:
+def _timed(fn: Any, device: str = "cpu") -> float:
+    """Seconds `fn` takes, its GPU work included (CUDA runs asynchronously: synchronized before and after)."""
+    synchronize = torch.cuda.synchronize if device == "cuda" else lambda: None
+    synchronize()
     start = time.perf_counter()
     fn()
+    synchronize()
     return time.perf_counter() - start
 
 
 def weight_sync_floor(config: Config) -> dict[str, float]:
-    """Seconds of the sync's unavoidable work in one process: cast to the generator dtype, copy into shared memory,
-    vLLM reload (each the best of 3, warm)."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(config.generator.cpu_kv_cache_gib))
+    """Seconds of the sync's unavoidable work in one process, on the roles' devices: cast the trainer's weights to the
+    generator dtype (on its device), copy them into a shared-memory file (device-to-host on GPU), and every vLLM
+    worker's load of that file by handle, as the generators do it (each the best of 3, warm)."""
+    from actors.generator import engine_args, engine_environment, load_weights
+
+    os.environ.update(engine_environment(config.generator, []))
     from transformers import AutoModelForCausalLM
     from vllm import LLM
 
-    from actors.generator import engine_args
-
+    device = config.trainer.device
     path = resolve_model_path(config.model.path)
-    state_dict = AutoModelForCausalLM.from_pretrained(path, dtype=TORCH_DTYPES[config.trainer.param_dtype]).state_dict()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=TORCH_DTYPES[config.trainer.param_dtype]).to(device)
+    state_dict = model.state_dict()
     dtype = TORCH_DTYPES[config.generator.dtype]
-    cast_s = min(_timed(lambda: {name: tensor.to(dtype) for name, tensor in state_dict.items()}) for _ in range(3))
+    cast_s = min(
+        _timed(lambda: {name: tensor.to(dtype) for name, tensor in state_dict.items()}, device) for _ in range(3)
+    )
     cast = {name: tensor.to(dtype) for name, tensor in state_dict.items()}
-    shared = {name: torch.empty_like(tensor).share_memory_() for name, tensor in cast.items()}
+    layout, nbytes = plan_layout(cast, None)
+    handle = SharedWeights(file_path("bench"), nbytes, layout)
+    buffer = map_file(handle.path, nbytes, create=True)
+    firsts = {layout[name][0]: name for name in reversed(list(layout))}  # a tied weight is copied once
 
     def copy() -> None:
-        for name, tensor in cast.items():
-            shared[name].copy_(tensor)
-
-    copy_s = min(_timed(copy) for _ in range(3))  # the first copy also faults the pages in
-    llm = LLM(model=path, **engine_args(config.generator))  # the engine the loop's generators run
-
-    def reload() -> None:
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": list(shared.items())})
-        llm.reset_prefix_cache()
+        for name in firsts.values():
+            write(buffer, layout[name], cast[name])
 
     try:
-        reload_s = min(_timed(reload) for _ in range(3))  # the first reload also sets vLLM's reload path up
+        copy_s = min(_timed(copy, device) for _ in range(3))  # the first copy also faults the pages in
+        llm = LLM(model=path, **engine_args(config.generator))  # the engine the loop's generators run
+        try:
+            reload_s = min(
+                _timed(lambda: load_weights(llm, handle)) for _ in range(3)
+            )  # the first sets vLLM's reload up
+        finally:
+            llm.llm_engine.engine_core.shutdown()
     finally:
-        llm.llm_engine.engine_core.shutdown()
-    megabytes = sum(t.numel() * t.element_size() for t in cast.values()) / 2**20
+        Path(handle.path).unlink(missing_ok=True)
     return {
         "cast_s": cast_s,
         "copy_s": copy_s,
         "reload_s": reload_s,
         "total_s": cast_s + copy_s + reload_s,
-        "megabytes": megabytes,
+        "megabytes": nbytes / 2**20,
     }
 
 
@@ -177,22 +190,29 @@ def table(results: dict[str, Any]) -> str:
 async def bench(config: Config) -> dict[str, Any]:
     out = Path(config.run.output_dir) / f"{config.run.name}-bench"
     out.mkdir(parents=True, exist_ok=True)
-    native = native_bf16(config.trainer.device)
+    device = config.trainer.device
+    native = native_bf16(device)
     results: dict[str, Any] = {
         "model": config.model.path,
         "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start",
         "trainer_dtype": config.trainer.dtype,
-        "native_bf16": f"native bf16: {'yes' if native else 'no'}",
-        "matmul_peak_gflops": {  # a bf16 matmul without native support runs PyTorch's reference GEMM: a smaller one suffices
-            name: matmul_peak_gflops(
-                TORCH_DTYPES[name], config.trainer.cpus, size=2048 if native or name == "float32" else 512
-            )
-            for name in dict.fromkeys(("float32", "bfloat16", config.trainer.dtype))
-        },
+        "native_bf16": f"native bf16 on {device}: {'yes' if native else 'no'}",
         "loops": {},
     }
     for staleness, name in ((0, "sync"), (1, "async_1"), (2, "async_2")):
         results["loops"][name] = await run_loop(config, staleness, f"{config.run.name}-bench-{name}")
+    # measured after the loops: on GPU the launcher takes a CUDA context only once the roles are gone
+    results[
+        "matmul_peak_gflops"
+    ] = {  # bf16 without native support runs PyTorch's reference GEMM: a smaller one suffices
+        name: matmul_peak_gflops(
+            TORCH_DTYPES[name],
+            config.trainer.cpus,
+            size=(8192 if device == "cuda" else 2048) if native or name == "float32" else 512,
+            device=device,
+        )
+        for name in dict.fromkeys(("float32", "bfloat16", config.trainer.dtype))
+    }
     results["weight_sync_floor"] = weight_sync_floor(config)  # last: its in-process engine holds memory until exit
     sync = results["loops"]["sync"]
     peak = results["matmul_peak_gflops"][config.trainer.dtype]

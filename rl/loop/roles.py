@@ -95,7 +95,7 @@ class Roles:
         monarch.actor.unhandled_fault_hook = self._on_actor_failure
         monarch.config.configure(cleanup_timeout="10s")
         self.run_log = RunLog(config.run.output_dir)
-        weight_sync.remove_dead_shared_files()
+        weight_sync.check_shared_memory(config)  # removes dead runs' weight files first
         await weight_sync.initialize_store()
         self._store_started = True
         spawn_procs = (await asyncio.to_thread(self.placement.allocate)).spawn_procs  # the [cluster] hosts of each role

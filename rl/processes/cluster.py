@@ -110,7 +110,12 @@ class Placement:
         self.hosts: dict[str, HostMesh] = {}
 
     def allocate(self) -> Placement:
-        """Allocate the hosts (blocks until the scheduler grants them); a no-op for `local`."""
+        """Check the launcher's host has the GPUs its roles need, then allocate the hosts (blocks until the scheduler
+        grants them; a no-op for `local`)."""
+        if self.local_gpus_needed():
+            from rl.gpus import local_gpus
+
+            self.check_local_gpus(local_gpus().count)
         if self.job is not None and not self.hosts:
             try:
                 state = self.job.state(cached_path=None)
@@ -173,11 +178,49 @@ class Placement:
         return self.replica_procs("models", gpus_per_proc=gpus, offset=offset, device=model.device)
 
     def _first_local_gpu(self, role: str) -> int:
-        """On the launcher's host the trainer takes the first GPUs, the generator replicas the next, frozen models the rest."""
+        """On the launcher's host the trainer takes the first GPUs, the generator replicas the next (or the trainer's own
+        with `generator.colocate_with_trainer`), frozen models the rest."""
+        if role == "generator" and self.generator.colocate_with_trainer:
+            return 0
         first = self.trainer.num_procs
-        if role == "models" and "generator" not in self.hosts and self.generator.device == "cuda":
+        if role == "models" and self._generator_gpus_after_trainer():
             first += self.generator.num_replicas * self.generator.tensor_parallel_size
         return first
+
+    def _generator_gpus_after_trainer(self) -> bool:
+        allocated = self.cluster.hosts.allocated()
+        return (
+            "generator" not in allocated
+            and self.generator.device == "cuda"
+            and not self.generator.colocate_with_trainer
+        )
+
+    def local_gpus_needed(self) -> dict[str, int]:
+        """GPU slots each role takes on the launcher's host, by role (GPU index after its last slot; empty on CPU)."""
+        allocated = self.cluster.hosts.allocated()
+        if self.trainer.device != "cuda":
+            return {}
+        tp = self.generator.tensor_parallel_size
+        needed: dict[str, int] = {}
+        if "trainer" not in allocated:
+            needed["trainer"] = self.trainer.num_procs
+        if "generator" not in allocated:
+            needed["generator"] = self._first_local_gpu("generator") + self.generator.num_replicas * tp
+        cuda_models = sum(model.replicas for model in self.models.values() if model.device == "cuda")
+        if "models" not in allocated and cuda_models:
+            needed["models"] = self._first_local_gpu("models") + cuda_models * tp
+        return needed
+
+    def check_local_gpus(self, present: int) -> None:
+        """Refuse to start when the roles on the launcher's host need more GPUs than it has, naming the counts."""
+        needed = self.local_gpus_needed()
+        if needed and max(needed.values()) > present:
+            slots = ", ".join(f"{role} up to GPU {end - 1}" for role, end in needed.items())
+            raise ValueError(
+                f"the roles on this host need {max(needed.values())} GPU(s) ({slots}), but {present} are present; "
+                "on one GPU set generator.colocate_with_trainer = true (with trainer.gpu_memory_fraction), or give "
+                "roles hosts of their own in [cluster]"
+            )
 
     def release(self) -> None:
         """Free every allocated host (their processes with them); safe to call twice."""

@@ -21,7 +21,8 @@ from rl.training.logprobs import LogprobsModel
 
 @dataclass(frozen=True)
 class Ranks:
-    """This process's place in the trainer's group; the identity when `world == 1`."""
+    """This process's place in the trainer's group; the identity when `world == 1` and no group exists (a one-rank
+    group, as the GPU suite makes, reduces through its backends like any other)."""
 
     rank: int = 0
     world: int = 1
@@ -32,7 +33,7 @@ class Ranks:
 
     def sum(self, tensor: torch.Tensor) -> torch.Tensor:
         """Elementwise sum over ranks (a new tensor; `tensor` is left alone)."""
-        if self.world == 1:
+        if self.alone:
             return tensor
         out = tensor.clone()
         dist.all_reduce(out)
@@ -40,15 +41,19 @@ class Ranks:
 
     def gather(self, value: object) -> list[object]:
         """Every rank's `value`, in rank order."""
-        if self.world == 1:
+        if self.alone:
             return [value]
         out: list[object] = [None] * self.world
         dist.all_gather_object(out, value)
         return out
 
     def barrier(self) -> None:
-        if self.world > 1:
+        if not self.alone:
             dist.barrier()
+
+    @property
+    def alone(self) -> bool:
+        return self.world == 1 and not dist.is_initialized()
 
 
 def process_group_backend(device: str) -> str:

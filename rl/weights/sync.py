@@ -22,18 +22,31 @@ a generator of any tensor-parallel size loads them), and rank 0 writes ``MAPPING
 shared memory the ranks gather one parameter at a time and rank 0 copies it into the file.
 """
 
+from __future__ import annotations
+
 import asyncio
-import math
 import os
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed.tensor import DTensor
 
 from rl.training.distributed import Ranks
+from rl.weights.shared_file import (
+    SHM_DIR,
+    SHM_PREFIX,
+    SharedWeights,
+    file_path,
+    map_file,
+    plan_layout,
+    shm_free_bytes,
+    write,
+)
 from rl.weights.torchstore_compat import import_torchstore
+
+if TYPE_CHECKING:
+    from rl.config import Config
 
 ts = import_torchstore()
 
@@ -113,34 +126,46 @@ async def pull_state_dict(
     return await ts.get_state_dict(policy_key(policy_version), user_state_dict=template)
 
 
-SHM_DIR = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-SHM_PREFIX = "rlmesh-weights-"
+def parameter_bytes(model_path: str, dtype: torch.dtype) -> int | None:
+    """Bytes of the model's parameters in `dtype` (tied ones once), from its config alone; None for a hub id
+    whose files are not on this machine."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rl.assets import resolve_model_path
+
+    path = resolve_model_path(model_path)
+    if not Path(path).is_dir():
+        return None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    return sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()
 
 
-@dataclass(frozen=True)
-class SharedWeights:
-    """The handle torchstore carries for a version whose bytes sit in a shared-memory file.
+def shared_memory_needed(config: Config) -> int | None:
+    """Bytes the weight files take in `SHM_DIR` on the launcher's host: the trainer's two slots ("shared_memory"),
+    or a staging file per local generator replica ("torchstore"); None when the model's size is not known here."""
+    from rl.precision import TORCH_DTYPES
 
-    `layout` maps each parameter name to (byte offset, shape, dtype name); tied parameters share
-    an offset. It is written under `policy/v{N}/HANDLE` after the bytes: its presence is the
-    version's commit marker.
-    """
-
-    path: str
-    nbytes: int
-    layout: dict[str, tuple[int, tuple[int, ...], str]]
-
-
-def _map(path: str, nbytes: int) -> torch.Tensor:
-    """A uint8 tensor over the shared file (created if missing): writes are seen by every mapper."""
-    return torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+    local_generators = 0 if config.cluster.hosts.generator else config.generator.num_replicas
+    files = 2 if config.weight_sync.transport == "shared_memory" else local_generators
+    if files == 0:
+        return 0
+    size = parameter_bytes(config.model.path, TORCH_DTYPES[config.generator.dtype])
+    return None if size is None else files * size
 
 
-def _view(buffer: torch.Tensor, offset: int, shape: tuple[int, ...], dtype: str) -> torch.Tensor:
-    dtype_ = getattr(torch, dtype)
-    count = math.prod(shape)
-    nbytes = count * torch.empty((), dtype=dtype_).element_size()
-    return buffer[offset : offset + nbytes].view(dtype_).view(shape)
+def check_shared_memory(config: Config) -> None:
+    """Refuse a run whose weight files do not fit in `SHM_DIR` (Docker sizes /dev/shm at 64 MB: the first sync
+    would die of SIGBUS). Weight files of dead runs are removed first."""
+    remove_dead_shared_files()
+    needed = shared_memory_needed(config)
+    free = shm_free_bytes()
+    if needed is not None and needed > free:
+        raise ValueError(
+            f"weight sync needs {needed / 2**20:.0f} MiB in {SHM_DIR} ({config.weight_sync.transport}: "
+            f"{config.model.path} in {config.generator.dtype}), only {free / 2**20:.0f} MiB free. Enlarge it "
+            "(docker run --shm-size=16g; Kubernetes: a memory-backed emptyDir on /dev/shm)"
+        )
 
 
 def remove_dead_shared_files() -> None:
@@ -188,20 +213,11 @@ class WeightPublisher:
     ) -> tuple[SharedWeights, torch.Tensor]:
         slot = policy_version % 2
         if slot not in self._slots:
-            layout: dict[str, tuple[int, tuple[int, ...], str]] = {}
-            offsets: dict[int, int] = {}  # storage pointer -> offset, so tied weights are stored once
-            nbytes = 0
-            for name, tensor in state_dict.items():
-                out_dtype = dtype if tensor.is_floating_point() else tensor.dtype
-                key = (
-                    id(tensor) if isinstance(tensor, DTensor) else tensor.data_ptr()
-                )  # DTensor parameters: tied ones are one object
-                if key not in offsets:
-                    offsets[key] = nbytes
-                    nbytes += -(-tensor.numel() * torch.empty((), dtype=out_dtype).element_size() // 64) * 64
-                layout[name] = (offsets[key], tuple(tensor.shape), str(out_dtype).removeprefix("torch."))
-            path = str(SHM_DIR / f"{SHM_PREFIX}{os.getpid()}-{slot}")
-            self._slots[slot] = (SharedWeights(path, nbytes, layout), _map(path, nbytes))
+            layout, nbytes = plan_layout(  # DTensor parameters: tied ones are one object
+                state_dict, dtype, key=lambda tensor: id(tensor) if isinstance(tensor, DTensor) else tensor.data_ptr()
+            )
+            path = file_path(str(slot))
+            self._slots[slot] = (SharedWeights(path, nbytes, layout), map_file(path, nbytes, create=True))
         return self._slots[slot]
 
     async def publish(
@@ -226,7 +242,7 @@ class WeightPublisher:
                 offset = handle.layout[name][0]
                 if offset not in written:  # a tied weight is copied once
                     written.add(offset)
-                    _view(buffer, *handle.layout[name]).copy_(tensor)
+                    write(buffer, handle.layout[name], tensor)
         if ranks.rank != 0:
             return
         await ts.put(policy_key(policy_version) + "/HANDLE", handle)
@@ -242,17 +258,34 @@ class WeightPublisher:
 
 
 class WeightReceiver:
-    """Generator side: the state dict of a published version (views of the shared file, or pulled tensors)."""
+    """Generator side: the `SharedWeights` handle of a published version, for vLLM's workers to load.
+
+    With "shared_memory" it is the trainer's own file. With "torchstore" the pulled tensors are copied into a
+    file of this process first (one, reused: each reload finishes before the next pull), so vLLM's workers,
+    which may be other processes, load every version the same way.
+    """
 
     def __init__(self, transport: str):
         self.transport = transport
-        self._mapped: dict[str, torch.Tensor] = {}
+        self._staging: tuple[SharedWeights, torch.Tensor] | None = None
 
-    async def pull(self, policy_version: int) -> dict[str, torch.Tensor]:
-        if self.transport == "torchstore":
-            return await pull_state_dict(policy_version)
-        handle: SharedWeights = await ts.get(policy_key(policy_version) + "/HANDLE")
-        if handle.path not in self._mapped:
-            self._mapped[handle.path] = _map(handle.path, handle.nbytes)
-        buffer = self._mapped[handle.path]
-        return {name: _view(buffer, *entry) for name, entry in handle.layout.items()}
+    async def pull(self, policy_version: int) -> SharedWeights:
+        if self.transport == "shared_memory":
+            return await ts.get(policy_key(policy_version) + "/HANDLE")
+        state_dict = await pull_state_dict(policy_version)
+        layout, nbytes = plan_layout(state_dict, None, key=id)
+        if self._staging is None or self._staging[0].layout != layout:
+            self.close()
+            path = file_path(f"staging-{policy_version}")  # a new name: workers map files by name
+            self._staging = (SharedWeights(path, nbytes, layout), map_file(path, nbytes, create=True))
+        handle, buffer = self._staging
+        with torch.no_grad():
+            for name, tensor in state_dict.items():
+                write(buffer, layout[name], tensor)
+        return handle
+
+    def close(self) -> None:
+        """Remove the staging file (mappings stay valid until their processes exit)."""
+        if self._staging is not None:
+            Path(self._staging[0].path).unlink(missing_ok=True)
+            self._staging = None

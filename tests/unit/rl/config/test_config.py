@@ -167,7 +167,7 @@ def test_precision_defaults_keep_fp32_master_weights_and_an_exact_sampler():
             None, {"trainer.param_dtype": "bfloat16", "trainer.dtype": "bfloat16", "trainer.pure_low_precision": "true"}
         )
         assert insisted.generator.dtype == "bfloat16"
-    gpu = load_config(CONFIGS / "sum_digits_qwen3_gpu.toml")
+    gpu = load_config(CONFIGS / "sum_digits_smollm2_gpu.toml")
     assert (gpu.trainer.param_dtype, gpu.trainer.dtype, gpu.generator.dtype) == ("float32", "bfloat16", "bfloat16")
 
 

@@ -55,7 +55,7 @@ def test_validate_prints_the_decided_mode_and_why(capsys):
     assert "generator.dtype = bfloat16" in first
 
 
-@pytest.mark.parametrize("name", ["sum_digits_qwen3_gpu", "qwen3_8b_slurm_2x8", "qwen3_8b_kubernetes_2x8"])
+@pytest.mark.parametrize("name", ["sum_digits_smollm2_gpu", "qwen3_8b_slurm_2x8", "qwen3_8b_kubernetes_2x8"])
 def test_bf16_sampler_configs_train_with_decoupled_token_is(name):
     correction = load_config(REPO / "configs" / f"{name}.toml").algorithm.rollout_correction
     assert (

@@ -22,6 +22,7 @@ from rl.training.distributed import pad_row
 from rl.training.logprobs import packed_logprobs
 from rl.training.train_step import train_step
 from tests.support.hardware import NATIVE_BF16
+from tests.support.tree_samples import grouped_samples
 
 
 def _sample(ids: list[int], prompt: int, advantage: float = 1.0) -> TrainSample:
@@ -80,27 +81,6 @@ def test_rows_are_a_multiple_of_the_ranks_and_a_padding_row_sees_only_itself() -
     assert pad["fwd_subtree_end"].tolist() == [list(range(1, pad["fwd_parent"].shape[1] + 1))]
 
 
-def _groups(turns: int, seed: int, groups: int = 3, size: int = 4) -> list[TrainSample]:
-    """`groups` groups of `size` samples sharing a prompt; with turns = 2, pairs of samples also share a first turn
-    (sampled tokens, trained in both) and an environment reply, then diverge in their second turn."""
-    generator = torch.Generator().manual_seed(seed)
-
-    def tokens(n: int) -> list[int]:
-        return torch.randint(3, 1000, (n,), generator=generator).tolist()
-
-    samples = []
-    for group in range(groups):
-        prompt = tokens(6 + group)
-        first_turns = [tokens(3) + tokens(2) for _ in range(size // 2)]  # 3 sampled tokens, 2 environment tokens
-        for k in range(size):
-            completion = tokens(2 + k)
-            ids = prompt + (first_turns[k // 2] if turns == 2 else []) + completion
-            mask = [False] * len(prompt) + ([True] * 3 + [False] * 2 if turns == 2 else []) + [True] * len(completion)
-            sampling = [float(-1 - torch.rand((), generator=generator)) if m else 0.0 for m in mask]
-            samples.append(TrainSample(ids, mask, sampling, float(torch.randn((), generator=generator)), 0))
-    return samples
-
-
 @pytest.fixture(scope="module", params=["tiny-qwen3", "random-llama"])
 def model(request):
     torch.manual_seed(0)
@@ -138,7 +118,7 @@ def _per_sample_logprobs_and_grads(model, batch, n: int) -> tuple[list[torch.Ten
 @pytest.mark.parametrize("case", CASES)
 def test_tree_forward_gives_the_logprobs_and_gradients_of_independent_sequences(model, case) -> None:
     spec = CASES[case]
-    samples = _groups(spec["turns"], seed=1)
+    samples = grouped_samples(spec["turns"], seed=1)
     flat = pack_samples(samples, seq_len=spec["seq_len"], pad_token_id=0)
     tree = pack_trees(samples, seq_len=spec["seq_len"], pad_token_id=0)
     metrics = packing_metrics(tree)
@@ -175,7 +155,7 @@ def test_the_flex_attention_block_mask_gives_the_logprobs_of_independent_sequenc
     sdpa = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     flex = AutoModelForCausalLM.from_config(config, attn_implementation="flex_attention")
     flex.load_state_dict(sdpa.state_dict())
-    samples = _groups(2, seed=1)
+    samples = grouped_samples(2, seed=1)
     flat = pack_samples(samples, seq_len=24, pad_token_id=0)
     tree = pack_trees(samples, seq_len=24, pad_token_id=0)
     assert (
@@ -194,7 +174,7 @@ def test_every_forward_of_a_train_step_goes_through_the_tree(model) -> None:
     """π_old (decoupled correction), the reference model's logprobs, K = 2 minibatches and the update: same metrics
     and the same gradients as the same rows forwarded as independent sequences (the tree batch's own logical layout,
     so that both split into the same minibatches)."""
-    samples = _groups(2, seed=2)
+    samples = grouped_samples(2, seed=2)
     algorithm = AlgorithmConfig(kl_coef=0.05, rollout_correction=dict(bypass_mode=False, rollout_is="token"))
 
     def run(batch) -> tuple[dict, list[torch.Tensor]]:
@@ -246,7 +226,9 @@ def _rank(rank: int, world: int, init_file: str, out: str) -> None:
     )
     model = shard(lm, device="cpu", param_dtype=None)
     ranks = Ranks(rank, world)
-    batch = pack_batch(_groups(2, seed=3), seq_len=24, pad_token_id=0, prefix_sharing=True, rows_multiple_of=world)
+    batch = pack_batch(
+        grouped_samples(2, seed=3), seq_len=24, pad_token_id=0, prefix_sharing=True, rows_multiple_of=world
+    )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     metrics = train_step(
@@ -277,7 +259,7 @@ def test_two_ranks_of_tree_rows_give_the_gradient_of_independent_sequences() -> 
     )
     optimizer = torch.optim.SGD(lm.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    flat = pack_samples(_groups(2, seed=3), seq_len=24, pad_token_id=0)
+    flat = pack_samples(grouped_samples(2, seed=3), seq_len=24, pad_token_id=0)
     metrics = train_step(
         lm, optimizer, scheduler, split_micro_batches(flat, 1), AlgorithmConfig(), max_grad_norm=1e9, horizon=40
     )

@@ -213,3 +213,66 @@ def test_frozen_model_replicas_on_the_launchers_host_take_the_gpus_after_the_tra
     for index in range(2):
         spawn(index)
     assert spawned == [(0, 1, "3"), (0, 1, "4")]  # trainer: GPU 0, generators: 1 and 2
+
+
+class OneHost:
+    """The launcher's host: records the GPUs each one-process mesh spawned on it sees."""
+
+    sizes: dict[str, int] = {}
+
+    def __init__(self):
+        self.gpus: list[str] = []
+
+    def spawn_procs(self, per_host: dict, bootstrap_command):
+        self.gpus.append(bootstrap_command({"procs": 0}).env["CUDA_VISIBLE_DEVICES"])
+
+
+def _local_placement(config) -> tuple[Placement, OneHost]:
+    placement = Placement(config.cluster, config.trainer, config.generator, config.models)
+    host = OneHost()
+    placement.host_mesh = lambda role: host
+    return placement, host
+
+
+def test_the_shipped_gpu_config_runs_trainer_and_generator_on_one_gpu():
+    config = load_config(CONFIGS / "sum_digits_smollm2_gpu.toml")
+    placement, host = _local_placement(config)
+    placement.replica_procs("generator", gpus_per_proc=config.generator.tensor_parallel_size)(0)
+    assert host.gpus == ["0"]  # the trainer's GPU (before: "1", a GPU a one-GPU machine does not have)
+    assert placement.local_gpus_needed() == {"trainer": 1, "generator": 1}
+    placement.check_local_gpus(present=1)
+
+
+def test_roles_needing_more_gpus_than_present_are_refused_with_the_counts():
+    config = load_config(
+        CONFIGS / "sum_digits_smollm2_gpu.toml",
+        {
+            "generator.colocate_with_trainer": "false",
+            "generator.num_replicas": "2",
+            "trainer.gpu_memory_fraction": "0.9",
+        },
+    )
+    placement, _ = _local_placement(config)
+    assert placement.local_gpus_needed() == {"trainer": 1, "generator": 3}
+    with pytest.raises(
+        ValueError, match=r"need 3 GPU\(s\) \(trainer up to GPU 0, generator up to GPU 2\), but 1 are present"
+    ):
+        placement.check_local_gpus(present=1)
+    placement.check_local_gpus(present=3)
+
+
+def test_cpu_roles_need_no_gpu():
+    config = load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml")
+    placement, _ = _local_placement(config)
+    assert placement.local_gpus_needed() == {}
+    placement.check_local_gpus(present=0)
+
+
+def test_colocated_memory_shares_must_fit_one_gpu(tmp_path):
+    gpu_config = CONFIGS / "sum_digits_smollm2_gpu.toml"
+    with pytest.raises(ConfigError, match=r"0.7\) \+ generator.gpu_memory_utilization \(0.35\) exceeds 0.92"):
+        load_config(gpu_config, {"trainer.gpu_memory_fraction": "0.7"})
+    unlimited = tmp_path / "unlimited.toml"
+    unlimited.write_text(gpu_config.read_text().replace("gpu_memory_fraction = 0.5", ""))
+    with pytest.raises(ConfigError, match="set trainer.gpu_memory_fraction too"):
+        load_config(unlimited)

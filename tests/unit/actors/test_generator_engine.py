@@ -1,0 +1,41 @@
+"""How the generator starts vLLM: worker processes spawned (never forked from Monarch's runtime), tensor-parallel CPU
+workers each bound to its own cores, and every worker able to load weights by handle."""
+
+import os
+
+from actors.generator import engine_args, engine_environment
+from rl.config import load_config
+from rl.weights import vllm_worker
+from tests.support.paths import TINY
+
+
+def test_one_worker_runs_in_process_and_any_worker_process_is_spawned():
+    generator = load_config(TINY).generator
+    env = engine_environment(generator, cpus=[])
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert env["VLLM_WORKER_MULTIPROC_METHOD"] == "spawn"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env
+    assert engine_environment(generator, cpus=[1])["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+
+
+def test_tensor_parallel_cpu_workers_run_in_engine_processes_each_on_its_own_cores():
+    generator = load_config(TINY, {"generator.tensor_parallel_size": "2"}).generator
+    assert engine_environment(generator, cpus=[4, 5, 6, 7]) == {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": "4,5|6,7",
+    }
+    cores = sorted(os.sched_getaffinity(0))
+    half = len(cores) // 2
+    assert engine_environment(generator, cpus=[])["VLLM_CPU_OMP_THREADS_BIND"] == "|".join(
+        ",".join(map(str, part)) for part in (cores[:half], cores[half : 2 * half])
+    )
+
+
+def test_every_worker_gets_the_weight_loader():
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    args = engine_args(load_config(TINY).generator)
+    assert args["worker_extension_cls"] == vllm_worker.QUALNAME
+    assert resolve_obj_by_qualname(args["worker_extension_cls"]) is vllm_worker.WeightLoader
