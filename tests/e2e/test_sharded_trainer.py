@@ -32,6 +32,7 @@ from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.processes.cluster import Placement
 from rl.processes.trainer_mesh import spawn_trainer
 from rl.weights import sync as weight_sync
+from rl.weights.shared_file import MappedFiles
 from tests.support.paths import TINY
 from tests.support.score_export import score_in_fresh_process
 
@@ -109,9 +110,8 @@ async def runs(tmp_path_factory):
             (root / name).mkdir()
             await trainer.save_checkpoint.call_one(str(root / name))
         await two.push_weights.call_one(1)  # shared memory: ranks gather one parameter at a time, rank 0 writes
-        published = {
-            name: tensor.clone() for name, tensor in (await weight_sync.WeightReceiver("shared_memory").pull(1)).items()
-        }
+        handle = await weight_sync.WeightReceiver("shared_memory").pull(1)  # what a generator hands its vLLM workers
+        published = {name: tensor.clone() for name, tensor in MappedFiles().state_dict(handle).items()}
         await resumed.load_checkpoint.call_one(str(root / "two"))
         logprobs = await asyncio.gather(two.logprobs.call_one(probe), resumed.logprobs.call_one(probe))
         second = await asyncio.wait_for(

@@ -15,6 +15,7 @@ import torch
 from monarch.actor import Actor, endpoint, this_host
 
 from rl.weights import sync as weight_sync
+from rl.weights.shared_file import MappedFiles
 
 # torchstore 0.1.2 calls monarch's deprecated is_rdma_available() on every transfer.
 pytestmark = pytest.mark.filterwarnings("ignore:is_rdma_available is deprecated:DeprecationWarning")
@@ -130,7 +131,8 @@ class SharedReader(_Proc):
 
     @endpoint
     async def pull(self, policy_version: int) -> dict[str, torch.Tensor]:
-        return {name: tensor.clone() for name, tensor in (await self.receiver.pull(policy_version)).items()}
+        handle = await self.receiver.pull(policy_version)  # what a generator hands its vLLM workers
+        return {name: tensor.clone() for name, tensor in MappedFiles().state_dict(handle).items()}
 
 
 async def test_shared_memory_transport_between_actor_processes(monkeypatch: pytest.MonkeyPatch) -> None:
