@@ -68,7 +68,7 @@ def test_a_bfloat16_export_holds_the_trained_weights_rounded(trained, tmp_path):
     assert json.loads((exported.out / "config.json").read_text())["dtype"] == "bfloat16"
     trained_weights = model.state_dict()
     with safe_open(exported.out / "model.safetensors", "pt") as weights:
-        for name in weights.keys():  # noqa: SIM118 (safe_open has no __iter__)
+        for name in weights.keys():
             assert torch.equal(weights.get_tensor(name), trained_weights[name].to(torch.bfloat16)), name
     assert exported.bytes < 0.6 * sum(tensor.numel() * 4 for tensor in trained_weights.values())
 

@@ -196,7 +196,7 @@ def test_every_forward_of_a_train_step_goes_through_the_tree(model) -> None:
     batch = pack_batch(samples, seq_len=32, pad_token_id=0, prefix_sharing=True, rows_multiple_of=2)
     assert len(batch) >= 2
     tree, tree_grads = run(batch)
-    flat, flat_grads = run(batch.exclude(*[key for key in batch if key.startswith("fwd_")]))
+    flat, flat_grads = run(batch.exclude(*[key for key in batch.keys() if key.startswith("fwd_")]))
     for key in (
         "loss",
         "pg_loss",

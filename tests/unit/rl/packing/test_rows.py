@@ -165,7 +165,7 @@ def test_trim_padding_drops_only_columns_that_are_padding_in_every_row() -> None
     batch = pack_samples(samples[1:], seq_len=8, pad_token_id=99)  # rows: [3 + 2 | 3 pads]
     trimmed = trim_padding(batch)
     assert trimmed["input_ids"].tolist() == [[1, 1, 1, 2, 2]]
-    for key in batch:
+    for key in batch.keys():
         assert torch.equal(trimmed[key], batch[key][:, :5]), key
 
 
