@@ -107,9 +107,12 @@ class Config(Section):
             raise ValueError(
                 f"trainer.num_hosts = {trainer.num_hosts} but the cluster gives the trainer {max(1, trainer_hosts)} host(s) (cluster.hosts.trainer)"
             )
-        if cluster.scheduler == "local" and any(count > 1 for count in cluster.hosts.allocated().values()):
+        many = {role: count for role, count in cluster.hosts.allocated().items() if count > 1}
+        if cluster.scheduler == "local" and many:
+            role, count = next(iter(many.items()))
             raise ValueError(
-                "cluster.scheduler = 'local' has one host; use 'process', 'slurm' or 'kubernetes' for more"
+                f"cluster.hosts.{role} = {count}, but cluster.scheduler = 'local' has one host; "
+                "use 'process', 'slurm' or 'kubernetes' for more"
             )
         if self.generator.num_replicas % max(1, cluster.hosts.generator):
             raise ValueError(
