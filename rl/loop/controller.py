@@ -154,8 +154,8 @@ class Controller:
         finally:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
-            leftover = self.generation_stats.drain().dropped_failed  # dropped after the last step: logged all the same
-            self.logger.log_rollouts(self.state.step, "dropped", leftover)
+            leftover = self.generation_stats.drain().dropped_failed  # dropped after the last step: the next step's
+            self.logger.log_rollouts(self.state.step + 1, "dropped", leftover)
             if warning := self.group_failures.summary():
                 self._warn(warning)
             self.logger.close()

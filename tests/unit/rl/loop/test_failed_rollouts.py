@@ -89,7 +89,9 @@ async def test_a_flaky_reward_shows_every_failure(tmp_path, capsys):
         step_metrics.append((await controller._step(groups, [], wait_seconds=0.0))[0])
     await producer
     samples = drain_states().get("reward/samples", {}).get("samples", [])
-    controller.logger.log_rollouts(controller.state.step, "dropped", controller.generation_stats.drain().dropped_failed)
+    controller.logger.log_rollouts(
+        controller.state.step + 1, "dropped", controller.generation_stats.drain().dropped_failed
+    )
     controller.logger.close()
 
     failing = sorted(row_id for row_id, row in rows.items() if flaky_rows_fail(row["number"]))
