@@ -3,21 +3,23 @@
 The fixture is real output: `squeue --job 2 --json` of Slurm 22.05.8 (Debian 12's slurmctld/slurmd, one node "vm",
 a running batch job), captured 2026-11-25. Monarch's own `_wait_for_job_start` parses it, with `squeue` answered
 from the file; the job objects are made without `__init__`, which would switch this process to TCP transport.
+Importing `monarch.job` imports flask, after which an in-process vLLM engine cannot start in this process
+(tests/conftest.py), so these tests import it themselves and run with the `allocates_job` tests, last.
 """
 
 import json
 import subprocess
 
 import pytest
-from monarch.job import SlurmJob
 
-from rl.processes.slurm import RlmeshSlurmJob, normalize_squeue_job
 from tests.support.paths import REPO
+
+pytestmark = pytest.mark.allocates_job
 
 SQUEUE_22_05 = (REPO / "tests" / "support" / "fixtures" / "squeue" / "slurm-22.05.8.json").read_text()
 
 
-def job_answering_squeue_with(cls: type, stdout: str, monkeypatch: pytest.MonkeyPatch) -> SlurmJob:
+def job_answering_squeue_with(cls: type, stdout: str, monkeypatch: pytest.MonkeyPatch):
     def fake_run(args, **kwargs):
         assert args[:1] == ["squeue"], args
         return subprocess.CompletedProcess(args, 0, stdout=stdout, stderr="")
@@ -29,18 +31,24 @@ def job_answering_squeue_with(cls: type, stdout: str, monkeypatch: pytest.Monkey
 
 
 def test_monarchs_parser_fails_on_slurm_22_05s_squeue_json(monkeypatch):
+    from monarch.job import SlurmJob
+
     job = job_answering_squeue_with(SlurmJob, SQUEUE_22_05, monkeypatch)
     with pytest.raises(AttributeError, match="'str' object has no attribute 'get'"):
         job._wait_for_job_start("2", expected_nodes=1, timeout=5)
 
 
 def test_the_hosts_of_a_slurm_22_05_job_are_read(monkeypatch):
+    from rl.processes.slurm import RlmeshSlurmJob
+
     job = job_answering_squeue_with(RlmeshSlurmJob, SQUEUE_22_05, monkeypatch)
     assert job._wait_for_job_start("2", expected_nodes=1, timeout=5) == ["vm"]
 
 
 def test_a_newer_slurms_job_passes_through_unchanged(monkeypatch):
     """Slurm 23.11+: the state a list, the hosts under `job_resources.nodes.allocation` (what Monarch reads)."""
+    from rl.processes.slurm import RlmeshSlurmJob, normalize_squeue_job
+
     newer = {
         "job_id": 7,
         "job_state": ["RUNNING"],
@@ -52,6 +60,8 @@ def test_a_newer_slurms_job_passes_through_unchanged(monkeypatch):
 
 
 def test_a_pending_old_style_job_has_no_hosts_yet():
+    from rl.processes.slurm import normalize_squeue_job
+
     pending = {"job_id": 3, "job_state": "PENDING", "job_resources": {}}
     assert normalize_squeue_job(pending) == {
         "job_id": 3,
