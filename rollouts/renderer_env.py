@@ -161,9 +161,8 @@ class RendererEnv:
         if len(prompt_token_ids) > self.config.max_prompt_tokens:
             status = RolloutStatus.PROMPT_OVERFLOW if not self.rollout.turns else RolloutStatus.TRUNCATED
             return await self._finish(status)
+        # >= 1: the prompt fits max_prompt_tokens, which is below max_total_tokens
         budget = min(self.config.max_new_tokens, self.config.max_total_tokens - len(prompt_token_ids))
-        if budget <= 0:
-            return await self._finish(RolloutStatus.TRUNCATED)
         self._prompt_token_ids = prompt_token_ids
         seed = (
             None

@@ -14,10 +14,7 @@ import re
 import signal
 import time
 
-import psutil
-
-from rl.processes.titles import role_of
-from tests.support.launch import Launch, processes_with_marker
+from tests.support.launch import Launch, processes_with_marker, replica_pid
 from tests.support.runs import assert_rows_trained_once, read_jsonl
 
 STEPS, GROUPS_PER_STEP, GROUP_SIZE = 24, 2, 4
@@ -46,21 +43,6 @@ OVERRIDES = [
     f"[{{fn = 'tests.support.e2e_rewards:by_sample_index'}}, {JUDGE}]",
 ]
 SERVING_AGAIN = re.compile(r"rlmesh: (\S+) replica \d+ replaced; serving again ([\d.]+) s after the loss")
-
-
-def replica_pid(marker: str, service: str) -> int:
-    """The pid of a live replica of `service`: the process named `<service>/<index>#<incarnation>` (cut to 15 bytes)
-    whose parent is not (a child it forked inherits the name)."""
-    for process in processes_with_marker(marker):
-        try:
-            role = role_of(process.pid)
-            parent = process.parent()
-            parent_role = role_of(parent.pid) if parent is not None else None
-        except (psutil.Error, FileNotFoundError):
-            continue
-        if role.startswith(f"{service}/") and parent_role != role:
-            return process.pid
-    raise AssertionError(f"no live {service} replica")
 
 
 def test_a_run_survives_sigkills_of_a_generator_a_reward_and_a_judge_replica(tmp_path):

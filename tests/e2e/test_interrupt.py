@@ -1,15 +1,17 @@
-"""Ctrl-C on a real run, in several phases, stops every actor process and exits with 130.
+"""The ways a real run ends early: Ctrl-C or SIGTERM in any phase, a second Ctrl-C, an actor or the trainer dying.
 
-SIGINT is sent to the launcher's pid (process-directed, as a terminal or `kill` sends it): that is
-the signal the kernel may hand to any of the launcher's threads, the cause of the once-lost Ctrl-C.
+Each stops every actor process. Signals are sent to the launcher's pid (process-directed, as a terminal or `kill`
+sends them): the kernel may hand them to any of the launcher's threads, the cause of the once-lost Ctrl-C.
+(The hard stop at the grace deadline: tests/unit/rl/processes/test_interrupts.py.)
 """
 
+import os
 import signal
 import time
 
 import pytest
 
-from tests.support.launch import Launch, processes_with_marker
+from tests.support.launch import Launch, processes_with_marker, replica_pid
 
 STOP_DEADLINE_S = 30
 
@@ -22,6 +24,10 @@ def assert_stops_cleanly(launch: Launch) -> None:
     assert "rlmesh: interrupted" in "".join(launch.lines), (
         launch.output()
     )  # Monarch may print a teardown trace after it
+    assert_no_process_left(launch)
+
+
+def assert_no_process_left(launch: Launch) -> None:
     deadline = time.monotonic() + 10
     while processes_with_marker(launch.marker) and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -29,21 +35,27 @@ def assert_stops_cleanly(launch: Launch) -> None:
 
 
 @pytest.mark.parametrize(
-    "phase_line",
+    "phase_line,signals",
     [
-        "Monarch internal logs",  # actor start-up: the store is up, processes are spawning
-        "step    0 v0",  # the first batch is being generated and scored
-        "step    1 v1",  # training, weight sync, generation of the next batch
+        ("Monarch internal logs", [signal.SIGINT]),  # actor start-up: the store is up, processes are spawning
+        ("step    0 v0", [signal.SIGTERM]),  # the first batch is being generated and scored
+        ("step    1 v1", [signal.SIGINT, signal.SIGINT]),  # training, weight sync, generation; then a hard stop
     ],
-    ids=["startup", "first-generation", "training"],
+    ids=["startup-sigint", "first-generation-sigterm", "training-second-sigint"],
 )
-def test_ctrl_c_in_any_phase_stops_all_actor_processes(tmp_path, phase_line):
+def test_a_signal_in_any_phase_stops_all_actor_processes(tmp_path, phase_line, signals):
     launch = Launch(tmp_path)
     try:
         launch.wait_for_line(phase_line)
         assert launch.process.poll() is None, launch.output()
-        launch.process.send_signal(signal.SIGINT)
+        for index, signal_number in enumerate(signals):
+            if index:
+                launch.wait_for_line("rlmesh: interrupt received", timeout=10)
+                time.sleep(1)
+            launch.process.send_signal(signal_number)
         assert_stops_cleanly(launch)
+        if len(signals) > 1:
+            assert "rlmesh: interrupted (second interrupt); actor processes killed" in launch.output()
     finally:
         launch.kill_everything()
 
@@ -60,9 +72,20 @@ def test_an_actor_that_dies_stops_the_run_with_exit_1(tmp_path):
         returncode = launch.wait_for_exit(timeout=300)
         assert returncode == 1, launch.output()
         assert "run stopped:" in launch.output() and "reward: restart budget spent" in launch.output()
-        deadline = time.monotonic() + 10
-        while processes_with_marker(launch.marker) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert processes_with_marker(launch.marker) == []
+        assert_no_process_left(launch)
+    finally:
+        launch.kill_everything()
+
+
+def test_a_trainer_that_dies_stops_the_run_with_exit_1_and_says_how_to_resume(tmp_path):
+    launch = Launch(tmp_path, "--checkpoint.every_steps", "1")
+    try:
+        launch.wait_for_line("step    1 v1")  # step 1 is committed: there is a checkpoint to resume from
+        os.kill(replica_pid(launch.marker, "trainer"), signal.SIGKILL)
+        returncode = launch.wait_for_exit(timeout=120)
+        assert returncode == 1, launch.output()
+        assert "run stopped:" in launch.output() and "trainer" in launch.output()
+        assert "rlmesh train --resume" in launch.output()
+        assert_no_process_left(launch)
     finally:
         launch.kill_everything()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 
+from rl.processes.titles import role_of
 from tests.support.paths import REPO, TINY
 
 
@@ -23,6 +24,21 @@ def processes_with_marker(marker: str) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def replica_pid(marker: str, service: str) -> int:
+    """The pid of a live replica of `service`: the process named `<service>/<index>#<incarnation>` (cut to 15 bytes)
+    whose parent is not (a child it forked inherits the name)."""
+    for process in processes_with_marker(marker):
+        try:
+            role = role_of(process.pid)
+            parent = process.parent()
+            parent_role = role_of(parent.pid) if parent is not None else None
+        except (psutil.Error, FileNotFoundError):
+            continue
+        if role.startswith(f"{service}/") and parent_role != role:
+            return process.pid
+    raise AssertionError(f"no live {service} replica")
 
 
 class Launch:

@@ -216,3 +216,33 @@ async def test_each_sample_gets_its_own_sampling_seed(renderer, tokenizer):
         sampling_seed(5, f"train/row=3/{i}", 0) for i in range(3)
     )
     assert len({request.seed for [request] in calls}) == 3
+
+
+async def test_each_request_asks_for_what_is_left_of_the_token_budget(renderer, tokenizer):
+    """max_new_tokens of a request = min(env.max_new_tokens, env.max_total_tokens - prompt length)."""
+    task = SumDigitsTask(num_digits=2, num_validation=4)
+    row = task.load_dataset("validation")[0]
+    roomy, tight = [], []
+    await collect_groups(
+        [spec(task, row, renderer, RendererEnvConfig(max_new_tokens=8))],
+        1,
+        scripted_generator(tokenizer, "9", calls=roomy),
+    )
+    prompt_length = len(roomy[0][0].prompt_token_ids)
+    assert roomy[0][0].max_new_tokens == 8
+    near_the_end = RendererEnvConfig(
+        max_new_tokens=8, max_prompt_tokens=prompt_length, max_total_tokens=prompt_length + 3
+    )
+    await collect_groups([spec(task, row, renderer, near_the_end)], 1, scripted_generator(tokenizer, "9", calls=tight))
+    assert tight[0][0].max_new_tokens == 3
+
+
+async def test_an_aborted_generation_is_an_aborted_rollout(renderer, tokenizer):
+    task = SumDigitsTask(num_digits=2, num_validation=4)
+    [group] = await collect_groups(
+        [spec(task, task.load_dataset("validation")[0], renderer, RendererEnvConfig(max_new_tokens=8))],
+        2,
+        scripted_generator(tokenizer, "1", finish_reason="abort"),
+    )
+    assert [rollout.status for rollout in group.rollouts] == [RolloutStatus.ABORTED] * 2
+    assert [len(rollout.turns) for rollout in group.rollouts] == [1, 1]  # the sampled tokens are kept with the record
