@@ -187,6 +187,14 @@ def _tree(fn_module: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]
     return tuple(kept), tuple(links)
 
 
+def _interpreter() -> str:
+    """This interpreter's path with its directory resolved: the sandbox binds only resolved paths, so a venv
+    reached through a symbolic link (`/opt/env -> /data/venv`) is not there under the link's name. The last
+    component stays as it is: `venv/bin/python` (itself a link to the base interpreter) is how Python finds
+    the venv's `pyvenv.cfg` and site-packages."""
+    return os.path.join(os.path.realpath(os.path.dirname(sys.executable)), os.path.basename(sys.executable))
+
+
 class Sandbox:
     """Runs tool functions, each call in a fresh sandbox (see the module docstring for what is isolated)."""
 
@@ -231,7 +239,7 @@ class Sandbox:
     def _command(
         self, fn_path: str, group: cgroup.CallCgroup | None, host_dirs: list[str]
     ) -> tuple[list[str], dict[str, str], str]:
-        runner = [sys.executable, "-P", "-s", "-m", "tools.sandbox"]  # -P: no script directory or cwd on sys.path
+        runner = [_interpreter(), "-P", "-s", "-m", "tools.sandbox"]  # -P: no script directory or cwd on sys.path
         python_path = os.pathsep.join(os.path.realpath(path) for path in sys.path if path and os.path.isdir(path))
         env = {
             "PATH": "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
