@@ -169,7 +169,8 @@ class RolloutCorrectionConfig(Section):
 
 
 class EchoRoleWeights(Section):
-    """echo: cross-entropy weight of environment tokens by the role of the message they render."""
+    """echo: cross-entropy weight of environment tokens by the role of the message they render. The default
+    table trains tool results at 0.1; setting any role replaces the whole table (seed 002): a role left out is 0."""
 
     system: float = Field(0.0, ge=0)
     """Weight of the tokens of system messages."""
@@ -178,7 +179,15 @@ class EchoRoleWeights(Section):
     assistant: float = Field(0.0, ge=0)
     """Weight of the tokens of assistant messages the environment adds (not the policy's own replies)."""
     tool: float = Field(0.1, ge=0)
-    """Weight of the tokens of tool results."""
+    """Weight of the tokens of tool results (0.1 only in the default table: 0 when the table sets other roles)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _given_table_replaces_defaults(cls, data: Any) -> Any:
+        """A table naming any role is the whole table: the roles it leaves out train at 0, not at their defaults."""
+        if isinstance(data, dict) and data:
+            return {role: 0.0 for role in cls.model_fields} | data
+        return data
 
 
 class TaskAlgorithmConfig(Section):

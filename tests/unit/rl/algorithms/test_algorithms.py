@@ -175,6 +175,43 @@ def test_opd_routes_sampled_tokens_to_ref_kl_with_teacher_logprobs():
     assert samples[0].ref_logprobs == pytest.approx([0.0, -0.1, -0.2, -0.3])
 
 
+def test_echo_setting_one_role_replaces_the_whole_table(qwen3_renderer):
+    # seed 002: "setting any role replaces the whole table". The default table trains tool results at 0.1; a table
+    # naming only user (0.5) trains user messages at 0.5 and tool results not at all (before: tool kept 0.1).
+    assert AlgorithmConfig(type="echo").echo_role_weights.tool == 0.1
+    config = load_config(
+        E2E_CONFIGS / "tiny_qwen3_algorithms_e2e.toml", {"algorithm.echo_role_weights": "{user = 0.5}"}
+    )
+    assert config.algorithm.echo_role_weights.model_dump() == {
+        "system": 0.0,
+        "user": 0.5,
+        "assistant": 0.0,
+        "tool": 0.0,
+    }
+    messages = [{"role": "user", "content": "Sum the digits of 47."}]
+    prompt = list(qwen3_renderer.render_ids(messages, add_generation_prompt=True))
+    completion = list(qwen3_renderer.render_ids([*messages, {"role": "assistant", "content": "11"}]))[len(prompt) :]
+    env_messages = [{"role": "tool", "content": "ok"}, {"role": "user", "content": "again"}]
+    bridged = qwen3_renderer.bridge_to_next_turn(prompt, completion, env_messages)
+    first = RolloutTurn(
+        prompt_messages=messages,
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        completion_logprobs=[-0.5] * len(completion),
+        env_messages=env_messages,
+        assistant_message={"role": "assistant", "content": "11"},
+    )
+    samples, _ = _build(
+        {"t": AlgorithmConfig(type="echo", echo_role_weights={"user": 0.5})},
+        [_group("t", [1.0, 0.0], turns=[first, _turn(list(bridged.token_ids), [7])])],
+        renderers={"t": qwen3_renderer},
+    )
+    new = len(prompt) + len(completion)
+    roles = [env_messages[i]["role"] if i >= 0 else None for i in bridged.message_indices[new:]]
+    assert "tool" in roles and "user" in roles
+    assert samples[0].ce_weights[new:-1] == [0.5 if role == "user" else 0.0 for role in roles]
+
+
 def _decode(ids):
     from transformers import AutoTokenizer
 
@@ -356,7 +393,7 @@ def test_the_resolved_config_round_trips():
 def test_task_echo_override_keeps_typed_role_weights():
     config = _config(**{"tasks.0.algorithm": "{type = 'echo', echo_role_weights = {user = 0.5}}"})
     resolved = config.algorithm.for_task(config.tasks[0].algorithm)
-    assert resolved.echo_role_weights.model_dump() == {"system": 0.0, "user": 0.5, "assistant": 0.0, "tool": 0.1}
+    assert resolved.echo_role_weights.model_dump() == {"system": 0.0, "user": 0.5, "assistant": 0.0, "tool": 0.0}
     with pytest.raises(ConfigError, match="echo_role_weights.narrator"):
         _config(**{"algorithm.echo_role_weights.narrator": "1.0"})
 
