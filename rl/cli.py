@@ -1,5 +1,5 @@
 """`rlmesh train --config FILE [--section.key value ...]`, `rlmesh train --resume RUN_DIR [...]`, `rlmesh validate ...`,
-`rlmesh bench ...`, `rlmesh new-task NAME`, `rlmesh report RUN_DIR`, `rlmesh export RUN_DIR --out DIR`."""
+`rlmesh bench ...`, `rlmesh new-task NAME`, `rlmesh report RUN_DIR [RUN_DIR ...]`, `rlmesh export RUN_DIR --out DIR`."""
 
 from __future__ import annotations
 
@@ -135,20 +135,26 @@ def main(argv: list[str] | None = None) -> int:
     new_task = commands.add_parser("new-task", help="write a task package (task, rubric, config, test) to start from")
     new_task.add_argument("name", help="package name, a lower-case Python identifier")
     new_task.add_argument("--dir", default=".", help="folder to create the package in")
-    report = commands.add_parser("report", help="plots and an HTML page of a run (finished or running)")
-    report.add_argument("run_dir", help="the run directory, e.g. runs/sum_digits_smollm2_cpu")
+    report = commands.add_parser(
+        "report",
+        help="plots and an HTML page of a run (finished or running), or several runs compared",
+        description="One run: plots and a page in RUN_DIR/report/. Several: one line per run on each plot, a summary "
+        "per run and the config keys on which they differ, in --out (default: report-compare/ beside the first run).",
+    )
+    report.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="e.g. runs/sum_digits_smollm2_cpu")
+    report.add_argument("--out", type=Path, help="the comparison's folder (several runs only)")
     export.add_parser(commands)
     args, extra = parser.parse_known_args(argv)
     if args.command == "export":
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         return export.export_command(args)
-    if args.command == "report" and extra:
-        parser.error(f"report takes one run directory; unexpected {' '.join(extra)} (it compares no runs)")
     if args.command == "report":
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
         from rl.metrics.report import report_command
 
-        return report_command(Path(args.run_dir))
+        return report_command(args.run_dirs, args.out)
     if args.command == "new-task":
         return _new_task(args.name, args.dir, extra)
     if args.command == "train":

@@ -1,4 +1,5 @@
-"""`rlmesh report RUN_DIR`: PNG plots of a run's metrics and an index.html with its config and samples.
+"""`rlmesh report RUN_DIR`: PNG plots of a run's metrics and an index.html with its config and samples;
+`rlmesh report RUN_DIR RUN_DIR ...`: the runs compared (a line per run, the config keys on which they differ).
 
 Reads only the run directory (`metrics.jsonl`, `config.toml`, `samples.jsonl`, else `rollouts.jsonl`),
 so it works on a finished run and on one still writing (a half-written last line is skipped).
@@ -9,6 +10,7 @@ from __future__ import annotations
 import html
 import json
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,11 @@ import matplotlib.pyplot as plt
 
 from rl.metrics.sample_log import sample_record
 from rollouts.types import Rollout
+
+KL_KEYS = ["train/kl", "train/mismatch_k3", "train/ppo_kl"]
+KL_FLOOR = 2.0**-24
+"""Half of float32's machine epsilon (6e-8): the rounding of one `exp(-d) + d - 1` term near d = 0. The estimators are
+never negative in exact arithmetic; a mean below this (an on-policy run's `train/mismatch_k3` of -6e-10) is noise."""
 
 PHASES = {"perf/sample_wait_time": "wait for rollouts", "time/train_s": "train", "time/weight_sync_s": "weight sync"}
 """The timed phases of a step (metrics.jsonl key -> label); the rest of `time/step_s` is "eval + other"."""
@@ -42,16 +49,54 @@ def series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[flo
     return [step for step, _ in points], [value for _, value in points]
 
 
-def line_plot(records: list[dict[str, Any]], keys: list[str], title: str, ylabel: str, path: Path) -> bool:
-    """One line per key that the run has; False (no file) when it has none of them."""
+def folded_lines(records: list[dict[str, Any]], keys: list[str]) -> list[tuple[str, str]]:
+    """(key, label) of each line to draw: a key the run has, unless its series is identical to an earlier key's (e.g.
+    `train/pg_loss` when it is the only term of `loss`), which is named in that key's label instead of hiding it."""
     present = [key for key in keys if any(key in record for record in records)]
-    if not present:
+    drawn: dict[str, list[str]] = {}
+    for key in present:
+        same = next((first for first in drawn if series(records, first) == series(records, key)), None)
+        if same is None:
+            drawn[key] = []
+        else:
+            drawn[same].append(key)
+    return [(key, f"{key} (= {', '.join(twins)})" if twins else key) for key, twins in drawn.items()]
+
+
+def drawn_lines(
+    records: list[dict[str, Any]], keys: list[str], floor: float | None = None
+) -> tuple[list[tuple[str, list[int], list[float]]], bool]:
+    """(label, steps, values) of each line `line_plot` draws, and whether a value was below `floor` (drawn at it)."""
+    lines, clamped = [], False
+    for key, label in folded_lines(records, keys):
+        steps, values = series(records, key)
+        if floor is not None:
+            clamped |= any(value < floor for value in values)
+            values = [max(value, floor) for value in values]
+        lines.append((label, steps, values))
+    return lines, clamped
+
+
+def line_plot(
+    records: list[dict[str, Any]], keys: list[str], title: str, ylabel: str, path: Path, floor: float | None = None
+) -> bool:
+    """One line per key that the run has (identical series folded into one label); False (no file) when it has none.
+    `floor`: a log-scale axis on which values below `floor` (rounding noise, possibly negative) are drawn at it."""
+    lines, clamped = drawn_lines(records, keys, floor)
+    if not lines:
         return False
     figure, axes = plt.subplots(figsize=(8, 3.6))
-    for key in present:
-        steps, values = series(records, key)
-        axes.plot(steps, values, marker="o", markersize=3, label=key)
+    for label, steps, values in lines:
+        axes.plot(steps, values, marker="o", markersize=3, label=label)
+    if floor is not None:
+        axes.set_yscale("log")
+        if clamped:
+            axes.axhline(
+                floor, color="gray", linestyle="--", linewidth=0.8, label=f"{floor:.0e}: values below, drawn here"
+            )
+            title += f"\n(values below {floor:.0e}, float32 rounding of exp(-d) + d - 1, even negative ones: indistinguishable from 0)"
     axes.set(title=title, xlabel="step", ylabel=ylabel)
+    axes.title.set_fontsize(9)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
     figure.tight_layout()
@@ -113,17 +158,19 @@ def plots(records: list[dict[str, Any]], out: Path) -> list[str]:
         ),
         ("truncation.png", ["rollouts/truncation_rate"], "truncated responses", "fraction"),
         ("entropy.png", ["rollouts/entropy"], "sampler entropy per token (mean -logprob of sampled tokens)", "nats"),
+        ("kl.png", KL_KEYS, "KL estimates (log scale)", "nats per token", KL_FLOOR),
+        ("clip.png", ["train/clip_frac_low", "train/clip_frac_high"], "PPO clip fractions", "fraction"),
         (
-            "kl_clip.png",
-            ["train/kl", "train/mismatch_k3", "train/clip_frac_low", "train/clip_frac_high"],
-            "KL and clip fractions",
+            "loss.png",
+            ["loss", "train/pg_loss", "train/ce_loss", "train/ref_kl_loss"],
+            "loss (a term equal to the loss is named in its label)",
             "",
         ),
-        ("loss.png", ["loss", "train/pg_loss", "train/grad_norm"], "loss and gradient norm", ""),
+        ("grad_norm.png", ["train/grad_norm"], "gradient norm (before clipping)", ""),
         ("policy_lag.png", ["rollouts/policy_lag_max"], "policy lag", "versions"),
     ]
-    for name, plot_keys, title, ylabel in specs:
-        if line_plot(records, plot_keys, title, ylabel, out / name):
+    for name, plot_keys, title, ylabel, *floor in specs:
+        if line_plot(records, plot_keys, title, ylabel, out / name, *floor):
             made.append(name)
     if phase_plot(records, out / "time_per_phase.png"):
         made.append("time_per_phase.png")
@@ -147,6 +194,15 @@ def last_samples(run_dir: Path, steps: int) -> list[dict[str, Any]]:
     return [sample for sample in samples if sample["step"] in last and sample.get("reward") is not None]
 
 
+def best_and_worst(samples: list[dict[str, Any]], per_side: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The `per_side` highest- and lowest-reward samples, never the same sample on both sides: with fewer than
+    2 x `per_side` logged, the upper half (the middle one included) is "best" and the rest "worst"."""
+    ranked = sorted(samples, key=lambda sample: sample["reward"], reverse=True)
+    best_count = min(per_side, (len(ranked) + 1) // 2)
+    worst_count = min(per_side, len(ranked) - best_count)
+    return ranked[:best_count], ranked[len(ranked) - worst_count :][::-1]
+
+
 def sample_table(samples: list[dict[str, Any]]) -> str:
     columns = ["step", "reward", "advantage", "target", "prompt", "response", "status", "response_len"]
     head = "".join(f"<th>{column}</th>" for column in columns)
@@ -167,8 +223,7 @@ def write_report(run_dir: Path, last_steps: int = 3, per_side: int = 5) -> Path:
     out = run_dir / "report"
     out.mkdir(exist_ok=True)
     images = plots(records, out)
-    samples = last_samples(run_dir, last_steps)
-    ranked = sorted(samples, key=lambda sample: sample["reward"])
+    best, worst = best_and_worst(last_samples(run_dir, last_steps), per_side)
     config = (run_dir / "config.toml").read_text() if (run_dir / "config.toml").exists() else "(no config.toml)"
     last = records[-1]
     headline = ", ".join(
@@ -182,8 +237,8 @@ pre{{white-space:pre-wrap;margin:0;max-width:420px}}</style></head><body>
 <h1>{html.escape(run_dir.name)}</h1>
 <p>{len(records)} logged steps (last: step {last["step"]}). {html.escape(headline)}</p>
 {"".join(f'<img src="{name}" alt="{name}">' for name in images)}
-<h2>Best samples of the last {last_steps} steps</h2>{sample_table(ranked[::-1][:per_side])}
-<h2>Worst samples of the last {last_steps} steps</h2>{sample_table(ranked[:per_side])}
+<h2>Best samples of the last {last_steps} steps ({len(best)})</h2>{sample_table(best)}
+<h2>Worst samples of the last {last_steps} steps ({len(worst)})</h2>{sample_table(worst)}
 <h2>Config</h2><pre>{html.escape(config)}</pre>
 </body></html>
 """
@@ -192,11 +247,136 @@ pre{{white-space:pre-wrap;margin:0;max-width:420px}}</style></head><body>
     return index
 
 
-def report_command(run_dir: Path) -> int:
-    """The CLI entry: write the report and print the page's path (2 when there is nothing to report on)."""
+COMPARED_KEYS = [
+    ("reward/mean", "train reward (sampled)", None),
+    ("eval/reward/mean", "held-out reward", None),
+    ("eval/pass@1", "held-out pass@1", None),
+    ("loss", "loss", None),
+    ("train/mismatch_k3", "sampler vs trainer k3 (log scale)", KL_FLOOR),
+    ("rollouts/completion_tokens_mean", "response length (tokens)", None),
+    ("rollouts/truncation_rate", "truncated responses", None),
+    ("time/step_s", "seconds per step", None),
+]
+"""The keys `rlmesh report A B ...` draws with one line per run (each that at least one run has), and their floor."""
+
+
+def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A TOML table as dotted keys (`[[tasks]]` entries by index: `tasks.0.name`)."""
+    flat: dict[str, Any] = {}
+    for name, value in table.items():
+        if isinstance(value, list) and value and all(isinstance(item, dict) for item in value):
+            value = {str(index): item for index, item in enumerate(value)}
+        if isinstance(value, dict):
+            flat |= flatten(value, f"{prefix}{name}.")
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
+def config_differences(run_dirs: list[Path]) -> dict[str, list[Any]]:
+    """The dotted config keys whose resolved values differ between the runs' `config.toml`s, each run's value."""
+    flat = [
+        flatten(tomllib.loads((run_dir / "config.toml").read_text())) if (run_dir / "config.toml").exists() else {}
+        for run_dir in run_dirs
+    ]
+    keys = sorted({key for values in flat for key in values})
+    missing = "(not set)"
+    return {
+        key: [values.get(key, missing) for values in flat]
+        for key in keys
+        if len({json.dumps(values.get(key, missing), sort_keys=True) for values in flat}) > 1
+    }
+
+
+def comparison_plot(
+    runs: dict[str, list[dict[str, Any]]], key: str, title: str, floor: float | None, path: Path
+) -> bool:
+    """`key` over steps, one line per run that has it (`floor` as in `line_plot`); False (no file) when none has it."""
+    lines = {label: drawn_lines(records, [key], floor) for label, records in runs.items()}
+    present = {label: line for label, (found, _) in lines.items() for line in found}
+    if not present:
+        return False
+    figure, axes = plt.subplots(figsize=(8, 3.6))
+    for label, (_, steps, values) in present.items():
+        axes.plot(steps, values, marker="o", markersize=3, label=label)
+    if floor is not None:
+        axes.set_yscale("log")
+        if any(clamped for _, clamped in lines.values()):
+            title += f" (values below {floor:.0e}, rounding, drawn at it)"
+    axes.set(title=f"{title}: {key}", xlabel="step")
+    axes.title.set_fontsize(9)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def write_comparison(run_dirs: list[Path], out: Path) -> Path:
+    """Write `out/` (one PNG per compared key, a line per run, and index.html with a summary per run and the config
+    keys on which the runs differ); returns the page's path. Each run is labelled by its directory as given."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for run_dir in run_dirs:
+        records = read_jsonl(run_dir / "metrics.jsonl")
+        if not records:
+            raise FileNotFoundError(
+                f"{run_dir / 'metrics.jsonl'} is missing or empty: not a run directory, or no step logged yet"
+            )
+        if str(run_dir) in runs:
+            raise ValueError(f"{run_dir} is given twice")
+        runs[str(run_dir)] = records
+    out.mkdir(parents=True, exist_ok=True)
+    images = [
+        name
+        for key, title, floor in COMPARED_KEYS
+        if comparison_plot(runs, key, title, floor, out / (name := key.replace("/", "_").replace("@", "_at_") + ".png"))
+    ]
+    summary_keys = ["reward/mean", "eval/reward/mean", "eval/pass@1", "loss"]
+    head = "".join(f"<th>{html.escape(column)}</th>" for column in ["run", "last step", *summary_keys, "median s/step"])
+    rows = ""
+    for label, records in runs.items():
+        last = {key: value for record in records for key, value in record.items()}  # each key's latest value
+        step_times = sorted(record["time/step_s"] for record in records if "time/step_s" in record)
+        cells = [label, str(records[-1]["step"])]
+        cells += [f"{last[key]:.4g}" if key in last else "-" for key in summary_keys]
+        cells.append(f"{step_times[len(step_times) // 2]:.3g}" if step_times else "-")
+        rows += "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in cells) + "</tr>"
+    differences = config_differences(run_dirs)
+    config_head = "".join(f"<th>{html.escape(label)}</th>" for label in ["key", *runs])
+    config_rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in [key, *values]) + "</tr>"
+        for key, values in differences.items()
+    )
+    page = f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>rlmesh report: {len(runs)} runs</title>
+<style>body{{font-family:sans-serif;margin:2em;max-width:1400px}} img{{max-width:680px;margin:4px}}
+table{{border-collapse:collapse;font-size:12px}} td,th{{border:1px solid #ccc;padding:4px;vertical-align:top}}</style>
+</head><body>
+<h1>{len(runs)} runs compared</h1>
+<p>The latest value of each key (a held-out key: the last validation's).</p>
+<table><tr>{head}</tr>{rows}</table>
+{"".join(f'<img src="{name}" alt="{name}">' for name in images)}
+<h2>Config keys that differ ({len(differences)})</h2>
+<table><tr>{config_head}</tr>{config_rows}</table>
+</body></html>
+"""
+    index = out / "index.html"
+    index.write_text(page)
+    return index
+
+
+def report_command(run_dirs: list[Path], out: Path | None = None) -> int:
+    """The CLI entry: one run's report (in RUN_DIR/report/), or with several a comparison (in `out`, default
+    `report-compare/` beside the first run); prints the page's path (2 when there is nothing to report on)."""
     try:
-        print(write_report(run_dir))
-    except FileNotFoundError as exc:
+        if len(run_dirs) == 1:
+            if out is not None:
+                raise ValueError("--out is for comparing several runs; one run's report goes to RUN_DIR/report/")
+            print(write_report(run_dirs[0]))
+        else:
+            print(write_comparison(run_dirs, out or run_dirs[0].parent / "report-compare"))
+    except (FileNotFoundError, ValueError) as exc:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return 2
     return 0
