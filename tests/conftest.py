@@ -4,6 +4,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.deadline import pytest_runtest_protocol  # noqa: F401 (every test runs under a deadline)
+
 TESTS = Path(__file__).resolve().parent
 MARKER_OF_FOLDER = {"e2e": "e2e", "adversarial": "adversarial", "gpu": "gpu"}  # tests/<folder>/... gets the marker
 

@@ -4,6 +4,7 @@ opsd, and sft on rollouts the frozen teacher samples.
 Real Monarch actors, vLLM (policy and a frozen teacher), torchstore and the tiny Qwen3 (fp32), 2 steps.
 """
 
+import asyncio
 import json
 import math
 from pathlib import Path
@@ -16,6 +17,7 @@ from rl.loop.controller import Controller
 from tests.support.paths import E2E_CONFIGS
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
+DEADLINE_S = 600  # a hung vLLM or store fails the test instead of holding CI
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -24,14 +26,14 @@ async def run(tmp_path_factory):
         E2E_CONFIGS / "tiny_qwen3_algorithms_e2e.toml", {"run.output_dir": str(tmp_path_factory.mktemp("runs"))}
     )
     controller = Controller(config)
-    await controller.setup()
+    await asyncio.wait_for(controller.setup(), DEADLINE_S)
     probe = controller.renderers["sum_digits"].render_ids(
         [{"role": "user", "content": "Sum the digits of 47."}, {"role": "assistant", "content": "11"}]
     )
     [teacher] = controller.roles.frozen_actors["teacher"]
     teacher_before = await teacher.prompt_logprobs.call_one(probe)
     try:
-        summary = await controller.train()
+        summary = await asyncio.wait_for(controller.train(), DEADLINE_S)
         teacher_after = await teacher.prompt_logprobs.call_one(probe)
         policy_after = await controller.roles.trainer.logprobs.call_one(probe)
         teacher_version = await teacher.version.call_one()

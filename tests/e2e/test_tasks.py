@@ -1,6 +1,7 @@
 """The shipped tasks mixed in one real run (Monarch actors, vLLM, torchstore, tiny Qwen3): a
 single-turn, a multi-turn, a tool-calling and a judge-graded task train together for 2 steps."""
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -8,11 +9,13 @@ from rl.config import load_config
 from rl.loop.controller import Controller
 from tests.support.paths import E2E_CONFIGS
 
+DEADLINE_S = 600  # a hung vLLM or store fails the test instead of holding CI
+
 
 async def test_mixed_tasks_train_for_two_steps(tmp_path):
     config = load_config(E2E_CONFIGS / "tiny_qwen3_tasks_e2e.toml", {"run.output_dir": str(tmp_path)})
     controller = Controller(config)
-    summary = await controller.run()
+    summary = await asyncio.wait_for(controller.run(), DEADLINE_S)
     run_dir = Path(summary["run_dir"])
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2] and records[-1]["policy_version"] == 2

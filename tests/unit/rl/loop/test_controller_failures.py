@@ -1,5 +1,5 @@
 """The controller's own failure branches, with stub actors: a non-finite step, samples too long to train, a drifting
-sampler, a crashed producer. (Actor deaths and deadlines: test_controller_plumbing.py and tests/e2e/test_interrupt.py.)"""
+sampler, a crashed producer, failing groups opening the circuit breaker. (Actor deaths and deadlines: test_controller_plumbing.py and tests/e2e/test_interrupt.py.)"""
 
 import asyncio
 import math
@@ -9,6 +9,7 @@ import pytest
 
 from rl.config import load_config
 from rl.loop.controller import Controller
+from rl.loop.state import row_index_of
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 from tests.support.paths import E2E_CONFIGS
 
@@ -123,3 +124,26 @@ async def test_a_crashed_producer_raises_in_the_consumer_instead_of_hanging():
     with pytest.raises(ExceptionGroup) as raised:
         await asyncio.wait_for(controller._next_batch(producer), timeout=10)
     assert {str(error) for error in raised.value.exceptions} == {"scoring crashed"}  # one per row that had started
+
+
+async def test_groups_that_always_fail_open_the_breaker_which_stops_the_run():
+    """The run's task is cancelled with the breaker's message (the CLI prints it: tests/e2e/test_interrupt.py)."""
+    controller, _ = controller_with(StubTrainer(), **{"services.breaker.max_consecutive_failed_groups": "3"})
+
+    async def failed_group(row_id, task_name, row, group_size, sampling, sampler="policy", rollout_fn=None):
+        failed = group(row_index_of(row_id))
+        for rollout in failed.rollouts:
+            rollout.status, rollout.error = RolloutStatus.ERROR, "ValueError: this rubric always fails"
+        return failed
+
+    controller.scored_groups.make = failed_group
+    controller._run_task = run = asyncio.create_task(asyncio.sleep(3600))
+    producer = asyncio.create_task(controller.produce())
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(run, timeout=10)
+    producer.cancel()
+    await asyncio.gather(producer, return_exceptions=True)
+    assert controller.actor_failures == [
+        "rollout circuit breaker: 3 consecutive groups failed (services.breaker.max_consecutive_failed_groups = 3); "
+        "last error: ValueError: this rubric always fails"
+    ]

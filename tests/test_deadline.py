@@ -1,0 +1,50 @@
+"""The suite's per-test deadline (tests.support.deadline) on a real pytest run: a hung test ends the run with exit 1,
+its stack and its child processes killed."""
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+
+from tests.support.paths import REPO
+
+HUNG_TEST = """
+import subprocess, time
+
+def test_hangs(tmp_path):
+    child = subprocess.Popen(["sleep", "600"])
+    (tmp_path.parent.parent / "child.pid").write_text(str(child.pid))
+    time.sleep(600)
+"""
+
+
+def test_a_hung_test_ends_the_run_with_its_stack_and_no_child_left(tmp_path):
+    (tmp_path / "test_hung.py").write_text(HUNG_TEST)
+    start = time.monotonic()
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "tests.support.deadline",
+            "--basetemp",
+            str(tmp_path / "base"),
+            "-p",
+            "no:cacheprovider",
+            str(tmp_path / "test_hung.py"),
+        ],
+        cwd=REPO,
+        env={**os.environ, "RLMESH_TEST_DEADLINE_S": "3"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 1 and time.monotonic() - start < 60, run.stdout + run.stderr
+    assert "test_hung.py::test_hangs: still running after 3 s (RLMESH_TEST_DEADLINE_S); stacks:" in run.stderr
+    assert "in test_hangs" in run.stderr  # the hung test's frame, from every thread's stack
+    child = int((tmp_path / "child.pid").read_text())
+    assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
