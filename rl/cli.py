@@ -285,8 +285,13 @@ def _new_task(name: str, directory: str, extra: list[str]) -> int:
     except ValueError as exc:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return 2
+    rlmesh = Path(sys.executable).parent / "rlmesh"  # the console script beside this interpreter (a venv's)
+    launcher = str(rlmesh) if rlmesh.is_file() else f"{sys.executable} -m rl.cli"
     print(
-        f"wrote {package}/ (task.py, config.toml, test_task.py); run its test with: {sys.executable} -m pytest {package}/test_task.py"
+        f"wrote {package}/ (task.py, config.toml, test_task.py). Its rows are a placeholder that learns as is (sums of "
+        f"two numbers), not {name}'s: replace them in {package}/task.py (or name data files in the config).\n"
+        f"run its test with: {sys.executable} -m pytest {package}/test_task.py\n"
+        f"train it with: {launcher} train --config {package}/config.toml"
     )
     return 0
 

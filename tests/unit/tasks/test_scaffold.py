@@ -4,20 +4,30 @@ import os
 import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 from rl.cli import main
-from tests.support.paths import REPO
 
 
-def test_generated_package_passes_its_own_test_and_validates(tmp_path, capsys):
-    assert main(["new-task", "word_math", "--dir", str(tmp_path)]) == 0
+def test_generated_package_passes_its_own_test_and_validates(tmp_path, capsys, monkeypatch):
+    """The printed commands run as printed, from the folder `new-task` ran in, with no PYTHONPATH set."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["new-task", "word_math"]) == 0
     package = tmp_path / "word_math"
     assert sorted(p.name for p in package.iterdir()) == ["__init__.py", "config.toml", "task.py", "test_task.py"]
-    printed = capsys.readouterr().out.split("run its test with: ")[1].strip()
-    assert printed == f"{sys.executable} -m pytest {package}/test_task.py"  # this interpreter: works outside the venv
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    out = capsys.readouterr().out
+    assert "a placeholder that learns as is (sums of two numbers), not word_math's" in out
+    test_command = out.split("run its test with: ")[1].splitlines()[0]
+    assert (
+        test_command == f"{sys.executable} -m pytest word_math/test_task.py"
+    )  # this interpreter: outside the venv too
+    train_command = out.split("train it with: ")[1].splitlines()[0]
+    rlmesh = Path(sys.executable).parent / "rlmesh"
+    launcher = str(rlmesh) if rlmesh.is_file() else f"{sys.executable} -m rl.cli"
+    assert train_command == f"{launcher} train --config word_math/config.toml"
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     result = subprocess.run(
-        [*shlex.split(printed), "-q", "-p", "no:cacheprovider"],
+        [*shlex.split(test_command), "-q", "-p", "no:cacheprovider"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -26,8 +36,8 @@ def test_generated_package_passes_its_own_test_and_validates(tmp_path, capsys):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "6 passed" in result.stdout
-    validated = subprocess.run(
-        [sys.executable, "-m", "rl.cli", "validate", "--config", str(package / "config.toml")],
+    validated = subprocess.run(  # the printed train command, as `validate`: the same launcher, nothing started
+        shlex.split(train_command.replace(" train ", " validate ")),
         cwd=tmp_path,
         env=env,
         capture_output=True,
