@@ -155,6 +155,7 @@ class RendererEnv:
         """End the rollout from outside (a failed generator call, a cancelled run)."""
         if not self.done:
             self.rollout.fail(status, error)
+            self._keep_unsampled_prompt()
             await self._close_env()
 
     async def _next_request(self, prompt_token_ids: list[int]) -> GenerationRequest | None:
@@ -173,8 +174,14 @@ class RendererEnv:
 
     async def _finish(self, status: RolloutStatus) -> None:
         self.rollout.status = self.rollout.status.transition(status)
+        self._keep_unsampled_prompt()
         await self._close_env()
         return None
+
+    def _keep_unsampled_prompt(self) -> None:
+        """A rollout ending before its first turn keeps the prompt it was rendered (no turn records it)."""
+        if not self.rollout.turns:
+            self.rollout.unsampled_prompt = list(self._messages)
 
     async def _fail_from_exception(self, exc: BaseException) -> None:
         if isinstance(exc, asyncio.TimeoutError):

@@ -120,6 +120,12 @@ class Rollout(_Record):
     """Exception text when an environment, generator or reward function failed."""
     advantage: float | None = None
     """The credit its task's algorithm gave it, set once when its group is scored (None: no rl credit)."""
+    dispatch_policy_version: int | None = None
+    """The policy version the generators served when its row was dispatched (stamped by the loop; a rollout with
+    no turn has no sampled version, so its sample log shows this one)."""
+    unsampled_prompt: list[Message] = Field(default_factory=list)
+    """A rollout that ended before its first turn (a failed generator call, an overflowing prompt): the
+    environment's first prompt, which no turn records."""
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @property

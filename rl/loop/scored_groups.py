@@ -29,6 +29,7 @@ class ScoredGroups:
 
         `rollout_fn` replaces the task's (an algorithm's own, e.g. sft's demonstrations, which generate nothing)."""
         task = self.tasks[task_name]
+        dispatch_version = self.roles.policy_version()
 
         def context(sample_index: int) -> RolloutContext:
             return RolloutContext(
@@ -43,6 +44,8 @@ class ScoredGroups:
             )
 
         group = await rollout_group(row_id, task_name, row, group_size, rollout_fn or task.rollout_fn, context)
+        for rollout in group.rollouts:
+            rollout.dispatch_policy_version = dispatch_version
         if sampler == POLICY:
             for rollout in group.rollouts:
                 rollout.metadata["generator_replica"] = self.roles.generators.router.replica_of(row_id)

@@ -7,6 +7,7 @@ pick which ones reach the backends; the defaults keep the best and the worst sam
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -36,7 +37,12 @@ async def mean_reference_logprob(rollout: Rollout, reference_logprobs: Reference
 
 
 def sample_record(
-    rollout: Rollout, *, episode_id: int | None, target: str | None, advantage: float | None
+    rollout: Rollout,
+    *,
+    episode_id: int | None,
+    target: str | None,
+    advantage: float | None,
+    example: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The seed's fields for one rollout, plus its task, status, id and reward components (`reward/<fn>`).
 
@@ -45,8 +51,17 @@ def sample_record(
     request_len of the first prompt, response_len of all sampled tokens; policy_version of the oldest
     sampled token. `ref_logprobs` is filled in later, and only when the run has a reference model. `error`: why a
     failed rollout (status error, timeout, aborted) failed, e.g. its reward function's exception; None otherwise.
+    A rollout with no turn shows the version its row was dispatched under and the prompt its environment rendered,
+    or, when it failed before that, its row (`example`) as JSON.
     """
     first = rollout.turns[0] if rollout.turns else None
+    if first is not None:
+        prompt_messages = first.prompt_messages
+    else:
+        prompt_messages = rollout.unsampled_prompt
+    prompt = "\n".join(f"{m['role']}: {message_text(m)}" for m in prompt_messages)
+    if not prompt and example is not None:
+        prompt = "row: " + json.dumps(example, default=str, sort_keys=True)
     response: list[str] = []
     for turn in rollout.turns:
         if turn.assistant_message is not None:
@@ -54,9 +69,9 @@ def sample_record(
         response.extend(f"{m['role']}: {message_text(m)}" for m in turn.env_messages)
     return {
         "episode_id": episode_id,
-        "policy_version": min(rollout.policy_versions) if rollout.turns else None,
+        "policy_version": min(rollout.policy_versions) if rollout.turns else rollout.dispatch_policy_version,
         "task": rollout.task_name,
-        "prompt": "\n".join(f"{m['role']}: {message_text(m)}" for m in first.prompt_messages) if first else "",
+        "prompt": prompt,
         "response": "\n".join(response),
         "target": target,
         "reward": rollout.reward,
@@ -156,7 +171,7 @@ class SampleLogger:
                 if rollout.status in FAILED_STATUSES:
                     record_metric(
                         SAMPLES_KEY,
-                        sample_record(rollout, episode_id=None, target=target, advantage=None),
+                        sample_record(rollout, episode_id=None, target=target, advantage=None, example=group.example),
                         Reduce.SAMPLE,
                     )
         if not self.filter.wants_step(step):
@@ -168,7 +183,13 @@ class SampleLogger:
             for rollout in group.rollouts:
                 rollouts[episode_id] = rollout
                 samples.append(
-                    sample_record(rollout, episode_id=episode_id, target=target, advantage=rollout.advantage)
+                    sample_record(
+                        rollout,
+                        episode_id=episode_id,
+                        target=target,
+                        advantage=rollout.advantage,
+                        example=group.example,
+                    )
                 )
                 episode_id += 1
         for sample in self.filter.select(samples, step):

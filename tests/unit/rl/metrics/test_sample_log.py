@@ -1,12 +1,19 @@
 """Sample-level logging (seed 000): the sample record and every `[sample_logging.filters]` filter."""
 
+import json
+from types import SimpleNamespace
+
 import pytest
 
 from rl.config import ConfigError, dump_toml, load_config
+from rl.loop.controller import Controller
+from rl.loop.scored_groups import ScoredGroups
 from rl.config.metrics import SampleFilters
 from rl.metrics.reduce import drain_states
 from rl.metrics.sample_log import SampleFilter, SampleLogger, sample_record
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
+from rubrics.rubric import apply_reward
+from tests.support.paths import E2E_CONFIGS
 
 
 def rollout(index, reward, status=RolloutStatus.COMPLETED, completion=(5, 6), version=0):
@@ -222,3 +229,54 @@ async def test_ref_logprobs_is_the_mean_reference_logprob_of_the_sampled_tokens(
     )
     logged = drain_states()["reward/samples"]["samples"]
     assert [s["ref_logprobs"] for s in logged] == [pytest.approx(-0.55), pytest.approx(-0.55)]  # mean of -0.5, -0.6
+
+
+class DeadGenerators:
+    """What `ScoredGroups` asks of `Roles`, with the policy's generators failing every request (as `Roles.generate`
+    raises a `GenerationFailed`) and the task's real rubric as the reward actor."""
+
+    def __init__(self, tasks, policy_version):
+        self.tasks, self.version = tasks, policy_version
+        self.generators = SimpleNamespace(router=SimpleNamespace(replica_of=lambda key: 0))
+
+    def policy_version(self):
+        return self.version
+
+    async def generate(self, request, sampling, key, sampler="policy"):
+        raise RuntimeError("replica 0 failed the request")
+
+    async def score(self, group):
+        for rollout, reward in zip(
+            group.rollouts, await self.tasks[group.task_name].task.score_group(group.rollouts, group.example)
+        ):
+            apply_reward(rollout, reward)
+        return group
+
+
+async def failing_rollout_fn(row, context):
+    raise ValueError("the environment could not be built")
+
+
+async def test_a_turnless_error_rollout_logs_its_dispatch_version_and_prompt():
+    # seed 000: policy_version is an int and prompt the prompt; a rollout whose first generator call failed (or that
+    # failed before its environment rendered anything) has no turn, and logged `policy_version None` and `prompt ""`
+    config = load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"algorithm.group_size": "2"})
+    controller = Controller(config)
+    task_name, row = controller.stream.next()
+    scored = ScoredGroups(controller.tasks, controller.renderers, DeadGenerators(controller.tasks, 3), run_seed=0)
+    sampling = config.generator.sampling
+    generation_failed = await scored.make("train/row=5", task_name, row, 2, sampling)
+    never_started = await scored.make("train/row=6", task_name, row, 2, sampling, rollout_fn=failing_rollout_fn)
+    for group in (generation_failed, never_started):
+        assert [(r.status, r.turns) for r in group.rollouts] == [(RolloutStatus.ERROR, [])] * 2
+    drain_states()
+    logger = run_sample_logger(config, {"sum_digits": lambda example: str(example["answer"])})
+    await logger.record([], step=1, dropped=[generation_failed, never_started])
+    logged = {sample["rollout_id"]: sample for sample in drain_states()["reward/samples"]["samples"]}
+    assert {sample["policy_version"] for sample in logged.values()} == {3}
+    reset = await controller.tasks[task_name].task.make_env(row).reset()
+    assert logged["train/row=5/0"]["prompt"] == "\n".join(f"{m['role']}: {m['content']}" for m in reset.messages)
+    assert row["prompt"] in logged["train/row=5/0"]["prompt"]
+    assert "generator call failed" in logged["train/row=5/0"]["error"]
+    assert logged["train/row=6/1"]["prompt"] == "row: " + json.dumps(row, sort_keys=True)
+    assert "could not be built" in logged["train/row=6/1"]["error"]
