@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 
 from rl.config import ConfigError, dump_toml, load_config
+from rl.config.metrics import SampleFilters
 from rl.loop.controller import Controller
 from rl.loop.scored_groups import ScoredGroups
-from rl.config.metrics import SampleFilters
 from rl.metrics.reduce import drain_states
 from rl.metrics.sample_log import SampleFilter, SampleLogger, sample_record
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
