@@ -94,6 +94,24 @@ def load_weights(llm: Any, handle: SharedWeights) -> None:
     llm.reset_prefix_cache()
 
 
+def sampling_params(sampling: SamplingConfig, request: GenerationRequest, stop_token_ids: list[int]) -> Any:
+    """vLLM's parameters for one request: the run's sampling, the request's budget and seed, and the stop tokens
+    (the renderers' end-of-turn tokens and the user's `sampling.stop_token_ids`)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=1,
+        seed=request.seed,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        max_tokens=request.max_new_tokens,
+        stop_token_ids=sorted({*stop_token_ids, *sampling.stop_token_ids}),
+        logprobs=0,
+        detokenize=False,
+    )
+
+
 class Generator(MetricsActor, ServiceReplica):
     """One vLLM engine serving one copy of the policy (one replica of the generator service)."""
 
@@ -125,26 +143,12 @@ class Generator(MetricsActor, ServiceReplica):
         self.weights = weight_sync.WeightReceiver(weight_transport)
         name_process(str(replica) if replica else "generator")
 
-    def _sampling_params(self, sampling: SamplingConfig, request: GenerationRequest) -> Any:
-        from vllm import SamplingParams
-
-        return SamplingParams(
-            n=1,
-            seed=request.seed,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            max_tokens=request.max_new_tokens,
-            stop_token_ids=self.stop_token_ids,
-            logprobs=0,
-            detokenize=False,
-        )
-
     async def _generate_one(self, request: GenerationRequest, sampling: SamplingConfig) -> Completion:
         from vllm.inputs import TokensPrompt
 
         output, version = await self.engine.generate(
-            TokensPrompt(prompt_token_ids=request.prompt_token_ids), self._sampling_params(sampling, request)
+            TokensPrompt(prompt_token_ids=request.prompt_token_ids),
+            sampling_params(sampling, request, self.stop_token_ids),
         )
         sample = output.outputs[0]
         token_ids = list(sample.token_ids)

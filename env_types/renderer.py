@@ -70,6 +70,11 @@ class RendererConfig(BaseModel):
     """A `renderers` config name ("qwen3", "default", "llama-3", ...) or "auto"."""
     enable_thinking: bool = False
     """The `enable_thinking` template kwarg, for the renderers and templates that have one."""
+    preserve_thinking_between_tool_calls: bool = False
+    """Keep the reasoning the policy sampled in earlier turns of the current tool cycle in later prompts: each
+    prompt after a tool result extends the previous one token for token, and a new user query re-renders the
+    history (the template's own retention). renderers 0.1.12 calls this `thinking_retention = "tool_cycle"`;
+    off, each renderer follows its template's knobs. The default renderer (a bare Jinja template) cannot."""
 
     @field_validator("name")
     @classmethod
@@ -93,6 +98,15 @@ class RendererConfig(BaseModel):
             template_kwargs["enable_thinking"] = self.enable_thinking
         elif self.enable_thinking:
             raise ValueError(f"renderer {name!r} has no enable_thinking switch")
+        if self.preserve_thinking_between_tool_calls:
+            if isinstance(config, renderers.DefaultRendererConfig):
+                raise ValueError(
+                    f"renderer {name!r} (a bare chat template) cannot keep reasoning between tool calls; name a "
+                    "model-specific renderer or set renderer.preserve_thinking_between_tool_calls = false"
+                )
+            config = type(config).model_validate(
+                {**config.model_dump(exclude_unset=True), "thinking_retention": "tool_cycle"}
+            )
         return renderers.create_renderer(tokenizer, config, chat_template_kwargs=template_kwargs)
 
 

@@ -111,23 +111,44 @@ def numeric_match(
     return float(abs(value - reference) <= allowed)
 
 
-def math_verify(rollout: Rollout, example: dict[str, Any], *, answer_key: str = "answer") -> float:
+def math_verify(
+    rollout: Rollout, example: dict[str, Any], *, answer_key: str = "answer", numeric_fallback: bool = True
+) -> float:
     r"""1 when `math-verify` finds the reply's final answer (`\boxed{}` first, else the last expression)
     mathematically equal to the reference (`1/2` = `0.5` = `\frac{1}{2}`), else 0.
 
-    math-verify's own signal-based timeouts are off (they only work on a main thread, and a big-int
-    operation does not see the signal until it ends): the rubric runs this in a worker process and
-    kills it at `timeout_s`.
+    `numeric_fallback` (seed 003's GSM8K reward): where math-verify does not confirm the answer (it parsed nothing,
+    or read `\boxed{72 clips}` as a product of symbols), the reply's number is compared with the reference's:
+    see `numbers_equal`. math-verify's own signal-based timeouts are off (they only work on a main thread, and a
+    big-int operation does not see the signal until it ends): the rubric runs this in a worker process and kills it
+    at `timeout_s`.
     """
+    reply, reference = rollout.last_assistant_text(), str(example[answer_key])
+    if verified_equal(reply, reference):
+        return 1.0
+    return float(numeric_fallback and numbers_equal(reply, reference))
+
+
+def verified_equal(reply: str, reference: str) -> bool:
+    """Whether math-verify parses both and finds the reply's final answer equal to the reference."""
     from math_verify import parse, verify
 
     logging.getLogger("math_verify").setLevel(logging.ERROR)
-    reference = str(example[answer_key])
     gold = parse(reference if "$" in reference or "\\boxed" in reference else f"${reference}$", parsing_timeout=None)
-    answer = parse(rollout.last_assistant_text(), parsing_timeout=None)
-    if not gold or not answer:
-        return 0.0
-    return float(verify(gold, answer, timeout_seconds=None))
+    answer = parse(reply, parsing_timeout=None)
+    return bool(gold and answer and verify(gold, answer, timeout_seconds=None))
+
+
+def numbers_equal(reply: str, reference: str, tolerance: float = 1e-6) -> bool:
+    r"""The numeric fallback: the reply's answer (its last `\boxed{}`, else the whole reply) holds exactly one number,
+    within `tolerance` of the reference, which is one number (GSM8K's worked solution: the number after its last
+    `####`). Commas are thousands separators. False otherwise: `\boxed{3/72}` is not 72, and `1/2` is no number."""
+    boxed = last_boxed(reply)
+    found = _NUMBER.findall((boxed if boxed is not None else reply).replace(",", ""))
+    gold = reference.rpartition("####")[2].replace(",", "").strip()
+    if len(found) != 1 or _NUMBER.fullmatch(gold) is None:
+        return False
+    return abs(float(found[0]) - float(gold)) <= tolerance
 
 
 def answer_tag_format(rollout: Rollout, example: dict[str, Any], *, tag: str = "answer") -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -39,6 +39,9 @@ class SamplingConfig(Section):
     top_k: int = -1
     """Keep the k most likely tokens only; -1 = off (vLLM's word). Like `top_p`, a cut makes the sampler differ from
     the policy."""
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] = []
+    """More token ids that end a completion (finish reason "stop", as at an end-of-turn token), besides the
+    renderers' end-of-turn tokens, which always do (seed 001: "stop when some token T appears")."""
 
 
 class GeneratorConfig(Section):

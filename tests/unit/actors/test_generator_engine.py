@@ -39,3 +39,14 @@ def test_every_worker_gets_the_weight_loader():
     args = engine_args(load_config(TINY).generator)
     assert args["worker_extension_cls"] == vllm_worker.QUALNAME
     assert resolve_obj_by_qualname(args["worker_extension_cls"]) is vllm_worker.WeightLoader
+
+
+def test_user_stop_tokens_join_the_renderers_end_of_turn_tokens():
+    from actors.generator import sampling_params
+    from rollouts.types import GenerationRequest
+
+    config = load_config(TINY, {"generator.sampling.stop_token_ids": "[42, 151645]"})
+    request = GenerationRequest(prompt_token_ids=[1, 2], max_new_tokens=5, seed=3)
+    params = sampling_params(config.generator.sampling, request, [151643, 151645])
+    assert params.stop_token_ids == [42, 151643, 151645]
+    assert sampling_params(load_config(TINY).generator.sampling, request, [151645]).stop_token_ids == [151645]

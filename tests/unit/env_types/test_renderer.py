@@ -173,3 +173,28 @@ def test_smollm2_next_turn_re_renders_the_history():
         CHATML_PROMPT + REPLY + "<|im_end|>\n<|im_start|>user\nAnd 4+4?<|im_end|>\n<|im_start|>assistant\n"
     )
     assert next_ids[: len(prompt_ids) + len(completion_ids)] == prompt_ids + completion_ids
+
+
+def test_preserve_thinking_between_tool_calls_bridges_the_tool_cycle_and_re_renders_at_a_user_query(qwen3):
+    # seed 001's RendererConfig knob (renderers 0.1.12: thinking_retention = "tool_cycle"). Qwen3 with thinking off
+    # otherwise bridges at a new user query too (retention "all").
+    renderer = RendererConfig(name="qwen3", preserve_thinking_between_tool_calls=True).build("tiny-qwen3")
+    tokenizer = renderer._tokenizer
+    prompt_ids = render_prompt(renderer, CONVERSATION)
+    thought = "<think>\nadd them\n</think>\n\n"  # sampled reasoning, which a re-render of this history would drop
+    completion_ids = [*tokenizer.encode(thought, add_special_tokens=False), *emitted(tokenizer, REPLY)]
+    message = parse_completion(renderer, completion_ids, prompt_ids=prompt_ids)
+    assert message["reasoning_content"].strip() == "add them"
+    history = [*CONVERSATION, message]
+    sampled = prompt_ids + completion_ids
+
+    after_tool = next_turn_prompt(renderer, history, prompt_ids, completion_ids, [{"role": "tool", "content": "5"}])
+    assert after_tool[: len(sampled)] == sampled  # the tool cycle keeps the reasoning, token for token
+    after_user = next_turn_prompt(renderer, history, prompt_ids, completion_ids, FOLLOW_UP)
+    assert after_user == render_prompt(renderer, [*history, *FOLLOW_UP]) and "add them" not in tokenizer.decode(
+        after_user
+    )
+    default, _ = qwen3
+    assert next_turn_prompt(default, history, prompt_ids, completion_ids, FOLLOW_UP)[: len(sampled)] == sampled
+    with pytest.raises(ValueError, match="renderer.preserve_thinking_between_tool_calls = false"):
+        RendererConfig(name="default", preserve_thinking_between_tool_calls=True).build("smollm2-135m-instruct")

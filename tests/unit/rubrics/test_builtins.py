@@ -91,6 +91,41 @@ def test_math_verify(text, answer, expected):
     assert math_verify(reply(text), {"answer": answer}) == expected
 
 
+GSM8K_ANSWER = (
+    "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\n"
+    "Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.\n#### 72"
+)
+"""openai/gsm8k's first training row's `answer`: the worked solution, the final number after `####`."""
+
+
+@pytest.mark.parametrize(
+    "text, expected, expected_without_fallback",
+    [
+        ("\\boxed{72}", 1.0, 1.0),
+        ("She sold 72 clips in all.", 1.0, 1.0),
+        # math-verify reads the units as symbols (72*c*l*i*p*s != 72): the boxed number 72 is the answer
+        ("So \\boxed{72 clips}.", 1.0, 0.0),
+        ("\\boxed{\\text{72 clips}}", 1.0, 0.0),
+        ("\\boxed{72.}", 1.0, 0.0),  # math-verify keeps "72." as a string only
+        ("\\boxed{1,000}", 0.0, 0.0),  # 1000 != 72
+        ("\\boxed{73 clips}, not 72", 0.0, 0.0),  # the boxed number is the answer, not the last one
+        ("\\boxed{3/72 clips}", 0.0, 0.0),  # two numbers: no fallback (3/72 != 72)
+        ("seventy-two", 0.0, 0.0),  # no number to fall back on
+    ],
+)
+def test_math_verify_numeric_fallback_on_gsm8k(text, expected, expected_without_fallback):
+    example = {"answer": GSM8K_ANSWER}
+    assert math_verify(reply(text), example) == expected
+    assert math_verify(reply(text), example, numeric_fallback=False) == expected_without_fallback
+
+
+def test_numeric_fallback_reads_thousands_separators_and_the_reference_last_number():
+    # reply "\boxed{1,000 dollars}": math-verify reads dollars as symbols; the fallback reads 1000 = "#### 1,000"
+    assert math_verify(reply("\\boxed{1,000 dollars}"), {"answer": "It costs 10*100 = 1000.\n#### 1,000"}) == 1.0
+    assert math_verify(reply("\\boxed{1,000 dollars}"), {"answer": "#### 1,001"}) == 0.0
+    assert math_verify(reply("\\boxed{2 halves}"), {"answer": "1/2"}) == 0.0  # a fraction is no single number
+
+
 def test_format_checks():
     assert answer_tag_format(reply("<answer>4</answer>"), {}) == 1.0
     assert answer_tag_format(reply("<answer> </answer>"), {}) == 0.0
