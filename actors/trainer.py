@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from monarch.actor import current_rank, endpoint
 from tensordict import TensorDict
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from rl.algorithms.config import AlgorithmConfig
 from rl.assets import resolve_model_path
@@ -27,6 +27,7 @@ from rl.checkpoint import store as checkpoint
 from rl.config.roles import TrainerConfig
 from rl.metrics.actor import MetricsActor
 from rl.metrics.reduce import Reduce, record_metric
+from rl.packing.attention_kinds import prefix_sharing_refusal
 from rl.precision import TORCH_DTYPES, compute_context
 from rl.processes.affinity import pin_process
 from rl.processes.titles import name_process
@@ -54,8 +55,13 @@ def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
 
 
 def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
+    """The model at `path`; refused under `trainer.prefix_sharing` when its layers are not all softmax attention."""
+    hf_config = AutoConfig.from_pretrained(resolve_model_path(path))
+    if trainer_config.prefix_sharing and (refusal := prefix_sharing_refusal(hf_config.to_dict(), path)):
+        raise ValueError(refusal)
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model_path(path),
+        config=hf_config,
         dtype=TORCH_DTYPES[trainer_config.param_dtype],
         attn_implementation=trainer_config.attention,
     )

@@ -123,7 +123,8 @@ class TrainerConfig(Section):
     prefix_sharing: bool = True
     """Pack samples as prefix trees (`rl.packing.prefix_tree`): a prefix shared by several samples (a group's prompt) is
     forwarded once per row, under a mask that gives every token exactly its own prefix (same logprobs and
-    gradients as independent sequences, to fp32 rounding). False: samples side by side, each whole."""
+    gradients as independent sequences, to fp32 rounding). False: samples side by side, each whole. Refused for models
+    with layers that ignore the mask (linear attention, gated delta nets, Mamba: `rl.packing.attention_kinds`)."""
     attention: Literal["sdpa", "flex_attention"] = "sdpa"
     """The trainer's attention kernel: "sdpa" takes the prefix-tree mask as a dense [L, L] bool mask per row;
     "flex_attention" as a block-sparse BlockMask (compiled; the path for GPUs and long rows)."""
