@@ -1,5 +1,5 @@
 """`rlmesh train --config FILE [--section.key value ...]`, `rlmesh train --resume RUN_DIR [...]`, `rlmesh validate ...`,
-`rlmesh bench ...`, `rlmesh new-task NAME`, `rlmesh report RUN_DIR [RUN_DIR ...]`, `rlmesh export RUN_DIR --out DIR`."""
+`rlmesh bench ...`, `rlmesh eval [RUN_DIR | MODEL_DIR] ...`, `rlmesh new-task NAME`, `rlmesh report RUN_DIR [RUN_DIR ...]`, `rlmesh export RUN_DIR --out DIR`."""
 
 from __future__ import annotations
 
@@ -30,6 +30,16 @@ TOML values, nested keys with dots, list entries by index. For example:
   rlmesh train --config configs/sum_digits_smollm2_cpu.toml --run.steps 4 --trainer.lr 1e-5
   rlmesh validate --config my.toml --tasks.0.args.num_validation 8 --generator.sampling.temperature 0.7
 Every key and its default: docs/configuration.md."""
+
+
+EVAL_HELP = """\
+Evaluate a policy on the held-out rows, as training's validation does (run.eval_groups rows, run.eval_samples_per_row
+samples each with generator.eval_sampling, pass@1 and pass@k at run.eval_pass_threshold), and print the metrics.
+  rlmesh eval runs/NAME [--step N]          a run's newest (or step-N) checkpoint, with the config it was trained with:
+                                            repeats that step's validation (same rows, same sampling seeds)
+  rlmesh eval exported/ --config my.toml    a model folder (rlmesh export, or any Hugging Face folder), on my.toml's tasks
+  rlmesh eval --config my.toml              the config's own model.path (the untrained model: step 0's validation)
+Only the generator and reward services start: no trainer, no run directory."""
 
 
 def runtime_problems(config: Config) -> list[str]:
@@ -158,8 +168,21 @@ def main(argv: list[str] | None = None) -> int:
     )
     report.add_argument("run_dirs", nargs="+", type=Path, metavar="RUN_DIR", help="e.g. runs/sum_digits_smollm2_cpu")
     report.add_argument("--out", type=Path, help="the comparison's folder (several runs only)")
+    evaluate = commands.add_parser(
+        "eval",
+        help="held-out evaluation alone: a config's model, a run's checkpoint or an exported model folder",
+        usage="rlmesh eval [RUN_DIR | MODEL_DIR] [--config FILE] [--step N] [--out DIR] [--section.key value ...]",
+        description=EVAL_HELP,
+        epilog=OVERRIDES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    evaluate.add_argument("--config", help="TOML config: its tasks (and, with no RUN_DIR or MODEL_DIR, its model)")
+    evaluate.add_argument("--step", type=int, help="RUN_DIR's checkpoint of this step (default: the newest)")
+    evaluate.add_argument("--out", type=Path, help="also write DIR/eval.json, DIR/rollouts.jsonl and DIR/run.log")
     export.add_parser(commands)
     args, extra = parser.parse_known_args(argv)
+    if args.command == "eval":
+        return _eval(args, extra)
     if args.command == "export":
         if extra:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -289,6 +312,37 @@ def _resume_hint_if_any(message: str, controller: Controller) -> str:
     if controller.checkpoints.committed_step > 0 or controller.resume_from is not None:
         return message
     return message.replace(RESUME_HINT, "the run stopped before any checkpoint: nothing to resume, start it again")
+
+
+def eval_arguments(extra: list[str]) -> tuple[Path | None, dict[str, str]]:
+    """`rlmesh eval`'s target (the first argument when it is not an option) and its overrides."""
+    if extra and not extra[0].startswith("--"):
+        return Path(extra[0]), parse_overrides(extra[1:])
+    return None, parse_overrides(extra)
+
+
+def _eval(args: argparse.Namespace, extra: list[str]) -> int:
+    """`rlmesh eval`: the metrics as JSON on stdout (exit 0), 2 when the arguments or the config are refused, 1 when
+    an actor failure stopped it."""
+    from rl.loop.evaluate import EvaluationStopped, eval_target, evaluate
+
+    try:
+        target, overrides = eval_arguments(extra)
+        chosen = eval_target(target, args.config, args.step, overrides)
+        for task_config in chosen.config.tasks:
+            build_task(task_config)
+        if problems := runtime_problems(chosen.config):
+            raise ConfigError("this machine cannot run the config:\n" + "\n".join(f"  {p}" for p in problems))
+        print(f"rlmesh: evaluating {chosen.model} (repeating step {chosen.step}'s validation)", file=sys.stderr)
+        result = evaluate(chosen, args.out)
+    except (ConfigError, ValueError) as exc:
+        print(f"rlmesh: {exc}", file=sys.stderr)
+        return 2
+    except EvaluationStopped as exc:
+        print(f"rlmesh: evaluation stopped: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(result, indent=2))
+    return 0
 
 
 def _new_task(name: str, directory: str, extra: list[str]) -> int:

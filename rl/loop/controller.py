@@ -37,6 +37,7 @@ from rl.config import Config, dump_toml
 from rl.loop.admission import Admission
 from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
+from rl.loop.evaluate import held_out_groups, held_out_rows
 from rl.loop.roles import Roles
 from rl.loop.scored_groups import ScoredGroups
 from rl.loop.state import Checkpoints, RunState, due_after, open_run_dir, row_index_of, train_group_id
@@ -68,9 +69,7 @@ class Controller:
         self.pad_token_id = self.stop_token_ids[0]
         self.stream, self.planned_steps = training_stream(self.tasks, config.run, cursor=self.state.data_cursor)
         """`planned_steps`: optimizer steps the LR schedule is sized for; fewer happen if dropped groups use up the data."""
-        self.validation_rows = [
-            (name, row) for name, task in sorted(self.tasks.items()) for row in task.load_rows("validation")
-        ][: config.run.eval_groups]
+        self.validation_rows = held_out_rows(self.tasks, config.run.eval_groups)
         self.buffer = RolloutBuffer(max_staleness=config.run.max_policy_staleness)
         self.admission = Admission(
             max_concurrent=config.run.max_concurrent_rollouts,
@@ -306,14 +305,7 @@ class Controller:
         if not self.validation_rows:
             return {}
         run, sampling = self.config.run, self.config.generator.eval_sampling
-        groups = await asyncio.gather(
-            *(
-                self.scored_groups.make(
-                    f"eval/step={self.state.step}/{index}", name, row, run.eval_samples_per_row, sampling
-                )
-                for index, (name, row) in enumerate(self.validation_rows)
-            )
-        )
+        groups = await held_out_groups(self.scored_groups, self.validation_rows, self.state.step, run, sampling)
         self.logger.log_rollouts(self.state.step, "eval", groups)
         return eval_metrics(groups, run.eval_samples_per_row, run.eval_pass_threshold)
 

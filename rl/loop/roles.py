@@ -88,30 +88,33 @@ class Roles:
             self.frozen.values()
         )
 
-    async def start(self, stop_token_ids: list[int], planned_steps: int) -> None:
-        """Start the store and spawn the actors, each kind on its own processes."""
+    async def start(self, stop_token_ids: list[int], planned_steps: int, trainer: bool = True) -> None:
+        """Start the store and spawn the actors, each kind on its own processes. `trainer=False` (`rlmesh eval`): the
+        generators serve `model.path` as it is, with no trainer and no weight store."""
         config = self.config
         self._previous_fault_hook = monarch.actor.unhandled_fault_hook
         monarch.actor.unhandled_fault_hook = self._on_actor_failure
         monarch.config.configure(cleanup_timeout="10s")
         self.run_log = RunLog(config.run.output_dir)
-        weight_sync.check_shared_memory(config)  # removes dead runs' weight files first
-        await weight_sync.initialize_store()
-        self._store_started = True
+        if trainer:
+            weight_sync.check_shared_memory(config)  # removes dead runs' weight files first
+            await weight_sync.initialize_store()
+            self._store_started = True
         spawn_procs = (await asyncio.to_thread(self.placement.allocate)).spawn_procs  # the [cluster] hosts of each role
         transport = config.weight_sync.transport
-        self.trainer, trainer_procs = await spawn_trainer(
-            spawn_procs,
-            config.trainer,
-            PolicyTrainer,
-            config.trainer,
-            config.algorithm,
-            config.model.path,
-            planned_steps,
-            weight_transport=transport,
-            wire_dtype=config.generator.dtype,
-        )
-        self._proc_meshes = [trainer_procs]
+        if trainer:
+            self.trainer, trainer_procs = await spawn_trainer(
+                spawn_procs,
+                config.trainer,
+                PolicyTrainer,
+                config.trainer,
+                config.algorithm,
+                config.model.path,
+                planned_steps,
+                weight_transport=transport,
+                wire_dtype=config.generator.dtype,
+            )
+            self._proc_meshes = [trainer_procs]
         generator_args = (config.generator, config.model.path, transport, stop_token_ids)
         self.generators = Service(
             "generator",
@@ -149,7 +152,11 @@ class Roles:
                 config_key="services.models",
                 release="shutdown",
             )
-        trainer_started = asyncio.wait_for(self.trainer.initialized, config.services.generator.start_timeout_s)
+        trainer_started = (
+            asyncio.wait_for(self.trainer.initialized, config.services.generator.start_timeout_s)
+            if trainer
+            else asyncio.sleep(0)
+        )
         frozen_started = asyncio.gather(*(service.start() for service in self.frozen.values()))
         await asyncio.gather(trainer_started, self.generators.start(), self.reward.start(), frozen_started)
         for actor in self.reward.actors():
@@ -288,7 +295,7 @@ class Roles:
             self._previous_fault_hook = None
 
     async def _stop_trainer(self) -> None:
-        if self._actors_ready:
+        if self._actors_ready and self.trainer is not None:
             await asyncio.gather(asyncio.wait_for(self.trainer.release_weights.call(), 10), return_exceptions=True)
         stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes), return_exceptions=True)
         try:

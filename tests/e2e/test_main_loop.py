@@ -7,6 +7,9 @@ import asyncio
 import contextlib
 import io
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -252,6 +255,35 @@ async def test_the_export_of_a_checkpoint_gives_the_sampler_logprobs_of_its_poli
             exported = logprobs[start : start + len(turn["completion_token_ids"])]
             gaps += [abs(a - b) for a, b in zip(exported, turn["completion_logprobs"], strict=True)]
         assert max(gaps) <= tolerance, (engine, max(gaps))
+
+
+async def test_eval_alone_on_a_checkpoint_repeats_the_validation_of_its_step(trained, tmp_path):
+    """`rlmesh eval RUN_DIR --step 2` (the CLI, in its own process): the checkpoint's policy exported, only the generator
+    and reward services started; the same rows with the same sampling seeds (4 samples a row at temperature 1) give
+    the very samples and metrics step 2's validation logged."""
+    run_dir, out = trained["run_dir"], tmp_path / "eval"
+    command = [sys.executable, "-m", "rl.cli", "eval", str(run_dir), "--step", "2", "--out", str(out)]
+    start = time.perf_counter()
+    result = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=300)
+    seconds = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr[-3000:]
+    printed = json.loads(result.stdout)
+    assert printed == json.loads((out / "eval.json").read_text())
+    [logged] = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"step": 2,' in line
+    ]
+    assert printed["step"] == 2 and printed["rows"] == 4 and printed["samples_per_row"] == 4
+    for key in ("eval/reward/mean", "eval/pass@1", "eval/pass@4", "eval/reward/sum_digits/mean"):
+        assert printed[key] == logged[key], key
+    in_run = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    in_run = {r["rollout"]["rollout_id"]: r["rollout"] for r in in_run if r["kind"] == "eval" and r["step"] == 2}
+    alone = {r["rollout"]["rollout_id"]: r["rollout"] for r in map(json.loads, open(out / "rollouts.jsonl"))}
+    assert len(alone) == 16 and alone.keys() == in_run.keys()
+    for rollout_id, rollout in alone.items():
+        tokens = [turn["completion_token_ids"] for turn in rollout["turns"]]
+        assert tokens == [turn["completion_token_ids"] for turn in in_run[rollout_id]["turns"]], rollout_id
+    assert (out / "run.log").is_file() and not list(run_dir.glob(".eval-model-*"))  # the exported copy is gone
+    print(f"rlmesh eval on the tiny model: {seconds:.1f} s")
 
 
 async def test_held_out_pass_at_k_is_logged_from_the_samples_of_each_row_and_plotted(trained):
