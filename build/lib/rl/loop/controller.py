@@ -1,0 +1,358 @@
+"""The Controller owns a run: it reads like the GRPO loop it drives.
+
+                         ┌─────────────────────────────── Controller (this process) ────────────────────────────────┐
+    task rows ─▶ RowStream ─▶ Admission ─▶ produce_row ─▶ RolloutBuffer ─▶ train(): SampleBuilder ─▶ pack ─▶ micro-batches
+                         └───────────────│──────▲──────────│──▲────────────────────────────────────────────│──────────┘
+                              GenerationRequest │ Completion │  │ RolloutGroup (scored)             TensorDict │ ▲ metrics
+                                         ▼      │   RolloutGroup▼  │                                          ▼ │
+                         Generator ×N (vLLM), frozen models    RewardActor ×M            PolicyTrainer (1 or FSDP2 ranks)
+                                         ▲                                                                    │
+                                         └──────── weights: shared memory / torchstore, by policy version ◀───┘
+
+    producer:  admitted row → group_size rollouts (generation ⇄ environment) → scoring → buffer
+    consumer:  buffer → advantages → packed batch → train step → weight push → generator reload
+
+Admission (`rl.loop.admission`) lets at most `run.max_concurrent_rollouts` rows generate at once and
+none more than `run.max_policy_staleness` steps ahead of the policy (0 = synchronous); the buffer evicts
+groups that finished too late. The run ends after `run.steps` steps or at the data's end (`run.epochs`,
+`run.max_rows`). Actors, processes and failures: `rl.loop.roles.Roles`; what a resume needs: `rl.loop.state.RunState`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from env_types.renderer import stop_token_ids
+from rl.algorithms.samples import SampleBuilder
+from rl.assets import resolve_model_path
+from rl.checkpoint import store as checkpoint
+from rl.checkpoint.run_dir import RunDirLock
+from rl.config import Config, dump_toml
+from rl.loop.admission import Admission
+from rl.loop.buffer import RolloutBuffer
+from rl.loop.data import training_stream
+from rl.loop.evaluate import held_out_groups, held_out_rows
+from rl.loop.roles import Roles
+from rl.loop.scored_groups import ScoredGroups
+from rl.loop.state import Checkpoints, RunState, due_after, open_run_dir, row_index_of, train_group_id
+from rl.metrics import timer
+from rl.metrics.generation import GenerationStats, GroupFailures, batch_metrics, failure_line, overlap_metrics
+from rl.metrics.logger import MetricsLogger
+from rl.metrics.pass_at_k import eval_metrics
+from rl.metrics.sample_log import SampleLogger
+from rl.packing.prefix_tree import pack_batch, packing_metrics
+from rl.packing.rows import split_micro_batches
+from rl.precision import MismatchWatch, NonfiniteSteps
+from rl.services.breaker import CircuitBreaker, group_failure
+from rollouts.types import RolloutGroup
+from tasks.build import BuiltTask, build_task
+
+
+class Controller:
+    def __init__(self, config: Config, resume_from: Path | None = None):
+        """`resume_from`: a committed checkpoint directory to continue from (see `rl.checkpoint`)."""
+        self.config = config
+        self.resume_from = resume_from
+        self.state = RunState(**checkpoint.read_run_state(resume_from)) if resume_from else RunState()
+        self.tasks: dict[str, BuiltTask] = {task_config.name: build_task(task_config) for task_config in config.tasks}
+        model_path = resolve_model_path(config.model.path)
+        self.renderers = {name: task.config.renderer.build(model_path) for name, task in self.tasks.items()}
+        self.stop_token_ids = sorted(
+            {token for renderer in self.renderers.values() for token in stop_token_ids(renderer)}
+        )
+        self.pad_token_id = self.stop_token_ids[0]
+        self.stream, self.planned_steps = training_stream(self.tasks, config.run, cursor=self.state.data_cursor)
+        """`planned_steps`: optimizer steps the LR schedule is sized for; fewer happen if dropped groups use up the data."""
+        self.validation_rows = held_out_rows(self.tasks, config.run.eval_groups)
+        self.buffer = RolloutBuffer(max_staleness=config.run.max_policy_staleness)
+        self.admission = Admission(
+            max_concurrent=config.run.max_concurrent_rollouts,
+            max_staleness=config.run.max_policy_staleness,
+            rows_per_step=config.run.groups_per_step,
+            policy_version=self.state.policy_version,
+        )
+        self.breaker = CircuitBreaker(config.services.breaker, on_open=self._stop_run)
+        self.nonfinite_steps = NonfiniteSteps(config.trainer.max_nonfinite_steps)
+        self.generation_stats = GenerationStats()
+        self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
+        self.algorithms = config.task_algorithms()
+        self.roles = Roles(config, stop_run=self._stop_run, policy_version=lambda: self.state.policy_version)
+        self.samples = SampleBuilder(self.algorithms, self.renderers, self.roles.prompt_logprobs)
+        self.scored_groups = ScoredGroups(self.tasks, self.renderers, self.roles, config.run.seed)
+        self.group_failures = GroupFailures()
+        """Groups produced and failed over the whole run: the end of the run says so when some failed."""
+        self.actor_failures: list[str] = []
+        """Why the run stopped, if an actor failure or the rollout breaker stopped it (the CLI prints these)."""
+        self.checkpoints = Checkpoints(self.state, self.roles, config)
+        self._unlogged: asyncio.Future | None = None  # the step being trained or ended, until its record is logged
+        self._run_task: asyncio.Task | None = None
+        self.run_lock: RunDirLock | None = None
+        """The run directory's lock when this controller took it: a new run's, or a Python-API resume's (`rlmesh train --resume` holds its own)."""
+
+    def _stop_run(self, message: str) -> None:
+        """Keep `message` for the CLI and cancel the run's task (from any thread)."""
+        self.actor_failures.append(message)
+        if self._run_task is not None:
+            self._run_task.get_loop().call_soon_threadsafe(self._run_task.cancel)
+
+    def _warn(self, warning: str, stop: bool = False) -> None:
+        tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
+        if stop:
+            self._stop_run(f"{warning}: stopping the run")
+
+    async def run(self) -> dict[str, Any]:
+        """The whole run: start the actors, train, stop them (also on error or Ctrl-C)."""
+        self._run_task = asyncio.current_task()
+        try:
+            await self.setup()
+            return await self.train()
+        finally:
+            await self.shutdown()
+
+    async def setup(self) -> None:
+        """Start every role; a resumed run then loads its checkpoint into them and this process."""
+        await self.roles.start(self.stop_token_ids, self.planned_steps)
+        if self.resume_from is not None:  # the generators get the checkpoint's weights through the normal sync
+            await self.roles.load_checkpoint(self.resume_from)
+            checkpoint.load_rng(self.resume_from, "controller")
+            await self.sync_weights(self.state.policy_version)
+
+    async def shutdown(self) -> None:
+        """Stop every actor process and the store; safe after a partial setup."""
+        await self.roles.stop()
+
+    async def train(self) -> dict[str, Any]:
+        """Validate, then optimizer steps until `run.steps` or the data's end; returns the first and last validation metrics."""
+        run_dir = self._open_run_dir()
+        summary: dict[str, Any] = {"run_dir": str(run_dir)}
+        producer = asyncio.create_task(self.produce())
+        try:
+            if self.state.step == 0 and self.config.run.eval_every > 0:
+                summary["eval_start"] = await self.validate()
+                self.logger.log_step(0, {"policy_version": 0, **summary["eval_start"]})
+            for _ in self.logger.progress(self.state.step, self.planned_steps):
+                step_start = time.perf_counter()
+                groups, evicted = await self._next_batch(producer)
+                if len(groups) < self.config.run.groups_per_step:  # the data ran out before the planned steps
+                    summary["data_exhausted_at_step"] = self.state.step
+                    await self._end_step(run_dir, summary, step_start, trained=None)
+                    break
+                self._unlogged = asyncio.ensure_future(self._step(groups, evicted, time.perf_counter() - step_start))
+                await self._end_step(run_dir, summary, step_start, await asyncio.shield(self._unlogged))
+                self._unlogged = None
+        except asyncio.CancelledError:
+            if not self.actor_failures:  # the first Ctrl-C
+                await self.checkpoints.after_interrupt(run_dir, self._end_step_in_flight(run_dir, summary))
+            raise
+        finally:
+            producer.cancel()
+            await asyncio.gather(producer, return_exceptions=True)
+            leftover = self.generation_stats.drain().dropped_failed  # dropped after the last step: the next step's
+            self.logger.log_rollouts(self.state.step + 1, "dropped", leftover)
+            if warning := self.group_failures.summary():
+                self._warn(warning)
+            self.logger.close()
+            if self.run_lock is not None:
+                self.run_lock.release()
+        return summary
+
+    def _open_run_dir(self) -> Path:
+        """The run's directory (a resumed run's own, else a fresh one claimed and locked, with the resolved config), with its loggers."""
+        run_dir, self.run_lock = open_run_dir(self.config.run_dir, dump_toml(self.config), self.resume_from)
+        if self.roles.run_log is not None:
+            self.roles.run_log.move_into(run_dir)
+        config = self.config
+        self.logger = MetricsLogger(
+            run_dir, log_rollouts=config.run.log_rollouts, wandb=config.wandb, run_config=config.model_dump(mode="json")
+        )
+        self.sample_logger = SampleLogger(
+            config.sample_logging,
+            {name: task.task.target for name, task in self.tasks.items()},
+            seed=config.run.seed,
+            episodes_per_step=config.run.groups_per_step * config.algorithm.group_size,
+            reference_logprobs=self.roles.reference_logprobs if config.algorithm.kl_coef > 0 else None,
+        )
+        return run_dir
+
+    async def _step(
+        self, groups: list[RolloutGroup], evicted: list[RolloutGroup], wait_seconds: float
+    ) -> tuple[dict[str, float], list]:
+        """One optimizer step on a consumed batch: its logs, its metrics and the actors' metric states."""
+        stats = self.generation_stats.drain()
+        metrics = batch_metrics(groups, len(evicted), stats, self.state.policy_version, wait_seconds)
+        train_start = time.perf_counter()
+        step_metrics = await self.train_step(groups)
+        busy = time.perf_counter() - train_start  # advantages, train step (all minibatches) and weight sync
+        self.logger.log_rollouts(self.state.step + 1, "train", groups)  # with the advantages the step trained
+        self.logger.log_rollouts(self.state.step + 1, "dropped", stats.dropped_failed)
+        await self.sample_logger.record(groups, self.state.step + 1, dropped=stats.dropped_failed)
+        if line := failure_line(self.state.step + 1, groups + stats.dropped_failed):
+            self._warn(line)
+        for key in (
+            "rollouts/dropped_groups",
+            "rollouts/dropped_zero_adv_groups",
+        ):  # the producer's drops and the step's
+            step_metrics[key] += metrics[key]
+        metrics |= step_metrics | overlap_metrics(wait_seconds, busy)
+        actor_states = await self.roles.gather_states(self.state.step + 1)
+        self.state.mark_rows_done([row_index_of(group.group_id) for group in groups + evicted])
+        self.state.step += 1
+        return metrics, actor_states
+
+    async def _end_step(
+        self,
+        run_dir: Path,
+        summary: dict[str, Any],
+        step_start: float,
+        trained: tuple[dict[str, Any], list] | None,
+        interrupted: bool = False,
+    ) -> None:
+        """Every step ends here: held-out eval and a checkpoint when due (`rl.loop.state.due_after`), the step's record reduced
+        with the actors' states and committed with the checkpoint (a kill before its log line loses nothing), then logged.
+        `trained` is None when the data ran out: the run ends with the eval and checkpoint the last step did not do.
+        `interrupted`: after a Ctrl-C, no eval and always a checkpoint."""
+        step, version = self.state.step, self.state.policy_version
+        eval_due, checkpoint_due = due_after(step, self.planned_steps, self.config, data_ran_out=trained is None)
+        eval_due, checkpoint_due = eval_due and not interrupted, checkpoint_due or interrupted
+        metrics, actor_states = trained or ({}, [])
+        if eval_due:
+            metrics |= (evaluation := await self.validate())
+            if trained is None or step == self.planned_steps:
+                summary["eval_end"] = evaluation
+        if trained is None:  # no step to record
+            if metrics:
+                self.logger.log_step(step, {"policy_version": version, **metrics})
+            if checkpoint_due:
+                await self.checkpoints.save(run_dir)
+            return
+        metrics |= {key: value for service in self.roles.services for key, value in service.metrics().items()}
+        record, samples = self.logger.reduce_step({"policy_version": version, **metrics}, actor_states)
+        if checkpoint_due:
+            record["time/checkpoint_s"] = await self.checkpoints.save(run_dir, (record, samples))
+        record["time/step_s"] = time.perf_counter() - step_start
+        self.logger.write_step(step, record, samples)
+
+    async def _end_step_in_flight(self, run_dir: Path, summary: dict[str, Any]) -> bool:
+        """After the first Ctrl-C: a train step in flight finishes (the trainer's weights are already moving) and ends
+        with a checkpoint and no eval; False when no step was in flight."""
+        if self._unlogged is None:
+            return False
+        await self._end_step(run_dir, summary, time.perf_counter(), await self._unlogged, interrupted=True)
+        return True
+
+    async def _next_batch(self, producer: asyncio.Task) -> tuple[list[RolloutGroup], list[RolloutGroup]]:
+        """The next batch from the buffer; a crashed producer raises here instead of hanging the run."""
+        get = asyncio.ensure_future(self.buffer.get(self.config.run.groups_per_step, self.state.policy_version))
+        await asyncio.wait([get, producer], return_when=asyncio.FIRST_COMPLETED)
+        if producer.done() and producer.exception() is not None:
+            get.cancel()
+            producer.result()
+        groups, evicted = await get  # the producer closes the buffer when the data runs out
+        groups.sort(
+            key=lambda group: row_index_of(group.group_id)
+        )  # row order, not completion order: packing and logs replay on resume
+        await self.admission.release_accepted(len(evicted))
+        return groups, evicted
+
+    async def produce(self) -> None:
+        """Admit rows one by one as the budgets allow; each row's group reaches the buffer when it finishes."""
+        rows_done_ahead = set(self.state.rows_done_ahead)  # consumed before a resume: not drawn again
+        async with asyncio.TaskGroup() as rows:
+            while True:
+                await self.admission.acquire()
+                row_index = self.stream.cursor
+                while (drawn := self.stream.next()) is not None and row_index in rows_done_ahead:
+                    row_index = self.stream.cursor
+                if drawn is None:
+                    await self.admission.finish(accepted=False)
+                    break
+                task_name, row = drawn
+                rows.create_task(self.produce_row(row_index, task_name, row))
+        self.buffer.close()
+
+    async def produce_row(self, row_index: int, task_name: str, row: dict) -> None:
+        self.generation_stats.row_started()
+        algorithm = self.samples.algorithms[task_name]
+        group = await self.scored_groups.make(
+            train_group_id(row_index),
+            task_name,
+            row,
+            algorithm.rollouts_per_row(self.config.algorithm.group_size),
+            self.config.generator.sampling,
+            sampler=algorithm.config.sampler,
+            rollout_fn=algorithm.rollout_fn(),
+        )
+        failure = group_failure(group)
+        self.breaker.record(*failure)
+        self.group_failures.record(*failure)
+        # the group's advantages are computed here, once; a dropped group gives its slot to another row
+        drop = self.samples.drop_reason(group, self.config.trainer.seq_len)
+        self.generation_stats.row_finished(group, drop)
+        if drop is None:
+            await self.buffer.put(group)
+        else:
+            self.state.mark_rows_done([row_index])
+        await self.admission.finish(drop is None)
+
+    async def validate(self) -> dict[str, float]:
+        """Held-out reward through the same rollout path, `run.eval_samples_per_row` samples per row, and pass@k."""
+        if not self.validation_rows:
+            return {}
+        run, sampling = self.config.run, self.config.generator.eval_sampling
+        groups = await held_out_groups(self.scored_groups, self.validation_rows, self.state.step, run, sampling)
+        self.logger.log_rollouts(self.state.step, "eval", groups)
+        return eval_metrics(groups, run.eval_samples_per_row, run.eval_pass_threshold)
+
+    async def train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
+        """Advantages → packed micro-batches → one optimizer step → weights to the generators."""
+        trainer_config = self.config.trainer
+        all_samples, metrics = await self.samples.build(groups)
+        samples = [sample for sample in all_samples if len(sample.input_ids) <= trainer_config.seq_len]
+        metrics["rollouts/too_long"] = len(all_samples) - len(samples)
+        if not samples:  # the weights do not change: the groups' admission slots go to other rows
+            metrics["train/skipped"] = 1
+            await self.admission.release_accepted(len(groups))
+            return metrics
+        batch = pack_batch(  # [R, L]: rows as wide as the widest, a multiple of the trainer's ranks
+            samples,
+            seq_len=trainer_config.seq_len,
+            pad_token_id=self.pad_token_id,
+            prefix_sharing=trainer_config.prefix_sharing,
+            rows_multiple_of=trainer_config.ranks,
+            min_rows=trainer_config.ranks * trainer_config.ppo_n_minibatches,
+        )
+        metrics.update(packing_metrics(batch))
+        micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
+        with timer("train"):
+            train_metrics = await self.roles.trainer_call(
+                self.roles.trainer.train_step.call_one(micro_batches), "train step"
+            )
+        metrics.update(
+            {key if key == "loss" or "/" in key else f"train/{key}": value for key, value in train_metrics.items()}
+        )
+        if skipped := self.nonfinite_steps.check(self.state.step + 1, metrics, trainer_config.ppo_n_minibatches):
+            self._warn(*skipped)
+            await self.admission.release_accepted(len(groups))  # as for a step with nothing to train
+            return metrics  # the weights did not change: no sync, same version
+        if "train/mismatch_k3" in metrics and (warning := self.mismatch_watch.check(metrics["train/mismatch_k3"])):
+            self._warn(warning)
+        with timer("weight_sync"):
+            await self.sync_weights(self.state.policy_version + 1)
+        if "train/clip_frac_low" in metrics:
+            metrics["train/ppo_clip_frac"] = metrics["train/clip_frac_low"] + metrics["train/clip_frac_high"]
+        return metrics
+
+    async def sync_weights(self, policy_version: int) -> None:
+        """The trainer publishes its weights as `policy_version`; every generator reloads them; admission moves on."""
+        generators, timeout_s = self.roles.generators, self.config.run.weight_sync_timeout_s
+        async with generators.updating():  # a replacement generator loads the version before or after, never half-way
+            await self.roles.push_weights(policy_version)
+            await generators.update_weights.fanout(policy_version, timeout_s=timeout_s)
+            self.state.policy_version = policy_version
+        await self.admission.set_policy_version(policy_version)

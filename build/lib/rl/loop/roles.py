@@ -1,0 +1,304 @@
+"""The run's roles and their processes: where they run, how they start, how a failure is told apart, how they stop.
+
+    start:  run log, weight store → hosts (`[cluster]`) → trainer mesh ‖ generator service ‖ reward service ‖ frozen models
+    fault:  Monarch's hook → a replica's report goes to its service (it replaces the replica);
+            any other stops the run through the controller's `stop_run(message)`
+    stop:   release weights and engines → stop every mesh → reap what is left → free the hosts → stop the store
+
+Frozen models (`[models.<name>]`) are teachers and samplers served by their own, never-updated
+Generators: they give token sequences their logprobs (vLLM's prompt-logprob path; "policy" goes to
+the live generators, for opsd) and sample the rows of tasks whose `sampler` names them. They must
+share the policy's tokenizer: sequences are passed as token ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import monarch.actor
+import monarch.config
+from tqdm import tqdm
+
+from actors.generator import Generator
+from actors.reward import RewardActor
+from actors.trainer import PolicyTrainer
+from rl.algorithms.config import POLICY, FrozenModelConfig
+from rl.checkpoint import store as checkpoint
+from rl.config import Config
+from rl.config.roles import GeneratorConfig, SamplingConfig
+from rl.metrics.actor import gather_states
+from rl.metrics.run_log import RunLog
+from rl.processes.cluster import Placement
+from rl.processes.interrupts import monarch_processes, reap
+from rl.processes.trainer_mesh import spawn_trainer
+from rl.services.gateway import Gateway, open_gateway
+from rl.services.service import Service, after_run_fault_hook
+from rl.weights import sync as weight_sync
+from rollouts.types import Completion, GenerationFailed, GenerationRequest, RolloutGroup, RolloutStatus
+
+RESUME_HINT = "resume from the last checkpoint with `rlmesh train --resume RUN_DIR`"
+
+
+class DeadlineMissed(RuntimeError):
+    """A trainer call or the end-of-step metric gathering missed its deadline: the run stops, as on the trainer's death."""
+
+
+async def within(call: Awaitable[Any], what: str, key: str, timeout_s: float) -> Any:
+    """Await an actor call within `timeout_s` (config key `key`); DeadlineMissed, naming both, instead of hanging."""
+    try:
+        return await asyncio.wait_for(call, timeout_s)
+    except TimeoutError:
+        raise DeadlineMissed(f"{what} took longer than {key}={timeout_s} s; {RESUME_HINT}") from None
+
+
+def frozen_generator(generator: GeneratorConfig, model: FrozenModelConfig) -> GeneratorConfig:
+    """A frozen model's Generator section: the policy's engine settings with the model's dtype, device and replicas."""
+    return generator.model_copy(update={"dtype": model.dtype, "device": model.device, "num_replicas": model.replicas})
+
+
+class Roles:
+    """The trainer, the generator and reward services and the frozen models' services of one run."""
+
+    def __init__(self, config: Config, stop_run: Callable[[str], None], policy_version: Callable[[], int]):
+        """`stop_run(message)`: stops the run (any thread); `policy_version()`: what a replacement generator loads."""
+        self.config = config
+        self.stop_run = stop_run
+        self.policy_version = policy_version
+        self.placement = Placement(config.cluster, config.trainer, config.generator, config.models)
+        self.trainer: Any = None
+        self.generators: Service | None = None
+        self.reward: Service | None = None
+        self.frozen: dict[str, Service] = {}
+        self.gateway: Gateway | None = None
+        """Judge reward functions' way to the frozen models' services (`rl.services.gateway`), opened on first use."""
+        self.run_log: RunLog | None = None
+        self._proc_meshes: list[Any] = []
+        self._store_started = False
+        self._shutting_down = False
+        self._actors_ready = False
+        self._previous_fault_hook: Callable[[Any], None] | None = None
+
+    @property
+    def services(self) -> list[Service]:
+        return [service for service in (self.generators, self.reward) if service is not None] + list(
+            self.frozen.values()
+        )
+
+    async def start(self, stop_token_ids: list[int], planned_steps: int, trainer: bool = True) -> None:
+        """Start the store and spawn the actors, each kind on its own processes. `trainer=False` (`rlmesh eval`): the
+        generators serve `model.path` as it is, with no trainer and no weight store."""
+        config = self.config
+        self._previous_fault_hook = monarch.actor.unhandled_fault_hook
+        monarch.actor.unhandled_fault_hook = self._on_actor_failure
+        monarch.config.configure(cleanup_timeout="10s")
+        self.run_log = RunLog(config.run.output_dir)
+        if trainer:
+            weight_sync.check_shared_memory(config)  # removes dead runs' weight files first
+            await weight_sync.initialize_store()
+            self._store_started = True
+        spawn_procs = (await asyncio.to_thread(self.placement.allocate)).spawn_procs  # the [cluster] hosts of each role
+        transport = config.weight_sync.transport
+        if trainer:
+            self.trainer, trainer_procs = await spawn_trainer(
+                spawn_procs,
+                config.trainer,
+                PolicyTrainer,
+                config.trainer,
+                config.algorithm,
+                config.model.path,
+                planned_steps,
+                weight_transport=transport,
+                wire_dtype=config.generator.dtype,
+            )
+            self._proc_meshes = [trainer_procs]
+        generator_args = (config.generator, config.model.path, transport, stop_token_ids)
+        self.generators = Service(
+            "generator",
+            Generator,
+            lambda replica: (*generator_args, replica),
+            replicas=config.generator.num_replicas,
+            config=config.services.generator,
+            on_fatal=self.stop_run,
+            prepare=self._load_policy,
+            release="shutdown",
+            spawn_procs=self.placement.replica_procs("generator", gpus_per_proc=config.generator.tensor_parallel_size),
+        )
+        model_paths = {name: model.path for name, model in config.models.items()}
+        reward_args = (config.tasks, config.run.reward_concurrency, model_paths, config.generator.eval_sampling)
+        self.reward = Service(
+            "reward",
+            RewardActor,
+            lambda replica: (*reward_args, replica),
+            replicas=config.services.reward.replicas,
+            config=config.services.reward,
+            spawn_procs=self.placement.replica_procs("reward"),
+            on_fatal=self.stop_run,
+            prepare=self._connect_models,
+        )
+        for name, model in config.models.items():
+            args = (frozen_generator(config.generator, model), model.path, transport, stop_token_ids)
+            self.frozen[name] = Service(
+                f"frozen_{name}",
+                Generator,
+                lambda replica, args=args: (*args, replica),
+                replicas=model.replicas,
+                config=config.services.models,
+                spawn_procs=self.placement.frozen_procs(name),
+                on_fatal=self.stop_run,
+                config_key="services.models",
+                release="shutdown",
+            )
+        trainer_started = (
+            asyncio.wait_for(self.trainer.initialized, config.services.generator.start_timeout_s)
+            if trainer
+            else asyncio.sleep(0)
+        )
+        frozen_started = asyncio.gather(*(service.start() for service in self.frozen.values()))
+        await asyncio.gather(trainer_started, self.generators.start(), self.reward.start(), frozen_started)
+        for actor in self.reward.actors():
+            await self._connect_models(actor)
+        self._actors_ready = True
+
+    def _on_actor_failure(self, failure: Any) -> None:
+        """Monarch's hook for an actor that died: a replica goes to its service, anything else stops the run.
+
+        Returning normally tells Monarch the fault is handled; the run then stops through ordinary
+        cancellation (teardown included), and the CLI tells it apart from a user's Ctrl-C by the
+        controller's `actor_failures`. (Monarch's own answer, a KeyboardInterrupt delivered to the
+        main thread, can be delayed indefinitely: see rl/processes/interrupts.py.)
+        """
+        if self._shutting_down:
+            return  # a slow teardown (e.g. vLLM freeing its engine) is not a failure of the run
+        if any(service.handle_failure(failure) for service in self.services) or failure.mesh_name.startswith("logger-"):
+            return  # a replica: its service replaces it (Monarch's per-process logger mesh fails along with any process)
+        self.stop_run(failure.report() + "\n" + RESUME_HINT)
+
+    async def _load_policy(self, generator: Any) -> None:
+        """A replacement generator loads the current policy version through the normal weight path."""
+        if (policy_version := self.policy_version()) > 0:
+            await generator.update_weights.call_one(policy_version)
+
+    async def _connect_models(self, reward: Any) -> None:
+        """Judge reward functions in `reward` reach the frozen models through the gateway to their services."""
+        if self.frozen:
+            if self.gateway is None:
+                self.gateway = open_gateway(self.frozen)
+            await reward.connect_models.call_one(self.gateway.actor, list(self.frozen))
+
+    @property
+    def frozen_actors(self) -> dict[str, list[Any]]:
+        """Each frozen model's healthy replica actors (for `judge` reward functions in the reward actors)."""
+        return {name: service.actors() for name, service in self.frozen.items()}
+
+    async def generate(
+        self, request: GenerationRequest, sampling: SamplingConfig, key: str, sampler: str = POLICY
+    ) -> Completion:
+        """One completion from the policy's generators or frozen model `sampler` (sticky by `key`); raises `GenerationFailed` if the generator failed it."""
+        service = self.generators if sampler == POLICY else self.frozen[sampler]
+        [result] = await service.generate.route([request], sampling, key=key)
+        if isinstance(result, GenerationFailed):
+            raise result
+        return result
+
+    async def prompt_logprobs(self, name: str, sequences: list[list[int]]) -> list[list[float]]:
+        """Each sequence's per-token logprobs under frozen model `name` ("policy" = the live generators)."""
+        service = self.generators if name == POLICY else self.frozen[name]
+        return list(await asyncio.gather(*(service.prompt_logprobs.route(ids) for ids in sequences)))
+
+    def reference_logprobs(self, sequences: list[list[int]]) -> Awaitable[list[list[float]]]:
+        """Each sequence's per-token logprobs under the trainer's reference model (`algorithm.kl_coef` > 0)."""
+        return self.trainer_call(self.trainer.logprobs.call_one(sequences, reference=True), "logprobs")
+
+    async def score(self, group: RolloutGroup) -> RolloutGroup:
+        """The group scored by a reward actor; a reward actor that fails marks every rollout an ERROR (TIMEOUT when it timed out)."""
+        try:
+            return await self.reward.score_group.route(group)
+        except Exception as exc:
+            status = RolloutStatus.TIMEOUT if getattr(exc, "timed_out", False) else RolloutStatus.ERROR
+            for rollout in group.rollouts:
+                rollout.status = status
+                rollout.error = f"reward actor failed: {exc}"
+            return group
+
+    async def push_weights(self, policy_version: int) -> None:
+        """The trainer publishes its weights as `policy_version` within `run.weight_sync_timeout_s`."""
+        push = self.trainer.push_weights.call_one(policy_version)
+        timeout_s = self.config.run.weight_sync_timeout_s
+        await within(
+            push, f"trainer weight push (policy version {policy_version})", "run.weight_sync_timeout_s", timeout_s
+        )
+
+    def trainer_call(self, call: Awaitable[Any], what: str) -> Awaitable[Any]:
+        """A trainer call (not the weight push) within `trainer.call_timeout_s`."""
+        return within(call, f"trainer {what}", "trainer.call_timeout_s", self.config.trainer.call_timeout_s)
+
+    async def gather_states(self, step: int) -> list[dict[str, Any]]:
+        """The trainer's and reward replicas' metric states for `step` (generators record nothing: never wait behind generation),
+        within `run.metrics_timeout_s`: a trainer that misses it stops the run, a reward replica is left out of the step."""
+        trainer, timeout_s = self.trainer, self.config.run.metrics_timeout_s
+        states, missed = await gather_states([trainer, *self.reward.actors()], timeout_s)
+        if any(mesh is trainer for mesh in missed):
+            raise DeadlineMissed(
+                f"gathering the trainer's metric states took longer than run.metrics_timeout_s={timeout_s} s "
+                f"(or failed); {RESUME_HINT}"
+            )
+        if missed:
+            tqdm.write(
+                f"rlmesh: warning: {len(missed)} reward replica(s) did not hand over their metric states within "
+                f"run.metrics_timeout_s; left out of step {step}",
+                file=sys.stderr,
+            )
+        return states
+
+    async def save_checkpoint(self, path: Path) -> None:
+        """The roles' part of a checkpoint: the trainer's model, optimizer and RNG, each reward replica's RNG, the services' counters."""
+        save = self.trainer_call(self.trainer.save_checkpoint.call_one(str(path)), "checkpoint save")
+        await asyncio.gather(
+            save, self.reward.save_rng.fanout(str(path), timeout_s=self.config.services.reward.call_timeout_s)
+        )
+        checkpoint.write_service_counters(path, {service.name: service.counters() for service in self.services})
+
+    async def load_checkpoint(self, path: Path) -> None:
+        load = self.trainer_call(self.trainer.load_checkpoint.call_one(str(path)), "checkpoint load")
+        await asyncio.gather(
+            load, self.reward.load_rng.fanout(str(path), timeout_s=self.config.services.reward.call_timeout_s)
+        )
+        saved = checkpoint.read_service_counters(path)
+        for service in self.services:
+            if service.name in saved:
+                service.restore_counters(saved[service.name])
+
+    async def stop(self) -> None:
+        """Stop every actor process and the store; safe after a partial start."""
+        self._shutting_down = True
+        actor_processes = monarch_processes()
+        await asyncio.gather(
+            self._stop_trainer(), *(service.stop() for service in self.services), return_exceptions=True
+        )
+        await asyncio.to_thread(reap, actor_processes, 5)  # a stopped mesh's processes may still be exiting
+        self._proc_meshes = []
+        self._actors_ready = False
+        await asyncio.to_thread(self.placement.release)
+        if self._store_started:
+            self._store_started = False
+            await weight_sync.shutdown_store()
+        if self.gateway is not None:
+            self.gateway.close()
+        if self.run_log is not None:
+            self.run_log.close()
+        if self._previous_fault_hook is not None:
+            monarch.actor.unhandled_fault_hook = after_run_fault_hook(self.services, self._previous_fault_hook)
+            self._previous_fault_hook = None
+
+    async def _stop_trainer(self) -> None:
+        if self._actors_ready and self.trainer is not None:
+            await asyncio.gather(asyncio.wait_for(self.trainer.release_weights.call(), 10), return_exceptions=True)
+        stopping = asyncio.gather(*(procs.stop() for procs in self._proc_meshes), return_exceptions=True)
+        try:
+            await asyncio.wait_for(stopping, 8)
+        except TimeoutError:
+            pass  # a mesh stops only once its actors have started (vLLM may still be loading): reaped below

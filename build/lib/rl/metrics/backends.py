@@ -1,0 +1,130 @@
+"""Where reduced metrics and samples go. Every backend has the same two calls, once per step:
+`log(metrics, step)` with flat scalars and `log_samples(samples, step)` with sample dicts by key."""
+
+from __future__ import annotations
+
+import json
+import os
+import pprint
+from pathlib import Path
+from typing import Any, Protocol
+
+from tqdm import tqdm
+
+from rl.config.metrics import WandbConfig
+
+CONSOLE_KEYS = ("reward/mean", "eval/reward/mean", "loss", "rollouts/completion_tokens_mean", "time/step_s")
+
+
+class Backend(Protocol):
+    name: str
+
+    def log(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def log_samples(self, samples: dict[str, list[dict[str, Any]]], step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def short_name(key: str) -> str:
+    """`reward/mean` → `reward`, `eval/reward/mean` → `eval_reward`, `time/step_s` → `step_s`: bar labels."""
+    parts = [part for part in key.split("/") if part not in ("mean", "time", "rollouts")]
+    return "_".join(parts)
+
+
+class ConsoleBackend:
+    """A line per step and the progress bar's postfix (the latest value of each key metric, so the
+    held-out reward stays shown between validations); samples pretty-printed under a step header.
+
+    Everything goes through `tqdm.write`, so the live bar stays at the bottom of the terminal.
+    """
+
+    name = "console"
+
+    def __init__(self) -> None:
+        self.bar: tqdm | None = None
+        self.latest: dict[str, str] = {}
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        shown = {key: metrics[key] for key in CONSOLE_KEYS if key in metrics}
+        text = " ".join(f"{key}={value:.4g}" for key, value in shown.items())
+        tqdm.write(f"step {step:>4} v{int(metrics.get('policy_version', 0))} {text}")
+        if self.bar is not None:
+            self.latest.update({short_name(key): f"{value:.3g}" for key, value in shown.items()})
+            self.bar.set_postfix(self.latest, refresh=True)
+
+    def log_samples(self, samples: dict[str, list[dict[str, Any]]], step: int) -> None:
+        lines = [f"=== SAMPLE LOGS STEP {step} ==="]
+        for key, rows in samples.items():
+            lines.extend(f"[{key}]\n{pprint.pformat(row, sort_dicts=False, width=120)}" for row in rows)
+        tqdm.write("\n".join(lines))
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlBackend:
+    """`metrics.jsonl`: one flat object per step; `samples.jsonl`: one object per sample with its step and key."""
+
+    name = "jsonl"
+
+    def __init__(self, metrics_path: Path, samples_path: Path):
+        self.metrics_file = open(metrics_path, "a")
+        self.samples_path = samples_path
+        self.samples_file = None
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.metrics_file.write(json.dumps({"step": step, **metrics}, sort_keys=True) + "\n")
+        self.metrics_file.flush()
+
+    def log_samples(self, samples: dict[str, list[dict[str, Any]]], step: int) -> None:
+        if self.samples_file is None:
+            self.samples_file = open(self.samples_path, "a")
+        for key, rows in samples.items():
+            for row in rows:
+                self.samples_file.write(
+                    json.dumps({"step": step, "key": key, **row}, default=str) + "\n"
+                )  # any value: as text
+        self.samples_file.flush()
+
+    def close(self) -> None:
+        self.metrics_file.close()
+        if self.samples_file is not None:
+            self.samples_file.close()
+
+
+class WandbBackend:
+    """A wandb run in the run directory (offline unless `wandb.mode = "online"`); samples as a `wandb.Table` per step."""
+
+    name = "wandb"
+
+    def __init__(self, config: WandbConfig, run_dir: Path, run_config: dict[str, Any]):
+        """`run_config`: the resolved run config (JSON), recorded with the run, which is named after its `run.name`."""
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(
+            project=config.project,
+            name=run_config["run"]["name"],
+            dir=str(run_dir),
+            mode=config.mode,
+            config=run_config,
+        )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run.log(metrics, step=step)
+
+    def log_samples(self, samples: dict[str, list[dict[str, Any]]], step: int) -> None:
+        tables = {}
+        for key, rows in samples.items():
+            columns = list(dict.fromkeys(column for row in rows for column in row))
+            tables[key] = self.wandb.Table(
+                columns=columns,
+                data=[[row.get(column) for column in columns] for row in rows],
+                allow_mixed_types=True,
+            )
+        self.run.log(tables, step=step)
+
+    def close(self) -> None:
+        self.run.finish()

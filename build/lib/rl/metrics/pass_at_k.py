@@ -1,0 +1,51 @@
+"""pass@k of held-out rows with several samples each: Chen et al. 2021's unbiased estimator.
+
+For a row with n scored samples of which c pass, the chance that k of them drawn without replacement include a
+pass is 1 - C(n-c, k) / C(n, k); its mean over rows estimates pass@k without the bias of "best of the first k"
+(which is the same estimate thrown away n - k samples at a time) or of 1 - (1 - c/n)^k. A sample passes when its
+reward reaches `run.eval_pass_threshold`. A sample the reward service did not score (reward None: a generation
+or environment error) is left out of n. A row with fewer than k scored samples cannot give an unbiased pass@k:
+it is left out of pass@k (and counted), never counted as a pass or a failure.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+from rl.metrics.standard import reward_metrics
+from rollouts.types import RolloutGroup
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """1 - C(n-c, k) / C(n, k): the probability that k of a row's n samples, c of them passing, include a pass."""
+    if not 0 <= c <= n or k < 1:
+        raise ValueError(f"pass@k needs 0 <= c <= n and k >= 1, got n={n}, c={c}, k={k}")
+    if n < k:
+        raise ValueError(f"pass@{k} cannot be estimated from {n} samples")
+    return float(1 - Fraction(math.comb(n - c, k), math.comb(n, k)))
+
+
+def pass_metrics(groups: list[RolloutGroup], k: int, threshold: float, prefix: str = "eval") -> dict[str, float]:
+    """`prefix/pass@1` and `prefix/pass@<k>` over rows (each group is one row's samples), and again per task as
+    `prefix/pass@<k>/<task>`; `prefix/pass@<k>/rows_left_out`: rows with fewer than k scored samples."""
+    rows: list[tuple[str, int, int]] = []  # (task, n, c)
+    for group in groups:
+        rewards = [rollout.reward for rollout in group.rollouts if rollout.reward is not None]
+        rows.append((group.task_name, len(rewards), sum(reward >= threshold for reward in rewards)))
+    metrics: dict[str, float] = {}
+    tasks = sorted({task for task, _, _ in rows})
+    for size in sorted({1, k}):
+        for scope, members in [("", rows)] + [(f"/{task}", [row for row in rows if row[0] == task]) for task in tasks]:
+            estimable = [pass_at_k(n, c, size) for _, n, c in members if n >= size]
+            if estimable:
+                metrics[f"{prefix}/pass@{size}{scope}"] = sum(estimable) / len(estimable)
+    if k > 1:
+        metrics[f"{prefix}/pass@{k}/rows_left_out"] = sum(n < k for _, n, _ in rows)
+    return metrics
+
+
+def eval_metrics(groups: list[RolloutGroup], k: int, threshold: float) -> dict[str, float]:
+    """A validation's metrics: `eval/reward/...` (mean over every sample, per task too) and pass@1, pass@k."""
+    rollouts = [rollout for group in groups for rollout in group.rollouts]
+    return reward_metrics(rollouts, prefix="eval/reward") | pass_metrics(groups, k, threshold)

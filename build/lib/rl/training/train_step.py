@@ -1,0 +1,226 @@
+"""One training step over a batch of packed micro-batches: the trainer's whole algorithm-blind loop.
+
+    sanitize → [no-grad pass: π_old, reference, correction] → K minibatches × (forward, loss, backward) → step
+
+The loss is `compute_loss` over the per-token streams; normalizers are counted over each minibatch before
+its first forward, so the gradient does not depend on the micro-batch split. With K = 1 and no correction
+there is no extra forward pass: this is the plain PPO update against the sampler's logprobs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+
+import torch
+from tensordict import TensorDict
+
+from rl.algorithms.config import AlgorithmConfig
+from rl.metrics.reduce import StepStats, merge_all, step_metrics
+from rl.packing.rows import COMPONENTS, component_counts, segment_sum, segments
+from rl.training import correction
+from rl.training.distributed import Ranks
+from rl.training.logprobs import packed_logprobs
+from rl.training.losses import compute_loss, kl_estimate
+
+SPREAD = ("ratio",)
+"""Trainer metrics logged with _mean/_std/_min/_max."""
+
+
+def sanitize(micro_batch: TensorDict) -> int:
+    """Mask non-finite sampler/teacher logprobs out of every component (in place); returns how many tokens."""
+    bad = micro_batch["loss_mask"] & ~torch.isfinite(micro_batch["sampling_logprobs"])  # [B,L]
+    bad_ref = (micro_batch["ref_kl_weights"] != 0) & ~torch.isfinite(micro_batch["ref_logprobs"])
+    if bool(bad.any()) or bool(bad_ref.any()):
+        for name in COMPONENTS:
+            micro_batch[f"{name}_weights"] = torch.where(bad | bad_ref, 0.0, micro_batch[f"{name}_weights"])
+        micro_batch["sampling_logprobs"] = torch.where(bad, 0.0, micro_batch["sampling_logprobs"])
+        micro_batch["ref_logprobs"] = torch.where(bad_ref, 0.0, micro_batch["ref_logprobs"])
+    return int((bad | bad_ref).sum())
+
+
+def trained_positions(micro_batch: TensorDict) -> torch.Tensor:
+    """[B,L] bool: tokens some loss component weighs, the only ones whose logprobs are computed."""
+    return (micro_batch["rl_weights"] != 0) | (micro_batch["ce_weights"] != 0) | (micro_batch["ref_kl_weights"] != 0)
+
+
+def needs_old_pass(algorithm: AlgorithmConfig, n_minibatches: int) -> bool:
+    """Whether π_old must be computed in a no-grad pass before the update."""
+    rc = algorithm.rollout_correction
+    return n_minibatches > 1 or not rc.bypass or rc.corrects
+
+
+def prepare(
+    micro_batches: list[TensorDict],
+    model: torch.nn.Module,
+    reference: torch.nn.Module | None,
+    algorithm: AlgorithmConfig,
+    n_minibatches: int,
+    stats: StepStats,
+    compute: Callable[[], AbstractContextManager],
+    ranks: Ranks = Ranks(),
+) -> bool:
+    """The no-grad pass: π_old, reference logprobs, KL-in-reward, IS weights and rejection, in place.
+
+    Returns whether the off-policy diagnostics were taken here (else the update's first forward takes them).
+    """
+    rc = algorithm.rollout_correction
+    old_pass = needs_old_pass(algorithm, n_minibatches)
+    for micro_batch in micro_batches:
+        sampling = micro_batch["sampling_logprobs"]
+        micro_batch["old_logprobs"] = sampling
+        if not old_pass and reference is None:
+            continue
+        with torch.no_grad(), compute():
+            trained = trained_positions(micro_batch)
+            if reference is not None:
+                micro_batch["kl_ref_logprobs"] = packed_logprobs(reference, micro_batch, mask=trained)  # [B,L]
+            if not old_pass:
+                continue
+            old = packed_logprobs(model, micro_batch, mask=trained)  # [B,L] π_old
+        micro_batch["snapshot_logprobs"] = old  # the step-start policy: train/ppo_kl measures the drift from it
+        mask = micro_batch["rl_weights"] != 0
+        index, count = segments(micro_batch)
+        correction.offpolicy_metrics(old, sampling, mask, index, count, stats)
+        weights, keep = correction.correct(old, sampling, mask, index, count, rc, stats)
+        micro_batch["rl_weights"] = torch.where(keep, micro_batch["rl_weights"], 0.0)
+        if weights is not None and (not rc.bypass or rc.use_policy_gradient):
+            micro_batch["is_weights"] = weights  # in bypass + PPO the ratio already holds π_θ/π_rollout
+        if not rc.bypass:
+            micro_batch["old_logprobs"] = old
+    if algorithm.kl_in_reward:
+        for micro_batch in micro_batches:
+            mask = micro_batch["rl_weights"] != 0
+            index, count = segments(micro_batch)
+            kl = kl_estimate(
+                micro_batch["sampling_logprobs"],
+                micro_batch["kl_ref_logprobs"],
+                estimator=algorithm.kl_estimator,
+                log_ratio_clamp=algorithm.kl_log_ratio_clamp,
+            )
+            seq_kl = segment_sum(torch.where(mask, kl, 0.0), index, count)  # [S]
+            micro_batch["advantages"] = micro_batch["advantages"] - algorithm.kl_coef * seq_kl[index]
+    if any("is_weights" in mb for mb in micro_batches):
+        if rc.rollout_is_batch_normalize:
+            correction.normalize_is_weights(micro_batches, rc.rollout_is, ranks.sum)
+        for micro_batch in micro_batches:
+            mask = micro_batch["rl_weights"] != 0
+            if rc.rollout_is == "token":
+                stats.add(correction.P + "rollout_is_final", micro_batch["is_weights"][mask])
+            else:
+                index, count = segments(micro_batch)
+                tokens = segment_sum(mask.double(), index, count)
+                per_seq = segment_sum(micro_batch["is_weights"].double(), index, count)
+                stats.add(correction.P + "rollout_is_final", (per_seq / tokens.clamp_min(1))[tokens > 0])
+    return old_pass
+
+
+def split_minibatches(micro_batches: list[TensorDict], n: int) -> list[list[TensorDict]]:
+    """`n` disjoint, contiguous, non-empty groups of micro-batches (one optimizer step each).
+
+    With fewer micro-batches than `n`, the micro-batches are split into single rows first (each row's
+    sequences indexed anew).
+    """
+    if n > len(micro_batches):
+        micro_batches = [
+            row.exclude("seq_index", "seq_count") for micro_batch in micro_batches for row in micro_batch.split(1)
+        ]
+    if n > len(micro_batches):
+        raise ValueError(f"trainer.ppo_n_minibatches = {n} but the batch has only {len(micro_batches)} packed rows")
+    size, extra = divmod(len(micro_batches), n)
+    out, start = [], 0
+    for k in range(n):
+        end = start + size + (k < extra)
+        out.append(micro_batches[start:end])
+        start = end
+    return out
+
+
+def grad_norm(model: torch.nn.Module, max_grad_norm: float) -> float:
+    """Clip the gradients to `max_grad_norm`; the norm before clipping (over every rank's shards when sharded)."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+def train_step(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    micro_batches: list[TensorDict],
+    algorithm: AlgorithmConfig,
+    *,
+    max_grad_norm: float,
+    horizon: int,
+    n_minibatches: int = 1,
+    reference: torch.nn.Module | None = None,
+    device: torch.device | str = "cpu",
+    compute: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+    ranks: Ranks = Ranks(),
+) -> dict[str, float]:
+    """K = `n_minibatches` optimizer steps over the batch; returns the step's metrics (reduced correctly).
+
+    `compute()` is entered around every forward pass (the trainer's bf16 autocast); losses stay float32.
+    `horizon` is the constant normalizer of seq-mean-token-sum-norm (trainer.seq_len). Metrics: loss,
+    pg_loss / ce_loss / ref_kl_loss, entropy (rl tokens) / ce_entropy / ref_kl/entropy, clip fractions, ratio_mean/_std/_min/_max, mismatch_k3, kl, grad_norm
+    (before clipping; the mean over the K steps), skipped_nonfinite_steps (of the K, those whose gradient norm was
+    not finite: no optimizer or LR-schedule step, the weights unchanged), lr, token counts per component, nonfinite_logprob_tokens,
+    train_tokens_per_s, and the `rollout_corr/*` diagnostics.
+    With several `ranks`, `micro_batches` are this rank's share: token counts and metrics are summed or merged
+    over all ranks, so every rank returns the metrics of the whole batch.
+    """
+    start = time.perf_counter()
+    micro_batches = [micro_batch.to(device).clone() for micro_batch in micro_batches]
+    stats = StepStats()
+    stats.add_total("nonfinite_logprob_tokens", sum(sanitize(micro_batch) for micro_batch in micro_batches))
+    diagnosed = prepare(micro_batches, model, reference, algorithm, n_minibatches, stats, compute, ranks)
+    counts_all = ranks.sum(component_counts(micro_batches))
+    grad_norms, skipped = [], 0
+    for minibatch in split_minibatches(micro_batches, n_minibatches):
+        counts = ranks.sum(component_counts(minibatch))  # [3, 2] over every rank's share of the minibatch
+        optimizer.zero_grad(set_to_none=True)
+        for micro_batch in minibatch:
+            with compute():
+                logprobs, entropy = packed_logprobs(  # [B,L]; the output layer runs only where a logprob is trained
+                    model, micro_batch, mask=trained_positions(micro_batch), return_entropy=True
+                )
+            stats.add("entropy", entropy[micro_batch["rl_weights"] != 0])
+            stats.add("ref_kl/entropy", entropy[micro_batch["ref_kl_weights"] != 0])
+            stats.add("ce_entropy", entropy[micro_batch["ce_weights"] != 0])
+            if not diagnosed:
+                index, count = segments(micro_batch)
+                correction.offpolicy_metrics(
+                    logprobs, micro_batch["sampling_logprobs"], micro_batch["rl_weights"] != 0, index, count, stats
+                )
+            loss = compute_loss(logprobs, micro_batch, counts, algorithm, stats, horizon=horizon)
+            loss.backward()
+            stats.add_total("loss", loss.detach().double() / n_minibatches)
+        grad_norms.append(grad_norm(model, max_grad_norm))
+        if not math.isfinite(grad_norms[-1]):  # NaN/inf gradients would make every weight NaN: skip this update
+            optimizer.zero_grad(set_to_none=True)
+            skipped += 1
+            continue
+        optimizer.step()
+        scheduler.step()
+    tokens = ranks.sum(
+        torch.tensor(float(sum(int((mb["sequence_ids"] >= 0).sum()) for mb in micro_batches)), dtype=torch.float64)
+    )
+    states = merge_all(ranks.gather(stats.states()))  # the step's one host sync of its statistics
+    metrics = step_metrics(states, spread=SPREAD)
+    metrics = {key: value for key, value in metrics.items() if not key.startswith(correction.P)}
+    metrics.update(correction.correction_metrics(states))
+    for name in ("pg_loss", "ce_loss", "ref_kl_loss"):
+        if name in metrics:
+            metrics[name] /= n_minibatches
+    metrics.update(
+        grad_norm=sum(grad_norms) / len(grad_norms),
+        skipped_nonfinite_steps=float(skipped),
+        lr=scheduler.get_last_lr()[0],
+        num_loss_tokens=float(counts_all[0, 0]),
+        num_ce_tokens=float(counts_all[1, 0]),
+        num_ref_kl_tokens=float(counts_all[2, 0]),
+        train_tokens_per_s=float(tokens) / (time.perf_counter() - start),
+    )
+    return metrics

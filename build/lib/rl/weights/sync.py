@@ -1,0 +1,291 @@
+"""Versioned policy weights in torchstore: the trainer pushes, generators pull.
+
+Topology (as torchforge does it): ``initialize_store()`` runs once in the launcher with
+``ControllerStorageVolumes``. torchstore's ``Controller`` (metadata) and its single ``StorageVolume``
+(the tensors) are then named singletons ("TorchStore", "storage_volume_controller") spawned in the
+launcher's process by monarch's ``_ControllerController``: no extra process to start or stop, at the
+cost of the launcher holding one copy of the weights. Every actor spawned from the launcher (directly
+or transitively) inherits that ``_ControllerController`` handle, so ``push_state_dict`` /
+``pull_state_dict`` find the store by name from any process, without passing handles around.
+Modules defining such actors must import this module (or ``rl.weights.torchstore_compat``) at top level so
+the compat patch also runs in their process.
+
+Each version is stored as ``policy/v{N}/<param>`` plus ``policy/v{N}/MAPPING``; torchstore writes
+``MAPPING`` last, so pulling a version whose push has not finished fails instead of returning a
+partial state dict. On one host the bytes can skip the store instead (``WeightPublisher`` with
+``weight_sync.transport = "shared_memory"``): they go through a shared-memory file and the store
+carries only a versioned handle, written last as the commit marker.
+
+A sharded trainer (FSDP2 ranks) publishes from every rank and no rank ever holds a full copy: through
+the store each rank puts its own DTensor shards (torchstore assembles whole tensors for the readers, so
+a generator of any tensor-parallel size loads them), and rank 0 writes ``MAPPING`` after a barrier; through
+shared memory the ranks gather one parameter at a time and rank 0 copies it into the file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from rl.training.distributed import Ranks
+from rl.weights.shared_file import (
+    SHM_DIR,
+    SHM_PREFIX,
+    SharedWeights,
+    file_path,
+    map_file,
+    plan_layout,
+    shm_free_bytes,
+    write,
+)
+from rl.weights.torchstore_compat import import_torchstore
+
+if TYPE_CHECKING:
+    from rl.config import Config
+
+ts = import_torchstore()
+
+KEY_PREFIX = "policy/v"
+
+
+def policy_key(policy_version: int) -> str:
+    """The torchstore key of one policy version's state dict."""
+    return f"{KEY_PREFIX}{policy_version}"
+
+
+async def initialize_store() -> None:
+    """Start the store; call once, from the launcher, before any actor pushes or pulls."""
+    await ts.initialize(strategy=ts.ControllerStorageVolumes())
+
+
+async def shutdown_store() -> None:
+    """Drop all stored data and metadata (launcher only); ``initialize_store()`` may follow again."""
+    await ts.shutdown()
+
+
+async def stored_versions() -> list[int]:
+    """Policy versions currently in the store, ascending.
+
+    Filters ``keys()`` here: torchstore's prefix filter splits keys on "." and misses "/" prefixes.
+    """
+    keys = [k for k in await ts.keys() if k.startswith(KEY_PREFIX)]
+    return sorted({int(k[len(KEY_PREFIX) :].split("/", 1)[0]) for k in keys})
+
+
+async def _delete_version(policy_version: int) -> None:
+    """Delete all keys of one version; ``MAPPING`` first so readers fail fast, not half-read."""
+    prefix = policy_key(policy_version) + "/"
+    await ts.delete(prefix + "MAPPING")
+    keys = [k for k in await ts.keys() if k.startswith(prefix)]
+    await asyncio.gather(*(ts.delete(k) for k in keys))
+
+
+async def push_state_dict(state_dict: dict[str, torch.Tensor], policy_version: int, *, keep_versions: int = 1) -> None:
+    """Store ``state_dict`` as ``policy_version`` and delete all but the newest ``keep_versions``.
+
+    Use ``keep_versions >= 2`` if generators may still be pulling the previous version.
+    """
+    if keep_versions < 1:
+        raise ValueError(f"keep_versions must be >= 1, got {keep_versions}")
+    await ts.put_state_dict(state_dict, policy_key(policy_version))
+    for stale in (await stored_versions())[:-keep_versions]:
+        await _delete_version(stale)
+
+
+async def push_sharded_state_dict(
+    state_dict: dict[str, torch.Tensor], policy_version: int, ranks: Ranks, *, keep_versions: int = 1
+) -> None:
+    """``push_state_dict`` from every rank of a sharded trainer: each puts its shards, rank 0 commits and prunes.
+
+    torchstore makes a DTensor key whole only once every rank has put its shard, so ``MAPPING`` (the marker
+    readers wait for) is written after a barrier; replicated (non-DTensor) entries are put by rank 0 alone.
+    """
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    flat, mapping = flatten_state_dict(state_dict)
+    prefix = policy_key(policy_version) + "/"
+    for name, value in flat.items():
+        if isinstance(value, DTensor) or ranks.rank == 0:
+            await ts.put(prefix + name, value)
+    ranks.barrier()
+    if ranks.rank == 0:
+        await ts.put(prefix + "MAPPING", mapping)
+        for stale in (await stored_versions())[:-keep_versions]:
+            await _delete_version(stale)
+
+
+async def pull_state_dict(
+    policy_version: int, *, template: dict[str, torch.Tensor] | None = None
+) -> dict[str, torch.Tensor]:
+    """Fetch ``policy_version``; with ``template`` (same keys) the values are copied into its tensors."""
+    return await ts.get_state_dict(policy_key(policy_version), user_state_dict=template)
+
+
+def parameter_bytes(model_path: str, dtype: torch.dtype) -> int | None:
+    """Bytes of the model's parameters in `dtype` (tied ones once), from its config alone; None for a hub id
+    whose files are not on this machine."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rl.assets import resolve_model_path
+
+    path = resolve_model_path(model_path)
+    if not Path(path).is_dir():
+        return None
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    return sum(p.numel() for p in model.parameters()) * torch.empty((), dtype=dtype).element_size()
+
+
+def shared_memory_needed(config: Config) -> int | None:
+    """Bytes the weight files take in `SHM_DIR` on the launcher's host: the trainer's two slots ("shared_memory"),
+    or a staging file per local generator replica ("torchstore"); None when the model's size is not known here."""
+    from rl.precision import TORCH_DTYPES
+
+    local_generators = 0 if config.cluster.hosts.generator else config.generator.num_replicas
+    files = 2 if config.weight_sync.transport == "shared_memory" else local_generators
+    if files == 0:
+        return 0
+    size = parameter_bytes(config.model.path, TORCH_DTYPES[config.generator.dtype])
+    return None if size is None else files * size
+
+
+def check_shared_memory(config: Config) -> None:
+    """Refuse a run whose weight files do not fit in `SHM_DIR` (Docker sizes /dev/shm at 64 MB: the first sync
+    would die of SIGBUS). Weight files of dead runs are removed first."""
+    remove_dead_shared_files()
+    needed = shared_memory_needed(config)
+    free = shm_free_bytes()
+    if needed is not None and needed > free:
+        raise ValueError(
+            f"weight sync needs {needed / 2**20:.0f} MiB in {SHM_DIR} ({config.weight_sync.transport}: "
+            f"{config.model.path} in {config.generator.dtype}), only {free / 2**20:.0f} MiB free. Enlarge it "
+            "(docker run --shm-size=16g; Kubernetes: a memory-backed emptyDir on /dev/shm)"
+        )
+
+
+def remove_dead_shared_files() -> None:
+    """Delete weight files left by trainer processes that no longer exist (a killed run)."""
+    for path in SHM_DIR.glob(f"{SHM_PREFIX}*"):
+        pid = int(path.name[len(SHM_PREFIX) :].split("-", 1)[0])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+        except PermissionError:
+            pass
+
+
+def payload_bytes(state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> int:
+    """Bytes a version of `state_dict` carries when floating tensors travel in `dtype` (tied tensors once, whole
+    sizes for DTensor shards): what `weight_sync/bytes` reports."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in state_dict.values():
+        key = id(tensor) if isinstance(tensor, DTensor) else tensor.data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        out_dtype = dtype if tensor.is_floating_point() else tensor.dtype
+        total += tensor.numel() * torch.empty((), dtype=out_dtype).element_size()
+    return total
+
+
+class WeightPublisher:
+    """Trainer side: publish a state dict as a policy version.
+
+    "torchstore" sends every tensor through the store. "shared_memory" copies (and casts) the
+    tensors into one of two shared files on this host, alternating by version parity so a version
+    being read is never overwritten by the next, then puts only the `SharedWeights` handle in the
+    store. The controller reloads every generator before the next push, so two slots suffice.
+    """
+
+    def __init__(self, transport: str):
+        self.transport = transport
+        self._slots: dict[int, tuple[SharedWeights, torch.Tensor]] = {}
+
+    def _slot(
+        self, policy_version: int, state_dict: dict[str, torch.Tensor], dtype: torch.dtype
+    ) -> tuple[SharedWeights, torch.Tensor]:
+        slot = policy_version % 2
+        if slot not in self._slots:
+            layout, nbytes = plan_layout(  # DTensor parameters: tied ones are one object
+                state_dict, dtype, key=lambda tensor: id(tensor) if isinstance(tensor, DTensor) else tensor.data_ptr()
+            )
+            path = file_path(str(slot))
+            self._slots[slot] = (SharedWeights(path, nbytes, layout), map_file(path, nbytes, create=True))
+        return self._slots[slot]
+
+    async def publish(
+        self, state_dict: dict[str, torch.Tensor], policy_version: int, dtype: torch.dtype, ranks: Ranks = Ranks()
+    ) -> None:
+        """Every rank calls this with its (sharded) state dict; the version is readable once all have returned."""
+        if self.transport == "torchstore":
+            cast = {k: v.detach().to(dtype) if v.is_floating_point() else v.detach() for k, v in state_dict.items()}
+            if ranks.world == 1:
+                await push_state_dict(cast, policy_version, keep_versions=2)
+            else:
+                await push_sharded_state_dict(cast, policy_version, ranks, keep_versions=2)
+            return
+        handle, buffer = self._slot(policy_version, state_dict, dtype) if ranks.rank == 0 else (None, None)
+        written: set[int] = set()
+        with torch.no_grad():
+            for name, tensor in state_dict.items():
+                if isinstance(tensor, DTensor):
+                    tensor = tensor.full_tensor()  # collective: one parameter whole at a time, on every rank
+                if ranks.rank != 0:
+                    continue
+                offset = handle.layout[name][0]
+                if offset not in written:  # a tied weight is copied once
+                    written.add(offset)
+                    write(buffer, handle.layout[name], tensor)
+        if ranks.rank != 0:
+            return
+        await ts.put(policy_key(policy_version) + "/HANDLE", handle)
+        stale = policy_key(policy_version - 2) + "/HANDLE"
+        if policy_version >= 2 and await ts.exists(stale):
+            await ts.delete(stale)
+
+    def close(self) -> None:
+        """Remove the shared files (the generators' mappings stay valid until they exit)."""
+        for handle, _ in self._slots.values():
+            Path(handle.path).unlink(missing_ok=True)
+        self._slots.clear()
+
+
+class WeightReceiver:
+    """Generator side: the `SharedWeights` handle of a published version, for vLLM's workers to load.
+
+    With "shared_memory" it is the trainer's own file. With "torchstore" the pulled tensors are copied into a
+    file of this process first (one, reused: each reload finishes before the next pull), so vLLM's workers,
+    which may be other processes, load every version the same way.
+    """
+
+    def __init__(self, transport: str):
+        self.transport = transport
+        self._staging: tuple[SharedWeights, torch.Tensor] | None = None
+
+    async def pull(self, policy_version: int) -> SharedWeights:
+        if self.transport == "shared_memory":
+            return await ts.get(policy_key(policy_version) + "/HANDLE")
+        state_dict = await pull_state_dict(policy_version)
+        layout, nbytes = plan_layout(state_dict, None, key=id)
+        if self._staging is None or self._staging[0].layout != layout:
+            self.close()
+            path = file_path(f"staging-{policy_version}")  # a new name: workers map files by name
+            self._staging = (SharedWeights(path, nbytes, layout), map_file(path, nbytes, create=True))
+        handle, buffer = self._staging
+        with torch.no_grad():
+            for name, tensor in state_dict.items():
+                write(buffer, layout[name], tensor)
+        return handle
+
+    def close(self) -> None:
+        """Remove the staging file (mappings stay valid until their processes exit)."""
+        if self._staging is not None:
+            Path(self._staging[0].path).unlink(missing_ok=True)
+            self._staging = None
