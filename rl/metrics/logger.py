@@ -44,8 +44,17 @@ class MetricsLogger:
 
     def progress(self, first: int, steps: int) -> Iterable[int]:
         """Steps `first`..`steps`-1 (a resumed run starts past 0) behind a live bar: ETA, and the last
-        step's key metrics as its postfix."""
-        bar = tqdm(range(first, steps), desc="train", unit="step", dynamic_ncols=True, initial=first, total=steps)
+        step's key metrics as its postfix. Only on a terminal: when stderr is a file or a pipe (CI, `| tee`, nohup)
+        the bar's carriage-return redraws would land as fragments between the step lines, so there is none."""
+        bar = tqdm(
+            range(first, steps),
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            initial=first,
+            total=steps,
+            disable=None,  # tqdm: off when its stream (stderr) is not a TTY
+        )
         self.console.bar = bar
         return bar
 

@@ -133,6 +133,17 @@ def test_logger_merges_recorded_and_plain_metrics_and_writes_jsonl(tmp_path, con
     assert "=== SAMPLE LOGS STEP 3 ===" in out and "'episode_id': 0" in out and "reward/mean=0.5" in out
 
 
+def test_outside_a_terminal_the_console_gets_whole_step_lines_and_no_progress_bar(tmp_path, capsys):
+    """Under pytest stdout and stderr are not TTYs, as under CI, `| tee` or nohup: no bar redraws between the lines."""
+    logger = MetricsLogger(tmp_path, log_rollouts=False, backends=[ConsoleBackend()])
+    for step in logger.progress(0, 3):
+        logger.write_step(step + 1, {"policy_version": step, "loss": 0.5}, {})
+    logger.close()
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [f"step    {step} v{step - 1} loss=0.5" for step in (1, 2, 3)]
+    assert captured.err == ""
+
+
 def test_a_key_both_recorded_and_in_the_plain_dict_is_an_error(tmp_path, config):
     drain_states()
     logger = MetricsLogger(tmp_path, log_rollouts=config.run.log_rollouts, backends=[])
