@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from env_types.renderer import render_prompt
 from rl.algorithms.base import Algorithm
 from rl.algorithms.config import POLICY, AlgorithmConfig
-from rl.algorithms.streams import ce_only, distill, rollout_to_samples
+from rl.algorithms.streams import ce_only, distill, rollout_to_samples, sample_first_turns
 from rl.packing.rows import TrainSample
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 
@@ -102,26 +102,30 @@ class OPSD(Algorithm):
             )
 
     async def samples(self, group: RolloutGroup, rollouts: list[Rollout]) -> list[TrainSample]:
-        """The live policy, shown the demonstration in the first prompt, scores each sampled token."""
+        """The live policy, shown the demonstration in the first prompt, scores each sampled token: every sample of a
+        rollout, a later one (a re-rendered prompt) from its own first prompt with the same demonstration."""
         demo = group.example.get(self.config.demo_key)
         if demo is None:
             raise KeyError(
                 f"task {self.task!r}: opsd needs the dataset key {self.config.demo_key!r} (algorithm.demo_key)"
             )
-        out: list[TrainSample] = []
+        samples: list[tuple[TrainSample, int, int]] = []  # (sample, its own prompt's length, the demo prompt's)
+        teacher_inputs: list[list[int]] = []
         for rollout in rollouts:
-            samples = rollout_to_samples(rollout, 0.0)
-            if not samples:
+            if not rollout.turns:
                 continue
-            first = rollout.turns[0]
-            messages = [dict(m) for m in first.prompt_messages]
-            last_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
-            messages[last_user]["content"] = (
-                f"{messages[last_user]['content']}\n\nA correct answer, for reference: {demo}"
-            )
-            demo_prompt = self.renderer.render_ids(messages, add_generation_prompt=True)
-            sample = samples[0]  # the demonstration conditions the first prompt; later re-rendered samples are dropped
-            cut = len(first.prompt_token_ids)
-            [teacher] = await self.prompt_logprobs(POLICY, [list(demo_prompt) + sample.input_ids[cut:]])
-            out.append(distill(sample, [0.0] * cut + teacher[len(demo_prompt) :]))
-        return out
+            last_user = max(i for i, m in enumerate(rollout.turns[0].prompt_messages) if m.get("role") == "user")
+            for sample, turn in zip(rollout_to_samples(rollout, 0.0), sample_first_turns(rollout), strict=True):
+                messages = [dict(m) for m in turn.prompt_messages]
+                messages[last_user]["content"] = (
+                    f"{messages[last_user]['content']}\n\nA correct answer, for reference: {demo}"
+                )
+                demo_prompt = list(self.renderer.render_ids(messages, add_generation_prompt=True))
+                cut = len(turn.prompt_token_ids)
+                samples.append((sample, cut, len(demo_prompt)))
+                teacher_inputs.append(demo_prompt + sample.input_ids[cut:])
+        teacher = await self.prompt_logprobs(POLICY, teacher_inputs) if teacher_inputs else []
+        return [
+            distill(sample, [0.0] * cut + logprobs[demo_len:])
+            for (sample, cut, demo_len), logprobs in zip(samples, teacher, strict=True)
+        ]

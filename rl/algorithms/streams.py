@@ -87,6 +87,20 @@ def rollout_to_samples(
     return samples
 
 
+def sample_first_turns(rollout: Rollout) -> list[RolloutTurn]:
+    """The turn each of `rollout_to_samples(rollout)`'s samples starts at (its prompt is the sample's prefix)."""
+    firsts: list[RolloutTurn] = []
+    input_ids: list[int] = []
+    for turn in rollout.turns:
+        if not turn.completion_token_ids:
+            continue
+        if not input_ids or turn.prompt_token_ids[: len(input_ids)] != input_ids:
+            firsts.append(turn)
+            input_ids = []
+        input_ids = list(turn.prompt_token_ids) + list(turn.completion_token_ids)
+    return firsts
+
+
 def distill(sample: TrainSample, teacher_logprobs: list[float]) -> TrainSample:
     """The sample retargeted to the ref_kl component: its sampled tokens pulled towards the teacher."""
     return TrainSample(

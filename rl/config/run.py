@@ -47,6 +47,9 @@ class RunConfig(Section):
     noise."""
     max_concurrent_rollouts: int = Field(64, ge=1)
     """Most rows (each a whole group) generating at once."""
+    max_concurrent_scoring: int = Field(16, ge=1)
+    """Most sequences a teacher scores at once (opd, opsd: their per-token logprobs), so a step's scoring does not
+    flood the teacher's replicas; the seconds it takes are `time/scoring_s`."""
     epochs: float | None = Field(None, gt=0)
     """End after this many passes over the training rows (all tasks together); None = no data limit."""
     max_rows: int | None = Field(None, ge=1)

@@ -27,11 +27,13 @@ from actors.generator import Generator
 from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
 from rl.algorithms.config import POLICY, FrozenModelConfig
+from rl.assets import resolve_model_path
 from rl.checkpoint import store as checkpoint
 from rl.config import Config
 from rl.config.roles import GeneratorConfig, SamplingConfig
 from rl.metrics.actor import gather_states
 from rl.metrics.run_log import RunLog
+from rl.metrics.timer import timer
 from rl.processes.cluster import Placement
 from rl.processes.interrupts import monarch_processes, reap
 from rl.processes.trainer_mesh import spawn_trainer
@@ -53,6 +55,37 @@ async def within(call: Awaitable[Any], what: str, key: str, timeout_s: float) ->
         return await asyncio.wait_for(call, timeout_s)
     except TimeoutError:
         raise DeadlineMissed(f"{what} took longer than {key}={timeout_s} s; {RESUME_HINT}") from None
+
+
+def tokenizer_mismatches(config: Config) -> list[str]:
+    """The frozen models whose token ids reach the policy's loss (a task's `teacher`, or its `sampler`) but whose
+    tokenizer is not the policy's (seed 002: a frozen model must share it); one message each, naming the key."""
+    from transformers import AutoTokenizer
+
+    def vocabulary(path: str) -> dict[str, int]:
+        return AutoTokenizer.from_pretrained(resolve_model_path(path)).get_vocab()  # added tokens included
+
+    uses: dict[str, list[str]] = {}
+    for index, (task, algorithm) in enumerate(zip(config.tasks, config.task_algorithms().values())):
+        for role in ("teacher", "sampler"):
+            name = getattr(algorithm, role)
+            if name is not None and name in config.models:
+                uses.setdefault(name, []).append(f"tasks.{index} ({task.name})'s {role}")
+    if not uses:
+        return []
+    policy = vocabulary(config.model.path)
+    problems = []
+    for name, roles in uses.items():
+        frozen = vocabulary(config.models[name].path)
+        if frozen == policy:
+            continue
+        differ = sorted(token for token in frozen.keys() | policy.keys() if frozen.get(token) != policy.get(token))
+        problems.append(
+            f"[models.{name}] ({config.models[name].path}), {' and '.join(roles)}, does not share the policy's "
+            f"tokenizer ({config.model.path}): {len(differ)} tokens differ (vocabularies of {len(frozen)} and "
+            f"{len(policy)}, e.g. {differ[0]!r}); its token ids would mean other tokens to the policy"
+        )
+    return problems
 
 
 def frozen_generator(generator: GeneratorConfig, model: FrozenModelConfig) -> GeneratorConfig:
@@ -81,6 +114,7 @@ class Roles:
         self._shutting_down = False
         self._actors_ready = False
         self._previous_fault_hook: Callable[[Any], None] | None = None
+        self._scoring_slots = asyncio.Semaphore(config.run.max_concurrent_scoring)
 
     @property
     def services(self) -> list[Service]:
@@ -205,9 +239,16 @@ class Roles:
         return result
 
     async def prompt_logprobs(self, name: str, sequences: list[list[int]]) -> list[list[float]]:
-        """Each sequence's per-token logprobs under frozen model `name` ("policy" = the live generators)."""
+        """Each sequence's per-token logprobs under frozen model `name` ("policy" = the live generators): the teachers'
+        scoring, at most `run.max_concurrent_scoring` sequences at once, its seconds in `time/scoring_s`."""
         service = self.generators if name == POLICY else self.frozen[name]
-        return list(await asyncio.gather(*(service.prompt_logprobs.route(ids) for ids in sequences)))
+
+        async def one(ids: list[int]) -> list[float]:
+            async with self._scoring_slots:
+                return await service.prompt_logprobs.route(ids)
+
+        with timer("scoring"):
+            return list(await asyncio.gather(*(one(ids) for ids in sequences)))
 
     def reference_logprobs(self, sequences: list[list[int]]) -> Awaitable[list[list[float]]]:
         """Each sequence's per-token logprobs under the trainer's reference model (`algorithm.kl_coef` > 0)."""

@@ -308,6 +308,35 @@ def test_opsd_scores_the_sampled_tokens_under_the_demonstration_prompt(qwen3_ren
     assert sample.ref_kl_weights[-2:] == [1.0, 1.0] and sum(sample.ref_kl_weights) == 2
 
 
+def test_opsd_scores_every_sample_of_a_re_rendered_multi_turn_rollout(qwen3_renderer):
+    # turn 2's prompt is a re-render that does not extend turn 1's prompt + sampled tokens [3, 4]: a second sample.
+    # Its teacher prompt is turn 2's messages with the demonstration in the first user message (before: dropped).
+    question = {"role": "user", "content": "Sum the digits of 47."}
+    history = [question, {"role": "assistant", "content": "11"}, {"role": "user", "content": "Again."}]
+    first = _turn(list(qwen3_renderer.render_ids([question], add_generation_prompt=True)), [3, 4])
+    second_prompt = list(qwen3_renderer.render_ids(history, add_generation_prompt=True))
+    second = _turn(second_prompt, [5, 6, 7])
+    second.prompt_messages = history
+    seen = []
+
+    async def policy(name, sequences):
+        seen.extend(sequences)
+        return [[-float(i) for i in range(len(ids))] for ids in sequences]  # logprob -i at position i
+
+    group = _group("t", [1.0], example={"answer": 11}, turns=[first, second])
+    samples, _ = _build({"t": AlgorithmConfig(type="opsd", demo_key="answer")}, [group], {"t": qwen3_renderer}, policy)
+    assert [s.input_ids for s in samples] == [[*first.prompt_token_ids, 3, 4], [*second_prompt, 5, 6, 7]]
+    demo = {**question, "content": "Sum the digits of 47.\n\nA correct answer, for reference: 11"}
+    demo_prompts = [
+        list(qwen3_renderer.render_ids(messages, add_generation_prompt=True))
+        for messages in ([demo], [demo, *history[1:]])
+    ]
+    assert seen == [[*demo_prompts[0], 3, 4], [*demo_prompts[1], 5, 6, 7]]
+    n = len(demo_prompts[1])
+    assert samples[1].ref_logprobs == [0.0] * len(second_prompt) + [-float(n), -float(n + 1), -float(n + 2)]
+    assert samples[1].ref_kl_weights == [0.0] * len(second_prompt) + [1.0, 1.0, 1.0]
+
+
 def _config(**overrides):
     return load_config(None, {"tasks": "[{name = 'sum_digits'}]", **overrides})
 
