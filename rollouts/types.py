@@ -119,7 +119,11 @@ class Rollout(_Record):
     error: str | None = None
     """Exception text when an environment, generator or reward function failed."""
     advantage: float | None = None
-    """The credit its task's algorithm gave it, set once when its group is scored (None: no rl credit)."""
+    """The credit its task's algorithm gave it, set once when its group is scored (None: no rl credit); with
+    `token_advantages`, their mean."""
+    token_advantages: list[float] | None = None
+    """Per-token credit, one value per sampled token (every turn's completion, in order), when the algorithm gives
+    it (a `custom` function returning a list for the rollout); None: `advantage` on every sampled token."""
     dispatch_policy_version: int | None = None
     """The policy version the generators served when its row was dispatched (stamped by the loop; a rollout with
     no turn has no sampled version, so its sample log shows this one)."""

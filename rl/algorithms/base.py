@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 
 from rl.algorithms.config import AlgorithmConfig
-from rl.algorithms.streams import rollout_to_samples
+from rl.algorithms.streams import rollout_to_samples, spread_token_advantages
 from rl.packing.rows import TrainSample
 from rollouts.types import Rollout, RolloutGroup
 
@@ -77,10 +77,19 @@ class Algorithm:
 
     def drops(self, rollouts: list[Rollout]) -> bool:
         """Dynamic sampling: the group's credit is all zero and `drop_constant_reward_groups` asks to drop it."""
-        return self.trains_rl and self.config.drop_constant_reward_groups and all(r.advantage == 0 for r in rollouts)
+        return (
+            self.trains_rl
+            and self.config.drop_constant_reward_groups
+            and all(r.advantage == 0 and not any(r.token_advantages or ()) for r in rollouts)
+        )
 
     async def samples(self, group: RolloutGroup, rollouts: list[Rollout]) -> list[TrainSample]:
-        """The training samples of a credited group's trainable `rollouts`: rl on the sampled tokens."""
-        return [
-            sample for rollout in rollouts for sample in rollout_to_samples(rollout, float(rollout.advantage or 0.0))
-        ]
+        """The training samples of a credited group's trainable `rollouts`: rl on the sampled tokens, each with its
+        rollout's advantage (or its own, `Rollout.token_advantages`)."""
+        samples = []
+        for rollout in rollouts:
+            own = rollout_to_samples(rollout, float(rollout.advantage or 0.0))
+            if rollout.token_advantages is not None:
+                own = spread_token_advantages(own, rollout.token_advantages)
+            samples.extend(own)
+        return samples

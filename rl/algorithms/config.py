@@ -221,7 +221,8 @@ class AlgorithmConfig(Section):
     drop_constant_reward_groups: bool = False
     """Dynamic sampling: drop groups whose advantages are all zero (counted in `rollouts/dropped_zero_adv_groups`)."""
     custom_advantage_fn: str | None = None
-    """custom: `package.module:function(rewards: list[float], rollouts) -> list[float]`, one advantage per rollout."""
+    """custom: `package.module:function(rewards: list[float], rollouts) -> list[float | list[float]]`, per rollout
+    one advantage, or one per sampled token (docs/algorithms.md)."""
     teacher: str | None = None
     """opd: the `[models.<name>]` whose logprobs the policy is pulled towards (reverse KL)."""
     sampler: str = POLICY

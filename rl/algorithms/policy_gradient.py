@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -71,7 +72,9 @@ class Reward(Algorithm):
 
 
 class Custom(Algorithm):
-    """`custom_advantage_fn(rewards: list[float], rollouts) -> list[float]`, imported by path, one value per rollout."""
+    """`custom_advantage_fn(rewards: list[float], rollouts) -> list[float | list[float]]`, imported by path: per
+    rollout one advantage for all its sampled tokens, or a list with one per sampled token (seed 002's per-token
+    credit: `Rollout.num_completion_tokens` values, the completions of its turns in order)."""
 
     def __init__(self, config: AlgorithmConfig, task: str, renderer: Any = None, prompt_logprobs: Any = None):
         super().__init__(config, task, renderer, prompt_logprobs)
@@ -84,9 +87,23 @@ class Custom(Algorithm):
             raise ValueError(f"{where}.type = 'custom' needs {where}.custom_advantage_fn = 'package.module:function'")
 
     def advantages(self, rewards: torch.Tensor, rollouts: list[Rollout]) -> torch.Tensor:
+        """Each rollout's advantage (the mean of its per-token values, which go to `Rollout.token_advantages`)."""
+        fn = self.config.custom_advantage_fn
         values = self.fn(rewards.tolist(), rollouts)
         if len(values) != len(rollouts):
-            raise ValueError(
-                f"{self.config.custom_advantage_fn} returned {len(values)} advantages for {len(rollouts)} rollouts"
-            )
-        return torch.tensor([float(v) for v in values], dtype=torch.float32)
+            raise ValueError(f"{fn} returned {len(values)} advantages for {len(rollouts)} rollouts")
+        means = []
+        for index, (rollout, value) in enumerate(zip(rollouts, values)):
+            rollout.token_advantages = None
+            if isinstance(value, (list, tuple)):
+                tokens = rollout.num_completion_tokens
+                if len(value) != tokens or not all(math.isfinite(float(v)) for v in value):
+                    raise ValueError(
+                        f"{fn} returned {len(value)} per-token advantages for rollout {index}, which sampled {tokens} "
+                        "tokens; each must be a finite number"
+                    )
+                rollout.token_advantages = [float(v) for v in value]
+                means.append(sum(rollout.token_advantages) / tokens if tokens else 0.0)
+            else:
+                means.append(float(value))
+        return torch.tensor(means, dtype=torch.float32)

@@ -87,6 +87,15 @@ def rollout_to_samples(
     return samples
 
 
+def spread_token_advantages(samples: list[TrainSample], token_advantages: list[float]) -> list[TrainSample]:
+    """The rollout's samples with per-token advantages: its sampled tokens take `token_advantages` in order (the
+    completions of its turns, as `rollout_to_samples` lays them out), every other token 0."""
+    values = iter(token_advantages)
+    for sample in samples:
+        sample.advantages = [next(values) if sampled else 0.0 for sampled in sample.loss_mask]
+    return samples
+
+
 def sample_first_turns(rollout: Rollout) -> list[RolloutTurn]:
     """The turn each of `rollout_to_samples(rollout)`'s samples starts at (its prompt is the sample's prefix)."""
     firsts: list[RolloutTurn] = []

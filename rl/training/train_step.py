@@ -166,7 +166,8 @@ def train_step(
     `horizon` is the constant normalizer of seq-mean-token-sum-norm (trainer.seq_len). Metrics: loss,
     pg_loss / ce_loss / ref_kl_loss, entropy (rl tokens) / ce_entropy / ref_kl/entropy, clip fractions, ratio_mean/_std/_min/_max, mismatch_k3, kl, grad_norm
     (before clipping; the mean over the K steps), skipped_nonfinite_steps (of the K, those whose gradient norm was
-    not finite: no optimizer or LR-schedule step, the weights unchanged), lr, token counts per component, nonfinite_logprob_tokens,
+    not finite: no optimizer or LR-schedule step, the weights unchanged), optimizer_steps (K minus those) and
+    optimizer_steps_total (the run's, as the LR schedule counts them; seed 003: K x accepted batches), lr, token counts per component, nonfinite_logprob_tokens,
     train_tokens_per_s, and the `rollout_corr/*` diagnostics.
     With several `ranks`, `micro_batches` are this rank's share: token counts and metrics are summed or merged
     over all ranks, so every rank returns the metrics of the whole batch.
@@ -217,6 +218,8 @@ def train_step(
     metrics.update(
         grad_norm=sum(grad_norms) / len(grad_norms),
         skipped_nonfinite_steps=float(skipped),
+        optimizer_steps=float(n_minibatches - skipped),
+        optimizer_steps_total=float(scheduler.last_epoch),  # the schedule counts every optimizer step of the run
         lr=scheduler.get_last_lr()[0],
         num_loss_tokens=float(counts_all[0, 0]),
         num_ce_tokens=float(counts_all[1, 0]),

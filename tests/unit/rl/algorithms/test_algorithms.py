@@ -269,6 +269,35 @@ def test_sft_trains_cross_entropy_on_the_dataset_demonstration_and_generates_not
     assert missing.rollouts[0].status == RolloutStatus.ERROR and "'demonstration'" in missing.rollouts[0].error
 
 
+def per_token(rewards, rollouts):
+    """Per-token credit (seed 002): rollout i's k-th sampled token gets reward + k / 10; rollout 1 one value."""
+    return [[rewards[0] + k / 10 for k in range(rollouts[0].num_completion_tokens)], rewards[1] - 1]
+
+
+def test_custom_per_token_advantages_reach_each_sampled_token():
+    # two turns whose prompts do not extend each other: two samples, sampled tokens [3, 4] then [7, 8, 9]
+    turns = [_turn([1, 2], [3, 4]), _turn([5, 6], [7, 8, 9])]
+    config = AlgorithmConfig(type="custom", custom_advantage_fn=f"{__name__}:per_token")
+    group = _group("t", [1.0, 0.5], turns=turns)
+    samples, metrics = _build({"t": config}, [group])
+    first, second = [1.0, 1.1, 1.2, 1.3, 1.4], -0.5  # rollout 0: 1 + k/10 over 5 tokens; rollout 1: 0.5 - 1
+    assert samples[0].advantages == pytest.approx([0.0, 0.0, first[0], first[1]])
+    assert samples[1].advantages == pytest.approx([0.0, 0.0, first[2], first[3], first[4]])
+    assert [s.advantages for s in samples[2:]] == [[second] * 4, [second] * 5]  # the scalar, broadcast
+    assert group.rollouts[0].advantage == pytest.approx(sum(first) / 5) and group.rollouts[1].advantage == second
+    assert metrics["advantage/t/mean"] == pytest.approx((1.2 - 0.5) / 2)
+
+
+def short(rewards, rollouts):
+    return [[1.0], [1.0]]
+
+
+def test_custom_per_token_advantages_must_cover_every_sampled_token():
+    config = AlgorithmConfig(type="custom", custom_advantage_fn=f"{__name__}:short")
+    with pytest.raises(ValueError, match="returned 1 per-token advantages for rollout 0, which sampled 2 tokens"):
+        _build({"t": config}, [_group("t", [1.0, 0.0])])
+
+
 def test_a_custom_advantage_function_runs_once_per_group():
     calls = []
 

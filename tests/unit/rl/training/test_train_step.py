@@ -145,6 +145,33 @@ def test_k_minibatches_are_k_optimizer_steps_and_the_lr_schedule_counts_them(bas
     assert results == [pytest.approx(1e-3 * (2 / 3))] * 2
 
 
+def test_optimizer_steps_count_the_updates_of_a_step_and_of_the_run(base_model):
+    # seed 003: optimizer steps = K x accepted batches. K = 2, then K = 1: 2 and 1 this step, 2 and 3 in the run;
+    # then a NaN weight makes the gradient non-finite: the update is skipped, 0 this step, still 3 in the run.
+    model = copy.deepcopy(base_model)
+    micro_batches = split_micro_batches(pack_samples(_samples(model), seq_len=SEQ_LEN, pad_token_id=0), 2)
+    optimizer, scheduler = _sgd(model)
+    counts = []
+    for k in (2, 1, 1):
+        if len(counts) == 2:
+            with torch.no_grad():
+                next(model.parameters()).view(-1)[0] = math.nan
+        metrics = train_step(
+            model,
+            optimizer,
+            scheduler,
+            micro_batches,
+            AlgorithmConfig(),
+            max_grad_norm=1.0,
+            horizon=SEQ_LEN,
+            n_minibatches=k,
+        )
+        counts.append(
+            (metrics["optimizer_steps"], metrics["optimizer_steps_total"], metrics["skipped_nonfinite_steps"])
+        )
+    assert counts == [(2.0, 2.0, 0.0), (1.0, 3.0, 0.0), (0.0, 3.0, 1.0)]
+
+
 def test_decoupled_mode_anchors_on_old_policy_computed_once(base_model):
     samples = _samples(base_model)
     micro_batches = split_micro_batches(pack_samples(samples, seq_len=SEQ_LEN, pad_token_id=0), 2)
