@@ -13,11 +13,11 @@ from typing import Any
 
 from monarch.actor import concurrent_endpoint, endpoint
 
-from env_types.renderer import RendererConfig
+from env_types.renderer import build_renderer
 from rl.assets import resolve_model_path
 from rl.checkpoint import store as checkpoint
 from rl.config.roles import SamplingConfig
-from rl.config.tasks import TaskConfig
+from rl.config.tasks import RendererConfig, TaskConfig
 from rl.metrics import timer
 from rl.metrics.actor import MetricsActor
 from rl.processes.titles import name_process
@@ -51,7 +51,9 @@ class RewardActor(MetricsActor, ServiceReplica):
     async def connect_models(self, gateway: Any, names: list[str]) -> None:
         """The frozen models (`[models.<name>]`) that `judge` reward functions may call, through the controller's
         gateway to their services (`rl.services.gateway`)."""
-        renderers = {name: RendererConfig().build(resolve_model_path(self.model_paths[name])) for name in names}
+        renderers = {
+            name: build_renderer(RendererConfig(), resolve_model_path(self.model_paths[name])) for name in names
+        }
         connect_frozen_models(gateway, renderers, self.judge_sampling)
 
     @concurrent_endpoint

@@ -21,17 +21,17 @@ from monarch.actor import current_rank, endpoint
 from tensordict import TensorDict
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from rl.algorithms.config import AlgorithmConfig
 from rl.assets import resolve_model_path
 from rl.checkpoint import store as checkpoint
+from rl.config.algorithm import AlgorithmConfig
 from rl.config.roles import TrainerConfig
+from rl.config.section import DType
 from rl.metrics.actor import MetricsActor
 from rl.metrics.reduce import Reduce, record_metric
 from rl.packing.attention_kinds import prefix_sharing_refusal
 from rl.precision import TORCH_DTYPES, compute_context
 from rl.processes.affinity import pin_process
 from rl.processes.titles import name_process
-from rl.section import DType
 from rl.training import distributed
 from rl.training.logprobs import token_logprobs
 from rl.training.train_step import train_step

@@ -31,12 +31,12 @@ import re
 from typing import TYPE_CHECKING
 
 import renderers
-from pydantic import BaseModel, ConfigDict, field_validator
 from renderers import Message, Renderer, ToolCall, ToolCallParseStatus, ToolSpec
 from renderers.base import MODEL_RENDERER_MAP
 
 from env_types.messages import ToolCallError
 from rl.assets import resolve_model_path
+from rl.config.tasks import RendererConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -61,53 +61,38 @@ def _auto_renderer_name(tokenizer: PreTrainedTokenizerBase) -> str:
     return _RENDERER_BY_TEMPLATE_SHA256.get(digest, "default")
 
 
-class RendererConfig(BaseModel):
-    """Which chat renderer to build for a model."""
+def check_renderer_name(name: str) -> None:
+    """Raise ValueError naming the renderer when `renderers` has no config of that name ("auto" is always known)."""
+    if name != "auto":
+        renderers.config_from_name(name)
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
-    name: str = "auto"
-    """A `renderers` config name ("qwen3", "default", "llama-3", ...) or "auto"."""
-    enable_thinking: bool = False
-    """The `enable_thinking` template kwarg, for the renderers and templates that have one."""
-    preserve_thinking_between_tool_calls: bool = False
-    """Keep the reasoning the policy sampled in earlier turns of the current tool cycle in later prompts: each
-    prompt after a tool result extends the previous one token for token, and a new user query re-renders the
-    history (the template's own retention). renderers 0.1.12 calls this `thinking_retention = "tool_cycle"`;
-    off, each renderer follows its template's knobs. The default renderer (a bare Jinja template) cannot."""
+def build_renderer(config: RendererConfig, model_path: str) -> Renderer:
+    """Load the model's tokenizer (built-in asset names accepted) and build the renderer `config` names."""
+    from transformers import AutoTokenizer
 
-    @field_validator("name")
-    @classmethod
-    def _known_name(cls, name: str) -> str:
-        renderers.config_from_name(name)  # raises ValueError for unknown names
-        return name
-
-    def build(self, model_path: str) -> Renderer:
-        """Load the model's tokenizer (built-in asset names accepted) and build its renderer."""
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model_path))
-        name = _auto_renderer_name(tokenizer) if self.name == "auto" else self.name
-        config = renderers.config_from_name(name)
-        if isinstance(config, renderers.DefaultRendererConfig):
-            has_switch = "enable_thinking" in (tokenizer.chat_template or "")
-        else:
-            has_switch = "enable_thinking" in renderers.template_field_names(config)
-        template_kwargs = {}
-        if has_switch:
-            template_kwargs["enable_thinking"] = self.enable_thinking
-        elif self.enable_thinking:
-            raise ValueError(f"renderer {name!r} has no enable_thinking switch")
-        if self.preserve_thinking_between_tool_calls:
-            if isinstance(config, renderers.DefaultRendererConfig):
-                raise ValueError(
-                    f"renderer {name!r} (a bare chat template) cannot keep reasoning between tool calls; name a "
-                    "model-specific renderer or set renderer.preserve_thinking_between_tool_calls = false"
-                )
-            config = type(config).model_validate(
-                {**config.model_dump(exclude_unset=True), "thinking_retention": "tool_cycle"}
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model_path))
+    name = _auto_renderer_name(tokenizer) if config.name == "auto" else config.name
+    renderer_config = renderers.config_from_name(name)
+    if isinstance(renderer_config, renderers.DefaultRendererConfig):
+        has_switch = "enable_thinking" in (tokenizer.chat_template or "")
+    else:
+        has_switch = "enable_thinking" in renderers.template_field_names(renderer_config)
+    template_kwargs = {}
+    if has_switch:
+        template_kwargs["enable_thinking"] = config.enable_thinking
+    elif config.enable_thinking:
+        raise ValueError(f"renderer {name!r} has no enable_thinking switch")
+    if config.preserve_thinking_between_tool_calls:
+        if isinstance(renderer_config, renderers.DefaultRendererConfig):
+            raise ValueError(
+                f"renderer {name!r} (a bare chat template) cannot keep reasoning between tool calls; name a "
+                "model-specific renderer or set renderer.preserve_thinking_between_tool_calls = false"
             )
-        return renderers.create_renderer(tokenizer, config, chat_template_kwargs=template_kwargs)
+        renderer_config = type(renderer_config).model_validate(
+            {**renderer_config.model_dump(exclude_unset=True), "thinking_retention": "tool_cycle"}
+        )
+    return renderers.create_renderer(tokenizer, renderer_config, chat_template_kwargs=template_kwargs)
 
 
 def stop_token_ids(renderer: Renderer) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -139,3 +140,16 @@ def resolve_model_path(name_or_path: str) -> str:
     """Map a built-in model name to its built folder; return any other path or hub id unchanged."""
     build = BUILTIN_MODELS.get(name_or_path)
     return str(build()) if build is not None else name_or_path
+
+
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
+
+
+def check_model_path(path: str) -> None:
+    """Raise ValueError unless `path` is a built-in model, an existing directory or a hub id like 'org/name'."""
+    if path in BUILTIN_MODELS or Path(path).expanduser().is_dir() or _HUB_ID.fullmatch(path):
+        return
+    raise ValueError(
+        f"{path!r} is neither a built-in model ({', '.join(sorted(BUILTIN_MODELS))}), an existing directory, "
+        "nor a hub id like 'org/name'"
+    )

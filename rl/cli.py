@@ -11,11 +11,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rl.algorithms.config import bypass_origin
 from rl.assets import BUILTIN_MODELS
 from rl.checkpoint import export
 from rl.components import import_object
 from rl.config import Config, ConfigError, dump_toml, load_config
+from rl.config.algorithm import bypass_origin
+from rl.loop.resolve import resolve_config
 from rl.processes.preflight import cluster_warnings, launcher_address_problem
 from tasks.build import build_task
 
@@ -213,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             config, resume_from = resume_config(args.resume, overrides)
         else:
             config = load_config(args.config, overrides)
+        config = resolve_config(config)
         for task_config in config.tasks:
             build_task(task_config)
         if problems := runtime_problems(config):

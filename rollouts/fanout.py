@@ -22,7 +22,8 @@ from typing import Any, Protocol
 
 from env_types.message_env import MessageEnv
 from rl.components import fn_name
-from rollouts.renderer_env import RendererEnv, RendererEnvConfig
+from rl.config.tasks import RendererEnvConfig
+from rollouts.renderer_env import RendererEnv
 from rollouts.reward_value import MAX_ABS_REWARD, InvalidReward, checked_reward
 from rollouts.types import Completion, GenerationRequest, Rollout, RolloutGroup, RolloutStatus
 

@@ -13,38 +13,11 @@ import hashlib
 import traceback
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
 from env_types.renderer import invalid_tool_call_errors, next_turn_prompt, parse_completion, render_prompt
+from rl.config.tasks import RendererEnvConfig
 from rollouts.reward_value import checked_reward
 from rollouts.types import Completion, GenerationRequest, Message, Rollout, RolloutStatus, RolloutTurn
-
-
-class RendererEnvConfig(BaseModel):
-    """Limits of one rollout."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    max_prompt_tokens: int = Field(512, gt=0)
-    """A prompt longer than this ends the rollout without generating (PROMPT_OVERFLOW)."""
-    max_new_tokens: int = Field(256, gt=0)
-    """Most tokens one assistant turn may generate."""
-    max_total_tokens: int = Field(1024, gt=0)
-    """Most tokens of the whole conversation (prompt + all completions); bounds training length."""
-    max_turns: int = Field(1, gt=0)
-    """Most assistant turns of one rollout; the environment may end it earlier (`StepOutput(done=True)`)."""
-    env_timeout_s: float = Field(30.0, gt=0)
-    """Longest an environment `reset` or `step` may take before the rollout becomes TIMEOUT."""
-
-    @model_validator(mode="after")
-    def _prompt_leaves_room(self) -> RendererEnvConfig:
-        if self.max_prompt_tokens >= self.max_total_tokens:
-            raise ValueError(
-                f"max_prompt_tokens ({self.max_prompt_tokens}) must be below max_total_tokens ({self.max_total_tokens}): "
-                "a prompt that long leaves no room to generate"
-            )
-        return self
 
 
 def sampling_seed(run_seed: int, rollout_id: str, turn: int) -> int:

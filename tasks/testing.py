@@ -13,9 +13,10 @@ import copy
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from env_types.renderer import RendererConfig, stop_token_ids
+from env_types.renderer import build_renderer, stop_token_ids
 from rl.assets import resolve_model_path
-from rollouts.renderer_env import RendererEnv, RendererEnvConfig
+from rl.config.tasks import RendererConfig, RendererEnvConfig
+from rollouts.renderer_env import RendererEnv
 from rollouts.types import Completion, GenerationFailed, GenerationRequest, Rollout, RolloutGroup, RolloutStatus
 from rubrics.rubric import apply_reward
 from tasks.task import Task
@@ -121,7 +122,7 @@ async def run_task(
     group_size: int = 2,
 ) -> list[RolloutGroup]:
     """`group_size` scored rollouts of every row, sampled from `model_path` with transformers."""
-    built_renderer = RendererConfig(name=renderer).build(model_path)
+    built_renderer = build_renderer(RendererConfig(name=renderer), model_path)
     generate = transformers_generate(model_path, built_renderer)
     return [
         await play_group(task, row, built_renderer, env, generate, group_size=group_size, group_id=f"test/{index}")

@@ -23,9 +23,10 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session")
 def renderer():
-    from env_types.renderer import RendererConfig
+    from env_types.renderer import build_renderer
+    from rl.config.tasks import RendererConfig
 
-    return RendererConfig(name="qwen3").build("tiny-qwen3")
+    return build_renderer(RendererConfig(name="qwen3"), "tiny-qwen3")
 
 
 @pytest.fixture(scope="session")

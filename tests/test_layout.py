@@ -12,13 +12,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("rl", "actors", "tasks", "rollouts", "rubrics", "env_types", "tools")
 FLOORS = [  # the ground first; a folder of `rl/` and a module directly in `rl/` are each a room
-    {"rl/components.py", "rl/assets.py", "rl/section.py", "rl/engine_loop.py", "rl/gpus.py"},
+    {"rl/components.py", "rl/assets.py", "rl/engine_loop.py", "rl/gpus.py"},
     {"rl/precision.py"},
+    {"rl/config"},  # the typed config: imports nothing of the project's but itself (test below)
     {"rl/packing"},  # training samples packed into rows, and the prefix-tree layout over them
     {"env_types"},  # what a task author's environment is: messages in, messages out; messages <-> tokens
     {"rollouts"},  # the records of a rollout and how one is driven and fanned out
     {"tools", "rubrics", "rl/services", "rl/algorithms"},
-    {"rl/config"},
     {"rl/metrics", "rl/processes", "tasks"},
     {
         "rl/training",
@@ -79,6 +79,25 @@ def test_every_folder_imports_only_floors_below_it():
                     f"{path.relative_to(ROOT)}: {source} (floor {floor_of[source]}) imports {target} (floor {floor_of[target]})"
                 )
     assert not upward, "imports that do not go down a floor:\n" + "\n".join(sorted(upward))
+
+
+def test_the_config_imports_no_runtime():
+    """`rl.config` is a floor of pure pydantic: the checks that need runtime code are `rl.loop.resolve`'s."""
+    modules = project_modules()
+    outside = {
+        f"{path.relative_to(ROOT)} imports {target}"
+        for name, path in modules.items()
+        if room(name) == "rl/config"
+        for target in imports(path, modules)
+        if room(target) != "rl/config"
+    }
+    assert not outside, sorted(outside)
+
+
+def test_at_most_four_flat_modules_under_cli():
+    """`rl/` is the roof (`cli.py`) and a small ground floor; everything else lives in a folder named for its concept."""
+    flat = sorted(path.name for path in (ROOT / "rl").glob("*.py") if path.name not in ("__init__.py", "cli.py"))
+    assert len(flat) <= 4, flat
 
 
 def test_no_modules_import_each_other_in_a_circle():

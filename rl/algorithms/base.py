@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from rl.algorithms.config import AlgorithmConfig
 from rl.algorithms.streams import rollout_to_samples, spread_token_advantages
+from rl.config.algorithm import AlgorithmConfig
 from rl.packing.rows import TrainSample
 from rollouts.types import Rollout, RolloutGroup
 

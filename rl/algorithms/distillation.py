@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from env_types.renderer import render_prompt
 from rl.algorithms.base import Algorithm
-from rl.algorithms.config import POLICY, AlgorithmConfig
 from rl.algorithms.streams import ce_only, distill, rollout_to_samples, sample_first_turns
+from rl.config.algorithm import POLICY, AlgorithmConfig
 from rl.packing.rows import TrainSample
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 

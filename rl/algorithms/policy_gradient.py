@@ -9,8 +9,8 @@ import torch
 
 from rl.algorithms import advantages as adv
 from rl.algorithms.base import Algorithm
-from rl.algorithms.config import AlgorithmConfig
 from rl.components import import_object
+from rl.config.algorithm import AlgorithmConfig
 from rollouts.types import Rollout, RolloutGroup
 
 

@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from rl.algorithms.base import Algorithm, PromptLogprobsFn
-from rl.algorithms.config import AlgorithmConfig
 from rl.algorithms.registry import build_algorithm
 from rl.algorithms.streams import rollout_to_samples
+from rl.config.algorithm import AlgorithmConfig
 from rl.packing.rows import TrainSample
 from rollouts.types import Rollout, RolloutGroup
 

@@ -1,14 +1,19 @@
 """The typed configuration of a run, read from TOML and dotted CLI overrides: one module per concept.
 
-    roles    [model], [generator], [trainer], [weight_sync]
-    tasks    [[tasks]] with their data and rubric
-    run      [run], [checkpoint]
-    metrics  [wandb], [sample_logging]
-    cluster  [cluster]
-    root     the whole `Config`, `load_config` (TOML + overrides) and `dump_toml`
+    section    the base of every section, and the words they share (device, dtype)
+    roles      [model], [generator], [trainer], [weight_sync]
+    algorithm  [algorithm] (credit, loss, rollout correction), [models.<name>], the bypass rule
+    tasks      [[tasks]] with their data, rubric, renderer and rollout limits
+    services   [services]
+    run        [run], [checkpoint]
+    metrics    [wandb], [sample_logging]
+    cluster    [cluster]
+    root       the whole `Config`, `load_config` (TOML + overrides) and `dump_toml`
 
 Every section forbids unknown keys and checks types, so a typo or a wrong type fails before any actor starts,
-with the offending key named (`trainer.lrr: Extra inputs are not permitted`).
+with the offending key named (`trainer.lrr: Extra inputs are not permitted`). This package imports no runtime
+code (tests/test_layout.py): what needs the algorithm classes, the assets, the renderers or torch is checked and
+decided by `rl.loop.resolve.resolve_config`, which every entry point runs after loading.
 """
 
 from rl.config.root import Config, ConfigError, apply_override, dump_toml, load_config

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from rl.section import Section
+from rl.config.section import Section
 
 
 class WandbConfig(Section):

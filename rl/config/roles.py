@@ -2,32 +2,17 @@
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from rl.section import Device, DType, Section
-
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
+from rl.config.section import Device, DType, Section
 
 
 class ModelConfig(Section):
     path: str = "smollm2-135m-instruct"
-    """HF folder, hub id, or a built-in offline asset: "smollm2-135m-instruct", "tiny-qwen3"."""
-
-    @field_validator("path")
-    @classmethod
-    def _known_model(cls, path: str) -> str:
-        from rl.assets import BUILTIN_MODELS
-
-        if path in BUILTIN_MODELS or Path(path).expanduser().is_dir() or _HUB_ID.fullmatch(path):
-            return path
-        raise ValueError(
-            f"{path!r} is neither a built-in model ({', '.join(sorted(BUILTIN_MODELS))}), an existing directory, "
-            "nor a hub id like 'org/name'"
-        )
+    """HF folder, hub id, or a built-in offline asset: "smollm2-135m-instruct", "tiny-qwen3" (checked by
+    `rl.loop.resolve`, which knows the assets)."""
 
 
 class SamplingConfig(Section):

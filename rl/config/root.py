@@ -1,9 +1,10 @@
-"""The typed configuration of a run, read from TOML and dotted CLI overrides.
+"""The whole `Config` of a run, read from TOML and dotted CLI overrides (`load_config`), and its resolved dump.
 
-Every section forbids unknown keys and checks types, so a typo or a wrong type fails
-before any actor starts, with the offending key named (`trainer.lrr: Extra inputs are not
-permitted`). Device, dtype and parallelism are plain fields: the GPU paths are selected
-here, not by code edits.
+Every section forbids unknown keys and checks types, so a typo or a wrong type fails before any actor starts,
+with the offending key named (`trainer.lrr: Extra inputs are not permitted`). Device, dtype and parallelism are
+plain fields: the GPU paths are selected here, not by code edits. What needs the runtime to check or decide
+(algorithm classes, native bf16, model and renderer names, bypass mode) is `rl.loop.resolve.resolve_config`'s,
+which every entry point runs after loading.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from rl.algorithms.config import AlgorithmConfig, FrozenModelConfig
+from rl.config.algorithm import POLICY, AlgorithmConfig, FrozenModelConfig, task_algorithm_key
 from rl.config.cluster import ClusterConfig
 from rl.config.metrics import SampleLoggingConfig, WandbConfig
 from rl.config.roles import GeneratorConfig, ModelConfig, TrainerConfig, WeightSyncConfig
 from rl.config.run import CheckpointConfig, RunConfig
+from rl.config.section import Section
+from rl.config.services import ServicesConfig
 from rl.config.tasks import TaskConfig
-from rl.section import Section
-from rl.services.config import ServicesConfig
 
 _PRECISION_BITS = {"float32": 24, "bfloat16": 8, "float16": 11}
 COLOCATED_MEMORY = 0.92
@@ -79,14 +80,26 @@ class Config(Section):
                 )
             if task.env.max_total_tokens > self.generator.max_model_len:
                 raise ValueError(f"tasks.{index}.env.max_total_tokens exceeds generator.max_model_len")
-        from rl.algorithms.registry import (
-            check_algorithms,  # the algorithm classes import torch: not at config import time
-        )
-
-        check_algorithms(self)
+        if self.algorithm.kl_in_reward and self.algorithm.kl_coef == 0:
+            raise ValueError("algorithm.kl_in_reward is set but algorithm.kl_coef is 0")
+        self._check_models()
         self._check_cluster()
         self._check_services()
         return self
+
+    def _check_models(self) -> None:
+        """Frozen models and the tasks' teachers and samplers name each other consistently."""
+        if POLICY in self.models:
+            raise ValueError(f"models.{POLICY}: the name {POLICY!r} is reserved for the trained policy")
+        for index, task in enumerate(self.tasks):
+            algorithm = self.algorithm.for_task(task.algorithm)
+            where = task_algorithm_key(index, task.algorithm)
+            for key in ("teacher", "sampler"):
+                name = getattr(algorithm, key)
+                if name is not None and name != POLICY and name not in self.models:
+                    raise ValueError(
+                        f"{where}.{key} = {name!r} is not a declared model (known: {sorted(self.models)} or 'policy')"
+                    )
 
     def _check_services(self) -> None:
         replicas = {
@@ -150,22 +163,9 @@ class Config(Section):
             )
 
     def _check_precision(self) -> None:
-        from rl.precision import native_bf16, resolve_precision
-
+        """The precision rules that need no hardware; "auto" and native bf16 are the run's to decide
+        (`rl.loop.resolve`)."""
         trainer = self.trainer
-        checkable = (
-            trainer.device == "cuda" or self.cluster.hosts.trainer == 0
-        )  # a CPU elsewhere cannot be asked from here
-        native = native_bf16(trainer.device) if checkable else False
-        trainer.dtype, self.generator.dtype = resolve_precision(
-            trainer.dtype, self.generator.dtype, trainer.param_dtype, native
-        )
-        if trainer.dtype == "bfloat16" and trainer.device == "cpu" and checkable and not native:
-            raise ValueError(
-                "trainer.dtype = 'bfloat16' on a CPU without native bf16 matmuls (torch.ops.mkldnn._is_mkldnn_bf16_supported() "
-                "is False: no AVX512-BF16/AMX): PyTorch falls back to its reference GEMM, measured >20x slower than fp32 "
-                "(the main job's first bf16 step had not finished after 6 min; fp32 takes ~15 s). Use 'auto' or 'float32'"
-            )
         if trainer.attention == "flex_attention" and trainer.device == "cpu":
             raise ValueError(
                 "trainer.attention = 'flex_attention' on CPU: FlexAttention has no backward on CPU (torch 2.13); use 'sdpa'"
@@ -180,7 +180,7 @@ class Config(Section):
             raise ValueError(
                 "trainer.dtype = 'float16': fp16 autocast needs loss scaling, which rlmesh does not do; use 'bfloat16'"
             )
-        if _PRECISION_BITS[trainer.dtype] > _PRECISION_BITS[trainer.param_dtype]:
+        if trainer.dtype != "auto" and _PRECISION_BITS[trainer.dtype] > _PRECISION_BITS[trainer.param_dtype]:
             raise ValueError(
                 f"trainer.dtype ({trainer.dtype}) is wider than trainer.param_dtype ({trainer.param_dtype})"
             )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from rl.section import Section
+from rl.config.section import Section
 
 
 class RunConfig(Section):

@@ -1,4 +1,4 @@
-"""A task entry of the run: which task, its data and its rubric."""
+"""A task entry of the run: which task, its data, its rubric, its renderer and the limits of its rollouts."""
 
 from __future__ import annotations
 
@@ -6,10 +6,46 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
-from env_types.renderer import RendererConfig
-from rl.algorithms.config import TaskAlgorithmConfig
-from rl.section import Section
-from rollouts.renderer_env import RendererEnvConfig
+from rl.config.algorithm import TaskAlgorithmConfig
+from rl.config.section import Section
+
+
+class RendererConfig(Section):
+    """Which chat renderer to build for a model (`env_types.renderer.build_renderer`)."""
+
+    name: str = "auto"
+    """A `renderers` config name ("qwen3", "default", "llama-3", ...) or "auto"."""
+    enable_thinking: bool = False
+    """The `enable_thinking` template kwarg, for the renderers and templates that have one."""
+    preserve_thinking_between_tool_calls: bool = False
+    """Keep the reasoning the policy sampled in earlier turns of the current tool cycle in later prompts: each
+    prompt after a tool result extends the previous one token for token, and a new user query re-renders the
+    history (the template's own retention). renderers 0.1.12 calls this `thinking_retention = "tool_cycle"`;
+    off, each renderer follows its template's knobs. The default renderer (a bare Jinja template) cannot."""
+
+
+class RendererEnvConfig(Section):
+    """Limits of one rollout."""
+
+    max_prompt_tokens: int = Field(512, gt=0)
+    """A prompt longer than this ends the rollout without generating (PROMPT_OVERFLOW)."""
+    max_new_tokens: int = Field(256, gt=0)
+    """Most tokens one assistant turn may generate."""
+    max_total_tokens: int = Field(1024, gt=0)
+    """Most tokens of the whole conversation (prompt + all completions); bounds training length."""
+    max_turns: int = Field(1, gt=0)
+    """Most assistant turns of one rollout; the environment may end it earlier (`StepOutput(done=True)`)."""
+    env_timeout_s: float = Field(30.0, gt=0)
+    """Longest an environment `reset` or `step` may take before the rollout becomes TIMEOUT."""
+
+    @model_validator(mode="after")
+    def _prompt_leaves_room(self) -> RendererEnvConfig:
+        if self.max_prompt_tokens >= self.max_total_tokens:
+            raise ValueError(
+                f"max_prompt_tokens ({self.max_prompt_tokens}) must be below max_total_tokens ({self.max_total_tokens}): "
+                "a prompt that long leaves no room to generate"
+            )
+        return self
 
 
 class RubricConfig(Section):

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import asyncio
 
+from rl.config.run import RunConfig
+
 
 class Admission:
     """Slot accounting for rows: `acquire` waits for capacity, `finish`/`reject` give slots back."""
@@ -32,6 +34,16 @@ class Admission:
         self.running = 0
         self.accepted = policy_version * rows_per_step
         self._changed = asyncio.Condition()
+
+    @classmethod
+    def for_run(cls, run: RunConfig, policy_version: int) -> Admission:
+        """The admission of a run's `[run]` budgets, at `policy_version` (a resume's)."""
+        return cls(
+            max_concurrent=run.max_concurrent_rollouts,
+            max_staleness=run.max_policy_staleness,
+            rows_per_step=run.groups_per_step,
+            policy_version=policy_version,
+        )
 
     def capacity(self) -> int:
         staleness_room = (self.policy_version + self.max_staleness + 1) * self.rows_per_step - (

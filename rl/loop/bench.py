@@ -26,6 +26,7 @@ import torch
 
 from rl.assets import resolve_model_path
 from rl.config import Config
+from rl.loop.resolve import resolve_config
 from rl.precision import TORCH_DTYPES, native_bf16
 from rl.weights.shared_file import SharedWeights, file_path, map_file, plan_layout, write
 
@@ -188,6 +189,7 @@ def table(results: dict[str, Any]) -> str:
 
 
 async def bench(config: Config) -> dict[str, Any]:
+    config = resolve_config(config)
     out = Path(config.run.output_dir) / f"{config.run.name}-bench"
     out.mkdir(parents=True, exist_ok=True)
     device = config.trainer.device

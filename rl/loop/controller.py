@@ -28,7 +28,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from env_types.renderer import stop_token_ids
+from env_types.renderer import build_renderer, stop_token_ids
 from rl.algorithms.samples import SampleBuilder
 from rl.assets import resolve_model_path
 from rl.checkpoint import store as checkpoint
@@ -38,6 +38,7 @@ from rl.loop.admission import Admission
 from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
 from rl.loop.evaluate import held_out_groups, held_out_rows
+from rl.loop.resolve import resolve_config
 from rl.loop.roles import Roles, tokenizer_mismatches
 from rl.loop.scored_groups import ScoredGroups
 from rl.loop.state import Checkpoints, RunState, due_after, open_run_dir, row_index_of, train_group_id
@@ -46,39 +47,35 @@ from rl.metrics.generation import GenerationStats, GroupFailures, batch_metrics,
 from rl.metrics.logger import MetricsLogger
 from rl.metrics.pass_at_k import eval_metrics
 from rl.metrics.sample_log import SampleLogger
-from rl.packing.prefix_tree import pack_batch, packing_metrics
+from rl.packing.prefix_tree import pack_for_trainer, packing_metrics
 from rl.packing.rows import split_micro_batches
 from rl.precision import MismatchWatch, NonfiniteSteps
 from rl.services.breaker import CircuitBreaker, group_failure
 from rollouts.types import RolloutGroup
 from tasks.build import BuiltTask, build_task
 
+Trained = tuple[dict[str, Any], list]
+"""A trained step's metrics and the actors' metric states."""
+
 
 class Controller:
     def __init__(self, config: Config, resume_from: Path | None = None):
         """`resume_from`: a committed checkpoint directory to continue from (see `rl.checkpoint`)."""
-        self.config = config
+        self.config = config = resolve_config(config)  # what needs the runtime, checked and decided
         self.resume_from = resume_from
         self.state = RunState(**checkpoint.read_run_state(resume_from)) if resume_from else RunState()
         if mismatches := tokenizer_mismatches(config):
             raise ValueError("\n".join(mismatches))
         self.tasks: dict[str, BuiltTask] = {task_config.name: build_task(task_config) for task_config in config.tasks}
         model_path = resolve_model_path(config.model.path)
-        self.renderers = {name: task.config.renderer.build(model_path) for name, task in self.tasks.items()}
-        self.stop_token_ids = sorted(
-            {token for renderer in self.renderers.values() for token in stop_token_ids(renderer)}
-        )
+        self.renderers = {name: build_renderer(task.config.renderer, model_path) for name, task in self.tasks.items()}
+        self.stop_token_ids = sorted({token for r in self.renderers.values() for token in stop_token_ids(r)})
         self.pad_token_id = self.stop_token_ids[0]
         self.stream, self.planned_steps = training_stream(self.tasks, config.run, cursor=self.state.data_cursor)
         """`planned_steps`: optimizer steps the LR schedule is sized for; fewer happen if dropped groups use up the data."""
         self.validation_rows = held_out_rows(self.tasks, config.run.eval_groups)
         self.buffer = RolloutBuffer(max_staleness=config.run.max_policy_staleness)
-        self.admission = Admission(
-            max_concurrent=config.run.max_concurrent_rollouts,
-            max_staleness=config.run.max_policy_staleness,
-            rows_per_step=config.run.groups_per_step,
-            policy_version=self.state.policy_version,
-        )
+        self.admission = Admission.for_run(config.run, self.state.policy_version)
         self.breaker = CircuitBreaker(config.services.breaker, on_open=self._stop_run)
         self.nonfinite_steps = NonfiniteSteps(config.trainer.max_nonfinite_steps)
         self.generation_stats = GenerationStats()
@@ -170,21 +167,13 @@ class Controller:
         if self.roles.run_log is not None:
             self.roles.run_log.move_into(run_dir)
         config = self.config
-        self.logger = MetricsLogger(
-            run_dir, log_rollouts=config.run.log_rollouts, wandb=config.wandb, run_config=config.model_dump(mode="json")
-        )
-        self.sample_logger = SampleLogger(
-            config.sample_logging,
-            {name: task.task.target for name, task in self.tasks.items()},
-            seed=config.run.seed,
-            episodes_per_step=config.run.groups_per_step * config.algorithm.group_size,
-            reference_logprobs=self.roles.reference_logprobs if config.algorithm.kl_coef > 0 else None,
-        )
+        dump = config.model_dump(mode="json")
+        self.logger = MetricsLogger(run_dir, log_rollouts=config.run.log_rollouts, wandb=config.wandb, run_config=dump)
+        targets = {name: task.task.target for name, task in self.tasks.items()}
+        self.sample_logger = SampleLogger.for_run(config, targets, self.roles.reference_logprobs)
         return run_dir
 
-    async def _step(
-        self, groups: list[RolloutGroup], evicted: list[RolloutGroup], wait_seconds: float
-    ) -> tuple[dict[str, float], list]:
+    async def _step(self, groups: list[RolloutGroup], evicted: list[RolloutGroup], wait_seconds: float) -> Trained:
         """One optimizer step on a consumed batch: its logs, its metrics and the actors' metric states."""
         stats = self.generation_stats.drain()
         metrics = batch_metrics(groups, len(evicted), stats, self.state.policy_version, wait_seconds)
@@ -196,11 +185,8 @@ class Controller:
         await self.sample_logger.record(groups, self.state.step + 1, dropped=stats.dropped_failed)
         if line := failure_line(self.state.step + 1, groups + stats.dropped_failed):
             self._warn(line)
-        for key in (
-            "rollouts/dropped_groups",
-            "rollouts/dropped_zero_adv_groups",
-        ):  # the producer's drops and the step's
-            step_metrics[key] += metrics[key]
+        for key in ("rollouts/dropped_groups", "rollouts/dropped_zero_adv_groups"):
+            step_metrics[key] += metrics[key]  # the producer's drops and the step's
         metrics |= step_metrics | overlap_metrics(wait_seconds, busy)
         actor_states = await self.roles.gather_states(self.state.step + 1)
         self.state.mark_rows_done([row_index_of(group.group_id) for group in groups + evicted])
@@ -208,12 +194,7 @@ class Controller:
         return metrics, actor_states
 
     async def _end_step(
-        self,
-        run_dir: Path,
-        summary: dict[str, Any],
-        step_start: float,
-        trained: tuple[dict[str, Any], list] | None,
-        interrupted: bool = False,
+        self, run_dir: Path, summary: dict, step_start: float, trained: Trained | None, interrupted: bool = False
     ) -> None:
         """Every step ends here: held-out eval and a checkpoint when due (`rl.loop.state.due_after`), the step's record reduced
         with the actors' states and committed with the checkpoint (a kill before its log line loses nothing), then logged.
@@ -256,9 +237,8 @@ class Controller:
             get.cancel()
             producer.result()
         groups, evicted = await get  # the producer closes the buffer when the data runs out
-        groups.sort(
-            key=lambda group: row_index_of(group.group_id)
-        )  # row order, not completion order: packing and logs replay on resume
+        # row order, not completion order: packing and logs replay on resume
+        groups.sort(key=lambda group: row_index_of(group.group_id))
         await self.admission.release_accepted(len(evicted))
         return groups, evicted
 
@@ -281,14 +261,9 @@ class Controller:
     async def produce_row(self, row_index: int, task_name: str, row: dict) -> None:
         self.generation_stats.row_started()
         algorithm = self.samples.algorithms[task_name]
+        size, sampling = algorithm.rollouts_per_row(self.config.algorithm.group_size), self.config.generator.sampling
         group = await self.scored_groups.make(
-            train_group_id(row_index),
-            task_name,
-            row,
-            algorithm.rollouts_per_row(self.config.algorithm.group_size),
-            self.config.generator.sampling,
-            sampler=algorithm.config.sampler,
-            rollout_fn=algorithm.rollout_fn(),
+            train_group_id(row_index), task_name, row, size, sampling, algorithm.config.sampler, algorithm.rollout_fn()
         )
         failure = group_failure(group)
         self.breaker.record(*failure)
@@ -321,23 +296,15 @@ class Controller:
             metrics["train/skipped"] = 1
             await self.admission.release_accepted(len(groups))
             return metrics
-        batch = pack_batch(  # [R, L]: rows as wide as the widest, a multiple of the trainer's ranks
-            samples,
-            seq_len=trainer_config.seq_len,
-            pad_token_id=self.pad_token_id,
-            prefix_sharing=trainer_config.prefix_sharing,
-            rows_multiple_of=trainer_config.ranks,
-            min_rows=trainer_config.ranks * trainer_config.ppo_n_minibatches,
-        )
+        batch = pack_for_trainer(samples, trainer_config, self.pad_token_id)
         metrics.update(packing_metrics(batch))
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         with timer("train"):
-            train_metrics = await self.roles.trainer_call(
-                self.roles.trainer.train_step.call_one(micro_batches), "train step"
-            )
-        metrics.update(
-            {key if key == "loss" or "/" in key else f"train/{key}": value for key, value in train_metrics.items()}
-        )
+            call = self.roles.trainer.train_step.call_one(micro_batches)
+            train_metrics = await self.roles.trainer_call(call, "train step")
+        metrics |= {
+            key if key == "loss" or "/" in key else f"train/{key}": value for key, value in train_metrics.items()
+        }
         if skipped := self.nonfinite_steps.check(self.state.step + 1, metrics, trainer_config.ppo_n_minibatches):
             self._warn(*skipped)
             await self.admission.release_accepted(len(groups))  # as for a step with nothing to train

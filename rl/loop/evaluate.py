@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from env_types.renderer import stop_token_ids
+from env_types.renderer import build_renderer, stop_token_ids
 from rl.assets import resolve_model_path
 from rl.checkpoint import export
 from rl.checkpoint import store as checkpoint_store
 from rl.config import Config, ConfigError, load_config
 from rl.config.roles import SamplingConfig
 from rl.config.run import RunConfig
+from rl.loop.resolve import resolve_config
 from rl.loop.roles import Roles
 from rl.loop.scored_groups import ScoredGroups
 from rl.metrics.pass_at_k import eval_metrics
@@ -111,13 +112,12 @@ class Evaluation:
     """One held-out evaluation of `config`'s `model.path` on the generator and reward services."""
 
     def __init__(self, config: Config, step: int):
-        self.config, self.step = config, step
+        self.config = config = resolve_config(config)  # what needs the runtime, checked and decided
+        self.step = step
         self.tasks = {task_config.name: build_task(task_config) for task_config in config.tasks}
         model_path = resolve_model_path(config.model.path)
-        self.renderers = {name: task.config.renderer.build(model_path) for name, task in self.tasks.items()}
-        self.stop_token_ids = sorted(
-            {token for renderer in self.renderers.values() for token in stop_token_ids(renderer)}
-        )
+        self.renderers = {name: build_renderer(task.config.renderer, model_path) for name, task in self.tasks.items()}
+        self.stop_token_ids = sorted({token for r in self.renderers.values() for token in stop_token_ids(r)})
         self.rows = held_out_rows(self.tasks, config.run.eval_groups)
         self.failures: list[str] = []
         """Why the evaluation stopped, if an actor failure stopped it."""

@@ -26,10 +26,10 @@ from tqdm import tqdm
 from actors.generator import Generator
 from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
-from rl.algorithms.config import POLICY, FrozenModelConfig
 from rl.assets import resolve_model_path
 from rl.checkpoint import store as checkpoint
 from rl.config import Config
+from rl.config.algorithm import POLICY, FrozenModelConfig
 from rl.config.roles import GeneratorConfig, SamplingConfig
 from rl.metrics.actor import gather_states
 from rl.metrics.run_log import RunLog

@@ -3,7 +3,7 @@ model), then the reward service. Training rows and held-out rows take the same p
 
 from __future__ import annotations
 
-from rl.algorithms.config import POLICY
+from rl.config.algorithm import POLICY
 from rl.config.roles import SamplingConfig
 from rl.loop.roles import Roles
 from rollouts.fanout import RolloutContext, RolloutFn, rollout_group

@@ -14,6 +14,7 @@ from typing import Any
 
 from rl.algorithms.streams import rollout_to_samples
 from rl.components import import_object
+from rl.config import Config
 from rl.config.metrics import SampleFilters, SampleLoggingConfig
 from rl.metrics.reduce import Reduce, record_metric
 from rollouts.types import FAILED_STATUSES, Rollout, RolloutGroup, message_text
@@ -154,6 +155,17 @@ class SampleLogger:
         self.episodes_per_step = episodes_per_step
         self.reference_logprobs = reference_logprobs
         self.filter = SampleFilter(config.filters, seed=seed)
+
+    @classmethod
+    def for_run(cls, config: Config, targets: dict[str, Any], reference_logprobs: ReferenceLogprobs) -> SampleLogger:
+        """The sample logger of a run; `reference_logprobs` is used only where the run loads a reference (`kl_coef` > 0)."""
+        return cls(
+            config.sample_logging,
+            targets,
+            seed=config.run.seed,
+            episodes_per_step=config.run.groups_per_step * config.algorithm.group_size,
+            reference_logprobs=reference_logprobs if config.algorithm.kl_coef > 0 else None,
+        )
 
     async def record(self, groups: list[RolloutGroup], step: int, dropped: list[RolloutGroup] = ()) -> None:
         """Record the chosen samples of the batch trained at `step` (episode ids count trained rollouts from 0).

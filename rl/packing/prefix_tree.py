@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
+from rl.config.roles import TrainerConfig
 from rl.packing.rows import TrainSample, check_packable, check_packing, lay_out, pack_samples, trim_padding
 
 
@@ -221,3 +222,16 @@ def packing_metrics(batch: TensorDict) -> dict[str, float]:
         "train/forward_tokens": forward,
         "train/logical_tokens": logical,
     }
+
+
+def pack_for_trainer(samples: list[TrainSample], trainer: TrainerConfig, pad_token_id: int) -> TensorDict:
+    """A step's batch as `trainer` takes it: `[R, L]` rows as wide as the widest, R a multiple of its ranks and at
+    least one row per rank and minibatch."""
+    return pack_batch(
+        samples,
+        seq_len=trainer.seq_len,
+        pad_token_id=pad_token_id,
+        prefix_sharing=trainer.prefix_sharing,
+        rows_multiple_of=trainer.ranks,
+        min_rows=trainer.ranks * trainer.ppo_n_minibatches,
+    )

@@ -18,7 +18,7 @@ from typing import Any
 
 from monarch.actor import HostMesh, default_bootstrap_cmd, this_host
 
-from rl.algorithms.config import FrozenModelConfig
+from rl.config.algorithm import FrozenModelConfig
 from rl.config.cluster import ClusterConfig
 from rl.config.roles import GeneratorConfig, TrainerConfig
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from rl.services.config import BreakerConfig
+from rl.config.services import BreakerConfig
 from rollouts.types import FAILED_STATUSES, RolloutGroup
 
 

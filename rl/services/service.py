@@ -32,7 +32,7 @@ from typing import Any
 import psutil
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 
-from rl.services.config import ServiceConfig
+from rl.config.services import ServiceConfig
 from rl.services.ledger import Ledger
 from rl.services.replica import ReplicaId, SpawnProcs
 from rl.services.router import Router

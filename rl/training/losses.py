@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from tensordict import TensorDict
 
-from rl.algorithms.config import AlgorithmConfig
+from rl.config.algorithm import AlgorithmConfig
 from rl.metrics.reduce import StepStats
 from rl.packing.rows import segment_sum, segments
 

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 import torch
 from tensordict import TensorDict
 
-from rl.algorithms.config import AlgorithmConfig
+from rl.config.algorithm import AlgorithmConfig
 from rl.metrics.reduce import StepStats, merge_all, step_metrics
 from rl.packing.rows import COMPONENTS, component_counts, segment_sum, segments
 from rl.training import correction

@@ -5,7 +5,7 @@ import json
 
 from env_types.message_env import ResetOutput
 from env_types.renderer import render_prompt
-from rollouts.renderer_env import RendererEnvConfig
+from rl.config.tasks import RendererEnvConfig
 from rollouts.types import Completion, Rollout, RolloutStatus, RolloutTurn
 from rubrics.judge import Judge
 from tasks.sum_digits import SumDigitsTask

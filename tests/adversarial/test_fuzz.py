@@ -16,10 +16,11 @@ import tomli_w
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from env_types.renderer import RendererConfig
+from env_types.renderer import build_renderer
 from rl.cli import main
 from rl.config import Config
-from rollouts.renderer_env import RendererEnv, RendererEnvConfig
+from rl.config.tasks import RendererConfig, RendererEnvConfig
+from rollouts.renderer_env import RendererEnv
 from rollouts.types import Completion, Rollout, RolloutStatus, RolloutTurn
 from tasks.sum_digits import SumDigitsTask
 
@@ -130,7 +131,7 @@ class OneReplyEnv:
         return None
 
 
-RENDERER = RendererConfig(name="qwen3").build("tiny-qwen3")
+RENDERER = build_renderer(RendererConfig(name="qwen3"), "tiny-qwen3")
 
 
 @settings(max_examples=80, deadline=None, derandomize=True)

@@ -9,11 +9,10 @@ import torch
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
 from rl.algorithms.advantages import grpo_advantages
-from rl.config.tasks import TaskConfig
+from rl.config.services import BreakerConfig
+from rl.config.tasks import RendererEnvConfig, TaskConfig
 from rl.services.breaker import CircuitBreaker, group_failure
-from rl.services.config import BreakerConfig
 from rollouts.fanout import RolloutContext, run_sample
-from rollouts.renderer_env import RendererEnvConfig
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 from rubrics.builtins import answer_tag_format, last_tag
 from rubrics.rubric import RewardFn, Rubric

@@ -2,7 +2,7 @@
 (each of these ended the rollout as an ERROR before issue 19)."""
 
 from env_types.message_env import ResetOutput, StepOutput
-from rollouts.renderer_env import RendererEnvConfig
+from rl.config.tasks import RendererEnvConfig
 from rollouts.types import Completion, RolloutStatus
 from tasks.sum_digits import SumDigitsTask
 from tasks.testing import play

@@ -7,8 +7,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rl.algorithms.config import AlgorithmConfig
 from rl.assets import resolve_model_path
+from rl.config.algorithm import AlgorithmConfig
 from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.precision import NonfiniteSteps
 from rl.training.train_step import train_step

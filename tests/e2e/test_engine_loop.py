@@ -14,6 +14,7 @@ from actors.generator import engine_args
 from rl.assets import resolve_model_path
 from rl.config import load_config
 from rl.engine_loop import EngineLoop
+from rl.loop.resolve import resolve_config
 from tests.support.paths import E2E_CONFIGS
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
@@ -37,7 +38,9 @@ async def engine():
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
-    generator_config = load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"generator.max_model_len": "128"}).generator
+    generator_config = resolve_config(
+        load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"generator.max_model_len": "128"})
+    ).generator
     llm = LLM(model=resolve_model_path("tiny-qwen3"), **engine_args(generator_config))  # the Generator actor's engine
     loop = EngineLoop(llm.llm_engine)
     yield llm, loop

@@ -28,6 +28,7 @@ from actors.trainer import PolicyTrainer
 from rl.assets import resolve_model_path
 from rl.checkpoint.export import export_checkpoint
 from rl.config import load_config
+from rl.loop.resolve import resolve_config
 from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.processes.cluster import Placement
 from rl.processes.trainer_mesh import spawn_trainer
@@ -64,7 +65,7 @@ def config(num_procs: int):
         "trainer.micro_batch_size": "2",
         "trainer.gradient_checkpointing": str(num_procs > 1).lower(),
     }
-    return load_config(TINY, overrides)
+    return resolve_config(load_config(TINY, overrides))
 
 
 async def start(num_procs: int):

@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rl.algorithms.config import AlgorithmConfig
 from rl.checkpoint import store as checkpoint
+from rl.config.algorithm import AlgorithmConfig
 from rl.packing.prefix_tree import pack_trees
 from rl.packing.rows import split_micro_batches
 from rl.training import distributed

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 
-from rl.services.config import ServiceConfig
+from rl.config.services import ServiceConfig
 from rl.services.service import Service
 
 

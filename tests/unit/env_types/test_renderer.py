@@ -4,12 +4,15 @@ import pytest
 from renderers import DefaultRenderer, Qwen3Renderer
 
 from env_types.renderer import (
-    RendererConfig,
+    build_renderer,
     next_turn_prompt,
     parse_completion,
     render_prompt,
     stop_token_ids,
 )
+from rl.config import Config, ConfigError
+from rl.config.tasks import RendererConfig
+from rl.loop.resolve import resolve_config
 
 CONVERSATION = [
     {"role": "system", "content": "You are a calculator."},
@@ -37,13 +40,13 @@ MODELS = list(EXPECTED_PROMPT)
 @pytest.fixture(scope="module", params=MODELS)
 def model(request):
     """(name, renderer, tokenizer) with the default `RendererConfig` ("auto", no thinking)."""
-    renderer = RendererConfig().build(request.param)
+    renderer = build_renderer(RendererConfig(), request.param)
     return request.param, renderer, renderer._tokenizer
 
 
 @pytest.fixture(scope="module")
 def qwen3():
-    renderer = RendererConfig(name="qwen3").build("tiny-qwen3")
+    renderer = build_renderer(RendererConfig(name="qwen3"), "tiny-qwen3")
     return renderer, renderer._tokenizer
 
 
@@ -53,13 +56,13 @@ def emitted(tokenizer, text: str) -> list[int]:
 
 
 def test_auto_picks_the_hand_coded_qwen3_renderer_and_the_template_for_smollm2():
-    assert isinstance(RendererConfig().build("tiny-qwen3"), Qwen3Renderer)
-    assert isinstance(RendererConfig().build("smollm2-135m-instruct"), DefaultRenderer)
+    assert isinstance(build_renderer(RendererConfig(), "tiny-qwen3"), Qwen3Renderer)
+    assert isinstance(build_renderer(RendererConfig(), "smollm2-135m-instruct"), DefaultRenderer)
 
 
-def test_unknown_renderer_name_is_rejected():
-    with pytest.raises(ValueError):
-        RendererConfig(name="no-such-renderer")
+def test_unknown_renderer_name_is_rejected_naming_the_key():
+    with pytest.raises(ConfigError, match="tasks.0.renderer.name"):
+        resolve_config(Config(tasks=[{"renderer": {"name": "no-such-renderer"}}]))
 
 
 def test_prompt_is_the_exact_chatml_string(model):
@@ -82,7 +85,7 @@ def test_render_parse_round_trip(model):
 
 
 def test_qwen3_parses_thinking_and_tool_calls():
-    renderer = RendererConfig(enable_thinking=True).build("tiny-qwen3")
+    renderer = build_renderer(RendererConfig(enable_thinking=True), "tiny-qwen3")
     tokenizer = renderer._tokenizer
     prompt_ids = render_prompt(renderer, CONVERSATION)
     assert tokenizer.decode(prompt_ids) == CHATML_PROMPT
@@ -161,7 +164,7 @@ def test_qwen3_next_turn_extends_the_sampled_tokens_verbatim(qwen3):
 def test_smollm2_next_turn_re_renders_the_history():
     """The template renderer cannot bridge: the next prompt is a re-render, which extends the
     previous prompt + completion only when the reply was sampled as the tokenizer would split it."""
-    renderer = RendererConfig().build("smollm2-135m-instruct")
+    renderer = build_renderer(RendererConfig(), "smollm2-135m-instruct")
     tokenizer = renderer._tokenizer
     prompt_ids = render_prompt(renderer, CONVERSATION)
     completion_ids = emitted(tokenizer, REPLY)

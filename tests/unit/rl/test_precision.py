@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from rl import precision
-from rl.config import Config
+from rl.config import Config, ConfigError
+from rl.loop import resolve
+from rl.loop.resolve import resolve_config
 from rl.precision import MismatchWatch, compute_context, known_not_to_learn, precision_warnings, resolve_precision
 
 
@@ -75,17 +76,19 @@ def test_pairs_known_not_to_learn_are_named():
 
 
 @pytest.mark.parametrize("native", [True, False])
-def test_validation_resolves_auto_and_refuses_bf16_on_a_cpu_without_it(monkeypatch, native):
-    monkeypatch.setattr(precision, "native_bf16", lambda device: native)
-    assert (Config().trainer.dtype, Config().generator.dtype) == ("float32", "float32")  # without a [trainer] section
-    assert precision_warnings(Config()) == []
+def test_resolution_decides_auto_and_refuses_bf16_on_a_cpu_without_it(monkeypatch, native):
+    monkeypatch.setattr(resolve, "native_bf16", lambda device: native)
+    assert Config().trainer.dtype == "auto"  # the config alone decides nothing that needs the hardware
+    resolved = resolve_config(Config())  # without a [trainer] section
+    assert (resolved.trainer.dtype, resolved.generator.dtype) == ("float32", "float32")
+    assert precision_warnings(resolved) == []
     if native:
-        config = Config(trainer={"dtype": "bfloat16"})
+        config = resolve_config(Config(trainer={"dtype": "bfloat16"}))
         assert (config.trainer.dtype, config.generator.dtype) == ("bfloat16", "bfloat16")
-        assert precision_warnings(Config(trainer={"dtype": "bfloat16"}, generator={"dtype": "float32"}))
+        assert precision_warnings(resolve_config(Config(trainer={"dtype": "bfloat16"}, generator={"dtype": "float32"})))
     else:
-        with pytest.raises(ValueError, match="_is_mkldnn_bf16_supported"):
-            Config(trainer={"dtype": "bfloat16"})
+        with pytest.raises(ConfigError, match="_is_mkldnn_bf16_supported"):
+            resolve_config(Config(trainer={"dtype": "bfloat16"}))
 
 
 def test_flex_attention_is_refused_on_a_cpu_trainer_and_accepted_on_cuda():

@@ -2,9 +2,8 @@
 
 import asyncio
 
-from rl.config.tasks import TaskConfig
+from rl.config.tasks import RendererEnvConfig, TaskConfig
 from rollouts.fanout import RolloutContext, rollout_group
-from rollouts.renderer_env import RendererEnvConfig
 from rollouts.types import RolloutStatus, RolloutTurn
 from tasks.build import build_task
 from tasks.sum_digits import SumDigitsTask

@@ -5,8 +5,8 @@ import asyncio
 import pytest
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
+from rl.config.tasks import RendererEnvConfig
 from rollouts.fanout import RolloutContext, rollout_group, task_rollout
-from rollouts.renderer_env import RendererEnvConfig
 from rollouts.types import Completion, GenerationFailed, RolloutStatus
 from tasks.sum_digits import SumDigitsTask
 

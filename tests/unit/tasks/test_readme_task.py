@@ -7,10 +7,10 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from env_types.renderer import RendererConfig
+from env_types.renderer import build_renderer
 from rl.assets import resolve_model_path
+from rl.config.tasks import RendererConfig, RendererEnvConfig
 from rollouts.fanout import RolloutContext, rollout_group, task_rollout
-from rollouts.renderer_env import RendererEnvConfig
 from rollouts.types import Completion, RolloutStatus
 from rubrics.rubric import apply_reward
 from tests.support.paths import REPO
@@ -55,7 +55,7 @@ async def test_readme_task_rolls_out_and_scores(tmp_path, monkeypatch):
 
     task = CapitalsTask()
     [row] = task.load_dataset("validation")
-    renderer = RendererConfig(name="qwen3").build("tiny-qwen3")
+    renderer = build_renderer(RendererConfig(name="qwen3"), "tiny-qwen3")
     answer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen3")).encode("Nairobi<|im_end|>")
 
     async def generate(request):

@@ -3,8 +3,7 @@ turns, per-turn rewards and rubric totals checked against hand-computed values."
 
 import pytest
 
-from rl.config.tasks import TaskConfig
-from rollouts.renderer_env import RendererEnvConfig
+from rl.config.tasks import RendererEnvConfig, TaskConfig
 from rollouts.types import Completion, RolloutStatus
 from tasks.alphabet_sort import AlphabetSortTask, reply_names
 from tasks.arithmetic_retry import RETRY, ArithmeticRetryTask

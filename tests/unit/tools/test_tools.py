@@ -10,7 +10,7 @@ import pytest
 
 from env_types.message_env import ResetOutput, StepOutput
 from rl.algorithms.samples import rollout_to_samples
-from rollouts.renderer_env import RendererEnvConfig
+from rl.config.tasks import RendererEnvConfig
 from rollouts.types import Completion, RolloutStatus
 from tasks.sum_digits import SumDigitsTask
 from tasks.testing import play

@@ -5,12 +5,14 @@ import asyncio
 import pytest
 import torch
 
-from env_types.renderer import RendererConfig
+from env_types.renderer import build_renderer
 from rl.algorithms.advantages import max_rl_advantages, rloo_advantages, whiten_over_tokens
-from rl.algorithms.config import AlgorithmConfig
 from rl.algorithms.policy_gradient import GRPO
 from rl.algorithms.samples import SampleBuilder
 from rl.config import ConfigError, load_config
+from rl.config.algorithm import AlgorithmConfig
+from rl.config.tasks import RendererConfig
+from rl.loop.resolve import resolve_config
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 from tests.support.paths import E2E_CONFIGS
 
@@ -222,13 +224,13 @@ def _decode(ids):
 
 @pytest.fixture(scope="module")
 def qwen3_renderer():
-    return RendererConfig(name="qwen3").build("tiny-qwen3")
+    return build_renderer(RendererConfig(name="qwen3"), "tiny-qwen3")
 
 
 def _demonstration_group(algorithm, renderer, row):
     """sft's rows through the fan-out with its own rollout function; a generator call fails the test."""
+    from rl.config.tasks import RendererEnvConfig
     from rollouts.fanout import RolloutContext, rollout_group
-    from rollouts.renderer_env import RendererEnvConfig
     from tasks.sum_digits import SumDigitsTask
 
     async def generate(request):
@@ -367,7 +369,8 @@ def test_opsd_scores_every_sample_of_a_re_rendered_multi_turn_rollout(qwen3_rend
 
 
 def _config(**overrides):
-    return load_config(None, {"tasks": "[{name = 'sum_digits'}]", **overrides})
+    """Loaded and resolved, as every entry point runs a config (`rl.loop.resolve`)."""
+    return resolve_config(load_config(None, {"tasks": "[{name = 'sum_digits'}]", **overrides}))
 
 
 def test_task_algorithm_overrides_only_what_it_sets():
@@ -444,7 +447,7 @@ def test_the_resolved_config_round_trips():
 
     from rl.config import Config, dump_toml
 
-    config = load_config(E2E_CONFIGS / "tiny_qwen3_algorithms_e2e.toml")
+    config = resolve_config(load_config(E2E_CONFIGS / "tiny_qwen3_algorithms_e2e.toml"))
     assert Config.model_validate(tomllib.loads(dump_toml(config))) == config
 
 
@@ -481,7 +484,7 @@ def test_a_users_algorithm_class_by_import_path():
 
 def test_echo_attributes_a_rerendered_prompt_too():
     # SmolLM2's template renderer never bridges: the next prompt is a re-render, attributed message by message.
-    renderer = RendererConfig().build("smollm2-135m-instruct")
+    renderer = build_renderer(RendererConfig(), "smollm2-135m-instruct")
     messages = [{"role": "user", "content": "Sum the digits of 47."}]
     reply = {"role": "assistant", "content": "11"}
     prompt = list(renderer.render_ids(messages, add_generation_prompt=True))

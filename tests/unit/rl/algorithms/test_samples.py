@@ -1,7 +1,7 @@
 import asyncio
 
-from rl.algorithms.config import AlgorithmConfig
 from rl.algorithms.samples import SampleBuilder, rollout_to_samples
+from rl.config.algorithm import AlgorithmConfig
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 
 

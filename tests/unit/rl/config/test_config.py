@@ -7,8 +7,14 @@ import pytest
 
 from rl.cli import main, parse_overrides
 from rl.config import ConfigError, load_config
+from rl.loop.resolve import resolve_config
 from tests.support.hardware import NATIVE_BF16, refuses_bf16_compute, refuses_cuda
 from tests.support.paths import CONFIGS, E2E_CONFIGS
+
+
+def resolved(path=None, overrides=None):
+    """A config as every entry point runs it: loaded, then resolved (`rl.loop.resolve`)."""
+    return resolve_config(load_config(path, overrides))
 
 
 def write(tmp_path, text: str) -> Path:
@@ -67,8 +73,8 @@ def test_cross_field_check(tmp_path):
 def test_validate_command_prints_resolved_config(capsys):
     assert main(["validate", "--config", str(CONFIGS / "sum_digits_smollm2_cpu.toml"), "--run.steps", "3"]) == 0
     out = capsys.readouterr().out
-    resolved = load_config(CONFIGS / "sum_digits_smollm2_cpu.toml", {"run.steps": "3"})
-    assert tomllib.loads(out) == resolved.model_dump(mode="json", exclude_none=True)
+    config = resolved(CONFIGS / "sum_digits_smollm2_cpu.toml", {"run.steps": "3"})
+    assert tomllib.loads(out) == config.model_dump(mode="json", exclude_none=True)
     assert tomllib.loads(out)["run"]["steps"] == 3
 
 
@@ -147,27 +153,25 @@ def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
 )
 def test_contradictory_settings_are_rejected_naming_the_key(overrides, named):
     with pytest.raises(ConfigError) as error:
-        load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", overrides)
+        resolved(E2E_CONFIGS / "tiny_qwen3_e2e.toml", overrides)
     assert named in str(error.value)
 
 
 def test_precision_defaults_keep_fp32_master_weights_and_an_exact_sampler():
-    config = load_config(CONFIGS / "sum_digits_smollm2_cpu.toml")
+    config = resolved(CONFIGS / "sum_digits_smollm2_cpu.toml")
     assert (config.trainer.param_dtype, config.trainer.dtype, config.generator.dtype) == (
         "float32",
         "float32",
         "float32",
     )
-    if (
-        NATIVE_BF16
-    ):  # elsewhere bf16 compute on CPU is refused (tests/unit/rl/config/test_config.py: the shipped configs)
-        bf16_compute = load_config(CONFIGS / "sum_digits_smollm2_cpu.toml", {"trainer.dtype": "bfloat16"})
+    if NATIVE_BF16:  # elsewhere bf16 compute on CPU is refused (test_shipped_configs_validate)
+        bf16_compute = resolved(CONFIGS / "sum_digits_smollm2_cpu.toml", {"trainer.dtype": "bfloat16"})
         assert (bf16_compute.trainer.param_dtype, bf16_compute.generator.dtype) == ("float32", "bfloat16")
-        insisted = load_config(
+        insisted = resolved(
             None, {"trainer.param_dtype": "bfloat16", "trainer.dtype": "bfloat16", "trainer.pure_low_precision": "true"}
         )
         assert insisted.generator.dtype == "bfloat16"
-    gpu = load_config(CONFIGS / "sum_digits_smollm2_gpu.toml")
+    gpu = resolved(CONFIGS / "sum_digits_smollm2_gpu.toml")
     assert (gpu.trainer.param_dtype, gpu.trainer.dtype, gpu.generator.dtype) == ("float32", "bfloat16", "bfloat16")
 
 
@@ -188,5 +192,17 @@ def test_fp64_sampling_noise_reaches_the_engine_the_generator_builds():
 
 
 def test_hub_ids_and_existing_directories_are_accepted(tmp_path):
-    assert load_config(None, {"model.path": "Qwen/Qwen3-0.6B"}).model.path == "Qwen/Qwen3-0.6B"
-    assert load_config(None, {"model.path": str(tmp_path)}).model.path == str(tmp_path)
+    assert resolved(None, {"model.path": "Qwen/Qwen3-0.6B"}).model.path == "Qwen/Qwen3-0.6B"
+    assert resolved(None, {"model.path": str(tmp_path)}).model.path == str(tmp_path)
+
+
+def test_every_entry_point_runs_the_checks_that_need_the_runtime(capsys):
+    """`rlmesh validate`/`train` and the Python API (`Controller`) all resolve the config before anything starts."""
+    from rl.loop.controller import Controller
+
+    config = load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"algorithm.group_size": "1"})  # loads: needs no classes
+    with pytest.raises(ConfigError, match="algorithm.type = 'grpo' is group-relative but algorithm.group_size = 1"):
+        Controller(config)
+    argv = ["validate", "--config", str(E2E_CONFIGS / "tiny_qwen3_e2e.toml"), "--algorithm.group_size", "1"]
+    assert main(argv) == 2  # `train` takes the same path (a missing model: test_train_with_a_missing_model_...)
+    assert "is group-relative but algorithm.group_size = 1" in capsys.readouterr().err

@@ -8,6 +8,7 @@ import pytest
 
 from rl.cli import main
 from rl.config import load_config
+from rl.loop.resolve import resolve_config
 from tests.support.hardware import NATIVE_BF16, NO_NATIVE_BF16, refuses_bf16_compute, refuses_cuda
 from tests.support.paths import REPO
 
@@ -31,7 +32,7 @@ from tests.support.paths import REPO
 def test_bypass_mode_is_decided_from_the_run(overrides, bypass):
     if overrides.get("trainer.dtype") == "'bfloat16'" and not NATIVE_BF16:
         pytest.skip(NO_NATIVE_BF16)
-    config = load_config(None, {"tasks": "[{name = 'sum_digits'}]", **overrides})
+    config = resolve_config(load_config(None, {"tasks": "[{name = 'sum_digits'}]", **overrides}))
     assert config.algorithm.rollout_correction.bypass_mode is bypass
 
 
@@ -57,7 +58,7 @@ def test_validate_prints_the_decided_mode_and_why(capsys):
 
 @pytest.mark.parametrize("name", ["sum_digits_smollm2_gpu", "qwen3_8b_slurm_2x8", "qwen3_8b_kubernetes_2x8"])
 def test_bf16_sampler_configs_train_with_decoupled_token_is(name):
-    correction = load_config(REPO / "configs" / f"{name}.toml").algorithm.rollout_correction
+    correction = resolve_config(load_config(REPO / "configs" / f"{name}.toml")).algorithm.rollout_correction
     assert (
         correction.preset == "decoupled_token_is"
         and correction.bypass_mode is False

@@ -8,7 +8,7 @@ from pydantic import Field
 
 from rl.config.reference import REGENERATE, anchor, render, sections, undescribed
 from rl.config.root import Config
-from rl.section import Section
+from rl.config.section import Section
 from tests.support.paths import REPO
 
 

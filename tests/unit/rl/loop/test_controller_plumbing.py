@@ -4,11 +4,11 @@ from types import SimpleNamespace
 import pytest
 
 from rl.config import load_config
+from rl.config.services import ServiceConfig
 from rl.loop.controller import Controller
 from rl.loop.roles import DeadlineMissed
 from rl.loop.state import RunState, due_after
 from rl.metrics.generation import GenerationStats, batch_metrics
-from rl.services.config import ServiceConfig
 from rl.services.service import Service
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 from tests.support.paths import E2E_CONFIGS

@@ -14,8 +14,8 @@ import torch
 import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-from rl.algorithms.config import AlgorithmConfig
 from rl.assets import resolve_model_path
+from rl.config.algorithm import AlgorithmConfig
 from rl.packing.prefix_tree import check_trees, pack_batch, pack_trees, packing_metrics
 from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.training.distributed import pad_row

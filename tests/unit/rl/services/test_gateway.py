@@ -7,7 +7,7 @@ import signal
 import monarch.actor
 from monarch.actor import this_host
 
-from rl.services.config import ServiceConfig
+from rl.config.services import ServiceConfig
 from rl.services.gateway import open_gateway
 from rl.services.replica import local_procs
 from rl.services.service import Service, after_run_fault_hook

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from rl.config.services import BreakerConfig
 from rl.services.breaker import CircuitBreaker, group_failure
-from rl.services.config import BreakerConfig
 from rl.services.ledger import Ledger
 from rl.services.router import Router
 from rl.services.service import RequestFailed, after_run_fault_hook

@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rl.algorithms.config import AlgorithmConfig, RolloutCorrectionConfig
+from rl.config.algorithm import AlgorithmConfig, RolloutCorrectionConfig
 from rl.metrics.reduce import StepStats
 from rl.packing.rows import local_sequences
 from rl.training import correction

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import BackendConfig
 from transformers import AutoModelForCausalLM
 
-from rl.algorithms.config import AlgorithmConfig
+from rl.config.algorithm import AlgorithmConfig
 from rl.assets import resolve_model_path
 from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.training import distributed

@@ -4,7 +4,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rl.algorithms.config import AlgorithmConfig
+from rl.config.algorithm import AlgorithmConfig
 from rl.metrics.reduce import StepStats, merge_all, step_metrics
 from rl.packing.rows import component_counts
 from rl.training.losses import compute_loss, k3_kl, kl_estimate, ppo_clip_token_loss

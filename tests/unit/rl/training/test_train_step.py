@@ -8,8 +8,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from actors.trainer import lr_lambda
-from rl.algorithms.config import AlgorithmConfig
 from rl.assets import resolve_model_path
+from rl.config.algorithm import AlgorithmConfig
 from rl.config.roles import TrainerConfig
 from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.training.logprobs import token_logprobs

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
-from rl.section import Device, DType, Section
+from rl.config.section import Device, DType, Section
 
 ALGORITHM_TYPES = ("grpo", "rloo", "max_rl", "reinforce_pp", "reward", "custom", "echo", "sft", "opd", "opsd")
 """The registered algorithms, each a class in `rl.algorithms.registry`."""
@@ -104,7 +104,7 @@ class RolloutCorrectionConfig(Section):
     bypass_mode: bool | None = None
     """True: π_old = π_rollout (PPO anchors on the sampler's logprobs; no extra forward). False (decoupled):
     π_old comes from a no-grad pass at the start of the step; IS/RS correct π_old vs π_rollout. Unset: decided
-    from the run (`decide_bypass_mode`): bypass only where π_rollout = π_old holds by construction."""
+    from the run (`bypass_rule`, applied by `rl.loop.resolve`): bypass only where π_rollout = π_old holds by construction."""
     use_policy_gradient: bool = False
     """Replace the PPO loss by a plain policy gradient weighted by the IS weights (needs bypass_mode)."""
 
@@ -285,6 +285,11 @@ class AlgorithmConfig(Section):
         return self.model_copy(update=update)
 
 
+def task_algorithm_key(index: int, override: TaskAlgorithmConfig | None) -> str:
+    """The key an error about task `index`'s algorithm names: its override when that sets the type."""
+    return f"tasks.{index}.algorithm" if override is not None and override.type is not None else "algorithm"
+
+
 def bypass_rule(config: Any) -> tuple[bool, str]:
     """The default `bypass_mode` of a run and why: bypass (PPO anchored on the sampler's logprobs, no extra
     forward) only where π_rollout = π_old holds by construction, decoupled otherwise (verl's default)."""
@@ -307,13 +312,6 @@ def bypass_rule(config: Any) -> tuple[bool, str]:
     if reasons:
         return False, "decoupled: " + "; ".join(reasons)
     return True, "bypass: the sampler runs the trainer's exact weights, staleness 0, one minibatch, no frozen sampler"
-
-
-def decide_bypass_mode(config: Any) -> None:
-    """Resolve an unset `algorithm.rollout_correction.bypass_mode` by `bypass_rule` (use_policy_gradient needs bypass)."""
-    correction = config.algorithm.rollout_correction
-    if correction.bypass_mode is None:
-        correction.bypass_mode = correction.use_policy_gradient or bypass_rule(config)[0]
 
 
 def bypass_origin(config: Any) -> str:

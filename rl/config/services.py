@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from rl.section import Section
+from rl.config.section import Section
 
 
 class ServiceConfig(Section):

@@ -1,0 +1,64 @@
+"""The one step after loading a config that needs the runtime: checks that import the algorithm classes, the model
+assets, the renderers or torch, and the values the run decides (compute dtype, sampler dtype, bypass mode).
+
+`rlmesh validate`, `rlmesh train`, `rlmesh bench` and the Python API (`Controller`) all run it, so no path skips it;
+`rl.config` itself stays free of runtime code. It is idempotent: a resolved config resolves to itself.
+"""
+
+from __future__ import annotations
+
+from env_types.renderer import check_renderer_name
+from rl.algorithms.registry import check_algorithms
+from rl.assets import check_model_path
+from rl.config import Config, ConfigError
+from rl.config.algorithm import bypass_rule
+from rl.precision import native_bf16, resolve_precision
+
+
+def resolve_config(config: Config) -> Config:
+    """A copy of `config` checked against the runtime and with every "auto" and unset decision made.
+
+    Raises `ConfigError` naming the key, as `load_config` does for what the config alone can tell."""
+    resolved = config.model_copy(deep=True)
+    try:
+        _check_names(resolved)
+        check_algorithms(resolved)
+        _resolve_precision(resolved)
+        correction = resolved.algorithm.rollout_correction
+        if correction.bypass_mode is None:  # after the dtypes: the rule compares them
+            correction.bypass_mode = correction.use_policy_gradient or bypass_rule(resolved)[0]
+    except ValueError as exc:
+        raise ConfigError(f"invalid config:\n  {exc}") from None
+    return resolved
+
+
+def _check_names(config: Config) -> None:
+    """Model paths are built-in assets, directories or hub ids; renderer names are known to `renderers`."""
+    paths = {"model.path": config.model.path} | {f"models.{name}.path": m.path for name, m in config.models.items()}
+    for key, path in paths.items():
+        try:
+            check_model_path(path)
+        except ValueError as exc:
+            raise ValueError(f"{key}: {exc}") from None
+    for index, task in enumerate(config.tasks):
+        try:
+            check_renderer_name(task.renderer.name)
+        except ValueError as exc:
+            raise ValueError(f"tasks.{index}.renderer.name: {exc}") from None
+
+
+def _resolve_precision(config: Config) -> None:
+    """`trainer.dtype` and `generator.dtype` "auto" by the trainer's hardware (`rl.precision.resolve_precision`),
+    refusing bf16 where the trainer's CPU has no native bf16 matmuls."""
+    trainer = config.trainer
+    checkable = trainer.device == "cuda" or config.cluster.hosts.trainer == 0  # a CPU elsewhere cannot be asked
+    native = native_bf16(trainer.device) if checkable else False
+    trainer.dtype, config.generator.dtype = resolve_precision(
+        trainer.dtype, config.generator.dtype, trainer.param_dtype, native
+    )
+    if trainer.dtype == "bfloat16" and trainer.device == "cpu" and checkable and not native:
+        raise ValueError(
+            "trainer.dtype = 'bfloat16' on a CPU without native bf16 matmuls (torch.ops.mkldnn._is_mkldnn_bf16_supported() "
+            "is False: no AVX512-BF16/AMX): PyTorch falls back to its reference GEMM, measured >20x slower than fp32 "
+            "(the main job's first bf16 step had not finished after 6 min; fp32 takes ~15 s). Use 'auto' or 'float32'"
+        )
