@@ -23,7 +23,7 @@ from monarch.actor import concurrent_endpoint
 
 from rl.assets import resolve_model_path
 from rl.config.roles import GeneratorConfig, SamplingConfig
-from rl.engine_loop import EngineLoop
+from actors.engine_loop import EngineLoop
 from rl.metrics.actor import MetricsActor
 from rl.processes.affinity import pin_process
 from rl.processes.heap import (
