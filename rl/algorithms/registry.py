@@ -29,6 +29,11 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
 
 def algorithm_class(name: str) -> type[Algorithm]:
     """The class of a registered algorithm, or of `package.module:Class` (a user's `Algorithm` subclass)."""
+    if name not in ALGORITHMS and ":" not in name:
+        raise ValueError(
+            f"{name!r} is neither a registered algorithm {list(ALGORITHMS)} nor an import path "
+            "'package.module:Class' of an rl.algorithms.base.Algorithm subclass"
+        )
     cls = ALGORITHMS.get(name) or import_object(name)
     if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
         raise ValueError(f"{name!r} resolves to {cls!r}, which is not an rl.algorithms.base.Algorithm subclass")

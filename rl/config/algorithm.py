@@ -10,25 +10,10 @@ from __future__ import annotations
 import warnings
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import Field, create_model, field_validator, model_validator
 
 from rl.config.section import Device, DType, Section
 
-ALGORITHM_TYPES = ("grpo", "rloo", "max_rl", "reinforce_pp", "reward", "custom", "echo", "sft", "opd", "opsd")
-"""The registered algorithms, each a class in `rl.algorithms.registry`."""
-
-
-def _algorithm_type(value: Any) -> Any:
-    if isinstance(value, str) and value not in ALGORITHM_TYPES and ":" not in value:
-        raise ValueError(
-            f"{value!r} is neither a registered algorithm {list(ALGORITHM_TYPES)} nor an import path "
-            "'package.module:Class' of an rl.algorithms.base.Algorithm subclass"
-        )
-    return value
-
-
-AlgorithmType = Annotated[str, AfterValidator(_algorithm_type)]
-"""A registered algorithm, or `package.module:Class` naming a user's `Algorithm` subclass."""
 POLICY = "policy"
 """The reserved model name of the live, trained policy."""
 
@@ -190,32 +175,12 @@ class EchoRoleWeights(Section):
         return data
 
 
-class TaskAlgorithmConfig(Section):
-    """How a task's scored groups become training samples. Every field left unset comes from `[algorithm]`."""
+class CreditConfig(Section):
+    """How a task's scored groups become training samples: the part of `[algorithm]` a task may override."""
 
-    type: AlgorithmType | None = None
-    """As `algorithm.type`, for this task."""
-    normalize_advantage_std: bool | None = None
-    """As `algorithm.normalize_advantage_std`, for this task."""
-    drop_constant_reward_groups: bool | None = None
-    """As `algorithm.drop_constant_reward_groups`, for this task."""
-    custom_advantage_fn: str | None = None
-    """As `algorithm.custom_advantage_fn`, for this task."""
-    teacher: str | None = None
-    """As `algorithm.teacher`, for this task."""
-    sampler: str | None = None
-    """As `algorithm.sampler`, for this task."""
-    demo_key: str | None = None
-    """As `algorithm.demo_key`, for this task."""
-    echo_role_weights: EchoRoleWeights | None = None
-    """As `algorithm.echo_role_weights`, for this task."""
-
-
-class AlgorithmConfig(Section):
-    type: AlgorithmType = "grpo"
-    """How advantages and loss weights are assigned: a registered algorithm or `package.module:Class` (docs/algorithms.md)."""
-    group_size: int = Field(8, ge=1)
-    """Samples per row; the group-relative algorithms (grpo, rloo, max_rl, reinforce_pp, echo) need at least 2."""
+    type: str = "grpo"
+    """How advantages and loss weights are assigned: a registered algorithm or `package.module:Class` (docs/algorithms.md);
+    checked against `rl.algorithms.registry` when the run resolves its config."""
     normalize_advantage_std: bool = False
     """grpo: divide the centred rewards by the group's std (original GRPO) instead of Dr.GRPO's plain centring."""
     drop_constant_reward_groups: bool = False
@@ -231,6 +196,33 @@ class AlgorithmConfig(Section):
     """sft / opsd: the dataset row key holding the demonstration text."""
     echo_role_weights: EchoRoleWeights = EchoRoleWeights()
     """echo: cross-entropy weight of environment tokens by message role (tool-response bodies at 0.1)."""
+
+
+def _override_of(model: type[Section], name: str, doc: str) -> type[Section]:
+    """A section with every field of `model`, each optional and unset by default: an override that names only what
+    it changes. Derived, so a field added to `model` is overridable at once."""
+    fields: dict[str, Any] = {
+        field: (
+            (Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation) | None,
+            Field(None, description=info.description),
+        )
+        for field, info in model.model_fields.items()
+    }
+    return create_model(name, __base__=Section, __doc__=doc, __module__=__name__, **fields)
+
+
+TaskAlgorithmConfig = _override_of(
+    CreditConfig,
+    "TaskAlgorithmConfig",
+    "A task's overrides of `[algorithm]`'s credit fields (`CreditConfig`); every field left unset comes from `[algorithm]`.",
+)
+
+
+class AlgorithmConfig(CreditConfig):
+    """`[algorithm]`: the default credit of every task, the group size and the trainer-wide loss."""
+
+    group_size: int = Field(8, ge=1)
+    """Samples per row; the group-relative algorithms (grpo, rloo, max_rl, reinforce_pp, echo) need at least 2."""
 
     loss: Literal["ppo", "gspo", "cispo", "pg"] = "ppo"
     """The policy loss: "ppo" (clipped token ratio), "gspo" (sequence ratio), "cispo" (clipped IS weight: no token
@@ -277,7 +269,7 @@ class AlgorithmConfig(Section):
             )
         return self
 
-    def for_task(self, override: TaskAlgorithmConfig | None) -> AlgorithmConfig:
+    def for_task(self, override: Section | None) -> AlgorithmConfig:
         """This algorithm with a task's override applied."""
         if override is None:
             return self
@@ -285,7 +277,7 @@ class AlgorithmConfig(Section):
         return self.model_copy(update=update)
 
 
-def task_algorithm_key(index: int, override: TaskAlgorithmConfig | None) -> str:
+def task_algorithm_key(index: int, override: Any) -> str:
     """The key an error about task `index`'s algorithm names: its override when that sets the type."""
     return f"tasks.{index}.algorithm" if override is not None and override.type is not None else "algorithm"
 

@@ -10,7 +10,7 @@ from rl.algorithms.advantages import max_rl_advantages, rloo_advantages, whiten_
 from rl.algorithms.policy_gradient import GRPO
 from rl.algorithms.samples import SampleBuilder
 from rl.config import ConfigError, load_config
-from rl.config.algorithm import AlgorithmConfig
+from rl.config.algorithm import AlgorithmConfig, CreditConfig, TaskAlgorithmConfig
 from rl.config.tasks import RendererConfig
 from rl.loop.resolve import resolve_config
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
@@ -383,6 +383,12 @@ def test_task_algorithm_overrides_only_what_it_sets():
     )
     resolved = config.algorithm.for_task(config.tasks[0].algorithm)
     assert resolved.type == "opd" and resolved.teacher == "teacher" and resolved.normalize_advantage_std
+    # the override is derived from the credit fields: each one overridable, the trainer-wide loss and group size not
+    with pytest.raises(ConfigError, match="tasks.0.algorithm.kl_coef: Extra inputs"):
+        _config(**{"tasks.0.algorithm": "{kl_coef = 0.1}"})
+    with pytest.raises(ConfigError, match="tasks.0.algorithm.group_size: Extra inputs"):
+        _config(**{"tasks.0.algorithm": "{group_size = 4}"})
+    assert set(TaskAlgorithmConfig.model_fields) == set(CreditConfig.model_fields)
 
 
 @pytest.mark.parametrize(
