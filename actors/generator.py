@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from monarch.actor import concurrent_endpoint
 
+from actors.engine_loop import EngineLoop
 from rl.assets import resolve_model_path
 from rl.config.roles import GeneratorConfig, SamplingConfig
-from actors.engine_loop import EngineLoop
 from rl.metrics.actor import MetricsActor
 from rl.processes.affinity import pin_process
 from rl.processes.heap import (

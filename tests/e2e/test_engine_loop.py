@@ -10,10 +10,10 @@ import pytest_asyncio
 import torch
 from transformers import AutoModelForCausalLM
 
+from actors.engine_loop import EngineLoop
 from actors.generator import engine_args
 from rl.assets import resolve_model_path
 from rl.config import load_config
-from actors.engine_loop import EngineLoop
 from rl.loop.resolve import resolve_config
 from tests.support.paths import E2E_CONFIGS
 

@@ -12,8 +12,8 @@ import torch.distributed as dist
 from torch.distributed.distributed_c10d import BackendConfig
 from transformers import AutoModelForCausalLM
 
-from rl.config.algorithm import AlgorithmConfig
 from rl.assets import resolve_model_path
+from rl.config.algorithm import AlgorithmConfig
 from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.training import distributed
 from rl.training.train_step import train_step
