@@ -5,6 +5,7 @@ import torch
 
 from rl import gpus
 from rl.config import load_config
+from rl.loop.resolve import resolve_config
 from tests.support.paths import CONFIGS
 
 
@@ -26,7 +27,7 @@ def test_validating_a_gpu_config_on_a_gpu_host_creates_no_cuda_context(monkeypat
         monkeypatch.setattr(torch.cuda, name, creates_a_context)
     gpus.local_gpus.cache_clear()
     try:
-        config = load_config(CONFIGS / "sum_digits_smollm2_gpu.toml", {"trainer.dtype": "auto"})
+        config = resolve_config(load_config(CONFIGS / "sum_digits_smollm2_gpu.toml", {"trainer.dtype": "auto"}))
     finally:
         gpus.local_gpus.cache_clear()
     assert config.trainer.dtype == "bfloat16"
