@@ -16,7 +16,6 @@ from rl.checkpoint import export
 from rl.components import import_object
 from rl.config import Config, ConfigError, dump_toml, load_config
 from rl.config.algorithm import bypass_origin
-from rl.loop.resolve import resolve_config
 from rl.processes.preflight import cluster_warnings, launcher_address_problem
 from tasks.build import build_task
 
@@ -204,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         )  # before any other thread starts (numpy, Monarch): see rl/processes/interrupts.py
     from rl.checkpoint import run_dir
     from rl.checkpoint.resume import NothingToResume, resume_config, take_over
+    from rl.loop.resolve import resolve_config  # imports torch: after SIGINT is blocked
 
     resume_from = None
     try:

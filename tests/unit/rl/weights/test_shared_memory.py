@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rl.config import load_config
+from rl.loop.resolve import resolve_config
 from rl.weights.sync import parameter_bytes, shared_memory_needed
 from tests.support.paths import CONFIGS, REPO, TINY
 
@@ -34,11 +35,11 @@ def _in_a_64mb_shm(python: str) -> subprocess.CompletedProcess:
 
 
 def test_the_bytes_a_sync_needs_are_the_policys_in_the_wire_dtype():
-    fp32 = load_config(CONFIGS / "sum_digits_smollm2_cpu.toml")
+    fp32 = resolve_config(load_config(CONFIGS / "sum_digits_smollm2_cpu.toml"))
     count = parameter_bytes("smollm2-135m-instruct", torch.float32) // 4
     assert 134_000_000 < count < 135_000_000  # SmolLM2-135M, tied embeddings counted once
     assert shared_memory_needed(fp32) == 2 * 4 * count  # two slots (versions alternate), fp32
-    staging = load_config(TINY, {"weight_sync.transport": "torchstore", "generator.num_replicas": "2"})
+    staging = resolve_config(load_config(TINY, {"weight_sync.transport": "torchstore", "generator.num_replicas": "2"}))
     assert shared_memory_needed(staging) == 2 * parameter_bytes("tiny-qwen3", torch.float32)  # a file per generator
 
 
