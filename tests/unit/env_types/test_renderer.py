@@ -181,7 +181,7 @@ def test_smollm2_next_turn_re_renders_the_history():
 def test_preserve_thinking_between_tool_calls_bridges_the_tool_cycle_and_re_renders_at_a_user_query(qwen3):
     # seed 001's RendererConfig knob (renderers 0.1.12: thinking_retention = "tool_cycle"). Qwen3 with thinking off
     # otherwise bridges at a new user query too (retention "all").
-    renderer = RendererConfig(name="qwen3", preserve_thinking_between_tool_calls=True).build("tiny-qwen3")
+    renderer = build_renderer(RendererConfig(name="qwen3", preserve_thinking_between_tool_calls=True), "tiny-qwen3")
     tokenizer = renderer._tokenizer
     prompt_ids = render_prompt(renderer, CONVERSATION)
     thought = "<think>\nadd them\n</think>\n\n"  # sampled reasoning, which a re-render of this history would drop
@@ -200,4 +200,6 @@ def test_preserve_thinking_between_tool_calls_bridges_the_tool_cycle_and_re_rend
     default, _ = qwen3
     assert next_turn_prompt(default, history, prompt_ids, completion_ids, FOLLOW_UP)[: len(sampled)] == sampled
     with pytest.raises(ValueError, match="renderer.preserve_thinking_between_tool_calls = false"):
-        RendererConfig(name="default", preserve_thinking_between_tool_calls=True).build("smollm2-135m-instruct")
+        build_renderer(
+            RendererConfig(name="default", preserve_thinking_between_tool_calls=True), "smollm2-135m-instruct"
+        )
