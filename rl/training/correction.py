@@ -57,6 +57,7 @@ def correct(
             bounded = torch.exp(seq_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))[index]  # [B,L]
             seq = seq_log_ratio[live]
             stats.add(P + "rollout_is", torch.exp(seq.clamp(-SAFETY_BOUND, SAFETY_BOUND)))
+            stats.add(P + "rollout_is_log", seq)  # unbounded: the true min/max (seed 004)
             stats.add(P + "rollout_is_ratio_fraction_high", (seq > math.log(threshold)).double())
             stats.add(P + "rollout_is_ratio_fraction_low", (seq < -math.log(threshold)).double())
         weights = torch.where(mask, bounded.clamp(max=threshold), 0.0).float()  # [B,L]
@@ -64,6 +65,7 @@ def correct(
             seq_log_ratio[live].clamp(-SAFETY_BOUND, SAFETY_BOUND)
         )  # sequence ratios, bounded like verl's
         stats.add(P + "rollout_is_seq", seq_weights)
+        stats.add(P + "rollout_is_seq_log", seq_log_ratio[live])
         stats.add(P + "rollout_is_seq_fraction_high", (seq_log_ratio[live] > math.log(threshold)).double())
         stats.add(P + "rollout_is_seq_fraction_low", (seq_log_ratio[live] < -math.log(threshold)).double())
 
@@ -88,6 +90,19 @@ def correct(
         stats.add(P + "rollout_is_veto_fraction", vetoed_seq[live].double())
         keep &= ~vetoed_seq[index]
     return weights, keep
+
+
+def record_final_weights(
+    weights: torch.Tensor, mask: torch.Tensor, level: str, index: torch.Tensor, count: int, stats: StepStats
+) -> None:
+    """The IS weights as the loss sees them (or, where only measured, would): `rollout_is_eff_sample_size` comes from
+    them, per token or per sequence (`level`)."""
+    if level == "token":
+        stats.add(P + "rollout_is_final", weights[mask])
+        return
+    tokens = segment_sum(mask.double(), index, count)
+    per_seq = segment_sum(torch.where(mask, weights, 0.0).double(), index, count)
+    stats.add(P + "rollout_is_final", (per_seq / tokens.clamp_min(1))[tokens > 0])
 
 
 def normalize_is_weights(
@@ -145,6 +160,12 @@ def offpolicy_metrics(
     stats.add(P + "seq_ratio_sq", seq_ratio**2)
 
 
+def _exp(log_value: float) -> float:
+    """e^x in float64, at most e^709 (the largest power of e float64 holds): a metric stays finite, its `_log_` twin
+    keeps the exact exponent."""
+    return math.exp(min(log_value, 709.0))
+
+
 def correction_metrics(states: dict[str, State]) -> dict[str, float]:
     """The `rollout_corr/*` metrics of the step from its merged summary states, by verl's names."""
     out: dict[str, float] = {}
@@ -161,6 +182,10 @@ def correction_metrics(states: dict[str, State]) -> dict[str, float]:
         if key in ("rollout_is", "rollout_is_seq"):
             out[f"{name}_mean"] = mean
             out[f"{name}_std"] = math.sqrt(max(0.0, sumsq / n - mean * mean))
+            logs = samples.get(name + "_log")
+            if logs is not None:  # sequence ratios: min/max from the unbounded log ratios, not the ±20 bound
+                out[f"{name}_log_min"], out[f"{name}_log_max"] = logs[3], logs[4]
+                low, high = _exp(logs[3]), _exp(logs[4])
             out[f"{name}_min"], out[f"{name}_max"] = low, high
             if key == "rollout_is_seq":
                 out[f"{name}_max_deviation"] = max(abs(high - 1), abs(1 - low))
@@ -172,7 +197,7 @@ def correction_metrics(states: dict[str, State]) -> dict[str, float]:
             out[name] = mean
             out[P + "log_ppl_diff_max"], out[P + "log_ppl_diff_min"] = high, low
             out[P + "ppl_ratio"] = math.exp(-mean)
-        elif key != "rollout_is_final":
+        elif key not in ("rollout_is_final", "rollout_is_log", "rollout_is_seq_log"):
             out[name] = mean
     final = samples.get(P + "rollout_is_final")
     if final is not None and final[2] > 0:

@@ -48,9 +48,32 @@ def trained_positions(micro_batch: TensorDict) -> torch.Tensor:
 
 
 def needs_old_pass(algorithm: AlgorithmConfig, n_minibatches: int) -> bool:
-    """Whether π_old must be computed in a no-grad pass before the update."""
+    """Whether π_old must be computed in a no-grad pass before the update. Bypass mode with one minibatch needs it
+    only to reject tokens (rejection, veto: the loss's normalizers count what is kept) or to normalize IS weights
+    over the step; IS weights alone come from the update's own forward (π_θ = π_old until the one optimizer step)."""
     rc = algorithm.rollout_correction
-    return n_minibatches > 1 or not rc.bypass or rc.corrects
+    rejects = rc.rollout_rs is not None or rc.rollout_token_veto_threshold is not None
+    return (
+        n_minibatches > 1 or not rc.bypass or rejects or (rc.rollout_is is not None and rc.rollout_is_batch_normalize)
+    )
+
+
+def weigh_on_the_fly(
+    logprobs: torch.Tensor, micro_batch: TensorDict, algorithm: AlgorithmConfig, stats: StepStats
+) -> None:
+    """Bypass mode without the no-grad pass: the off-policy diagnostics and the IS weights from the update forward's
+    detached logprobs (`is_weights` for the plain policy gradient; under PPO the ratio already holds them)."""
+    rc = algorithm.rollout_correction
+    mask = micro_batch["rl_weights"] != 0
+    index, count = segments(micro_batch)
+    sampling = micro_batch["sampling_logprobs"]
+    correction.offpolicy_metrics(logprobs, sampling, mask, index, count, stats)
+    if rc.rollout_is is None:
+        return
+    weights, _ = correction.correct(logprobs.detach(), sampling, mask, index, count, rc, stats)
+    if rc.use_policy_gradient:
+        micro_batch["is_weights"] = weights
+    correction.record_final_weights(weights, mask, rc.rollout_is, index, count, stats)
 
 
 def prepare(
@@ -69,7 +92,8 @@ def prepare(
     """
     rc = algorithm.rollout_correction
     old_pass = needs_old_pass(algorithm, n_minibatches)
-    for micro_batch in micro_batches:
+    measured: list[torch.Tensor | None] = [None] * len(micro_batches)  # weights computed but not applied (metrics)
+    for position, micro_batch in enumerate(micro_batches):
         sampling = micro_batch["sampling_logprobs"]
         micro_batch["old_logprobs"] = sampling
         if not old_pass and reference is None:
@@ -89,6 +113,8 @@ def prepare(
         micro_batch["rl_weights"] = torch.where(keep, micro_batch["rl_weights"], 0.0)
         if weights is not None and (not rc.bypass or rc.use_policy_gradient):
             micro_batch["is_weights"] = weights  # in bypass + PPO the ratio already holds π_θ/π_rollout
+        elif weights is not None:
+            measured[position] = weights
         if not rc.bypass:
             micro_batch["old_logprobs"] = old
     if algorithm.kl_in_reward:
@@ -103,18 +129,13 @@ def prepare(
             )
             seq_kl = segment_sum(torch.where(mask, kl, 0.0), index, count)  # [S]
             micro_batch["advantages"] = micro_batch["advantages"] - algorithm.kl_coef * seq_kl[index]
-    if any("is_weights" in mb for mb in micro_batches):
-        if rc.rollout_is_batch_normalize:
-            correction.normalize_is_weights(micro_batches, rc.rollout_is, ranks.sum)
-        for micro_batch in micro_batches:
-            mask = micro_batch["rl_weights"] != 0
-            if rc.rollout_is == "token":
-                stats.add(correction.P + "rollout_is_final", micro_batch["is_weights"][mask])
-            else:
-                index, count = segments(micro_batch)
-                tokens = segment_sum(mask.double(), index, count)
-                per_seq = segment_sum(micro_batch["is_weights"].double(), index, count)
-                stats.add(correction.P + "rollout_is_final", (per_seq / tokens.clamp_min(1))[tokens > 0])
+    if any("is_weights" in mb for mb in micro_batches) and rc.rollout_is_batch_normalize:
+        correction.normalize_is_weights(micro_batches, rc.rollout_is, ranks.sum)
+    for micro_batch, unapplied in zip(micro_batches, measured):
+        final = micro_batch.get("is_weights", unapplied)
+        if final is not None:
+            index, count = segments(micro_batch)
+            correction.record_final_weights(final, micro_batch["rl_weights"] != 0, rc.rollout_is, index, count, stats)
     return old_pass
 
 
@@ -191,10 +212,7 @@ def train_step(
             stats.add("ref_kl/entropy", entropy[micro_batch["ref_kl_weights"] != 0])
             stats.add("ce_entropy", entropy[micro_batch["ce_weights"] != 0])
             if not diagnosed:
-                index, count = segments(micro_batch)
-                correction.offpolicy_metrics(
-                    logprobs, micro_batch["sampling_logprobs"], micro_batch["rl_weights"] != 0, index, count, stats
-                )
+                weigh_on_the_fly(logprobs, micro_batch, algorithm, stats)
             loss = compute_loss(logprobs, micro_batch, counts, algorithm, stats, horizon=horizon)
             loss.backward()
             stats.add_total("loss", loss.detach().double() / n_minibatches)

@@ -130,15 +130,20 @@ class UnigramLM(torch.nn.Module):
     def __init__(self, vocab: int = 3):
         super().__init__()
         self.logits = torch.nn.Parameter(torch.zeros(vocab))
+        self.forwards = 0
+        """Forward passes of the decoder (the no-grad pass and the update's)."""
 
     def forward(self, input_ids, position_ids=None, use_cache=False):
         return SimpleNamespace(logits=self.logits.expand(*input_ids.shape, -1))
 
     def get_decoder(self):
         """Hidden state 1 at every position (the output layer reads only trained positions, `rl.training.logprobs`)."""
-        return lambda input_ids, position_ids=None, use_cache=False: SimpleNamespace(
-            last_hidden_state=torch.ones(*input_ids.shape, 1)
-        )
+
+        def decoder(input_ids, position_ids=None, use_cache=False):
+            self.forwards += 1
+            return SimpleNamespace(last_hidden_state=torch.ones(*input_ids.shape, 1))
+
+        return decoder
 
     def get_output_embeddings(self):
         return lambda hidden: hidden * self.logits  # [N,1] -> [N,V]
@@ -167,8 +172,8 @@ def _batch() -> TensorDict:
     )
 
 
-def _step(**rollout_correction):
-    model = UnigramLM()
+def _step(model=None, **rollout_correction):
+    model = model or UnigramLM()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     algorithm = AlgorithmConfig(rollout_correction=rollout_correction)
@@ -194,6 +199,32 @@ def test_pg_is_preset_weights_the_policy_gradient_and_batch_normalization_and_es
     normalized, _ = _step(preset="pg_is", rollout_is_threshold=2.0, rollout_is_batch_normalize=True)
     scale = 2 / (1.5 + 1e-5)  # per-sequence mean of the weights becomes 1
     assert normalized["loss"] == pytest.approx((-1.5 - 1.5 + 1e-5) * scale / 3, rel=1e-5)
+
+
+def test_ppo_is_bypass_logs_the_effective_sample_size_of_its_measured_weights():
+    # seed 004: ESS whenever IS is computed. Token weights min(r, 2) for r = 3, 0.5, 1e-5: [2, 0.5, 1e-5];
+    # ESS = mean^2 / mean of squares
+    metrics, _ = _step(preset="ppo_is_bypass")
+    weights = [2.0, 0.5, 1e-5]
+    ess = (sum(weights) / 3) ** 2 / (sum(w * w for w in weights) / 3)
+    assert metrics[P + "rollout_is_eff_sample_size"] == pytest.approx(ess)
+
+
+@pytest.mark.parametrize(
+    "rollout_correction, forwards",
+    [
+        ({"preset": "ppo_is_bypass"}, 1),  # seed 004: bypass skips the no-grad pass
+        ({"preset": "pg_is"}, 1),
+        ({"bypass_mode": True}, 1),
+        ({"preset": "pg_rs"}, 2),  # rejection changes the loss's normalizer: decided before the update
+        ({"preset": "pg_is", "rollout_is_batch_normalize": True}, 2),  # needs every weight of the step first
+        ({"preset": "decoupled_token_is"}, 2),  # π_old from the no-grad pass
+    ],
+)
+def test_bypass_presets_pay_no_extra_forward(rollout_correction, forwards):
+    model = UnigramLM()
+    _step(model, **rollout_correction)
+    assert model.forwards == forwards
 
 
 def test_ppo_is_bypass_only_measures():
@@ -269,15 +300,34 @@ def test_overriding_a_presets_upper_bound_takes_its_reciprocal_as_the_lower():
     assert both.rs_lower == 0.1
 
 
-def test_sequence_is_diagnostics_stay_finite_past_exp_overflow():
-    # sequence 0's summed log ratio is 2 * 400 = 800 > 709 (float64 exp overflows): its ratio is reported at the
-    # ±20 safety bound, e^20 = 485165195.40979, like verl's; sequence 1's is 1.
-    train = ROLLOUT + torch.tensor([[0.0, 400.0, 400.0, 0.0, 0.0, 0.0]], dtype=torch.float64)
+def _sequence_metrics(log_ratio: float) -> dict[str, float]:
+    """Sequence IS diagnostics with sequence 0's summed log ratio `log_ratio` (two tokens, half each), sequence
+    1's 0."""
+    train = ROLLOUT + torch.tensor([[0.0, log_ratio / 2, log_ratio / 2, 0.0, 0.0, 0.0]], dtype=torch.float64)
     stats = StepStats()
     index, count = local_sequences(SEQUENCE_IDS)
     correction.correct(train, ROLLOUT, MASK, index, count, RolloutCorrectionConfig(rollout_is="sequence"), stats)
-    m = correction.correction_metrics(stats.states())
-    assert m[P + "rollout_is_seq_max"] == pytest.approx(485165195.40979, rel=1e-9)
+    return correction.correction_metrics(stats.states())
+
+
+def test_sequence_is_min_max_are_the_unbounded_ratios():
+    # seed 004: sequence-level min/max from the unbounded log ratios. A true e^38 = 3.1855931757113756e16 reads as
+    # such (before: e^20 = 485165195.40979, the safety bound), its log 38 beside it; the other sequence's is e^0 = 1.
+    m = _sequence_metrics(38.0)
+    for key in ("rollout_is", "rollout_is_seq"):
+        assert m[P + key + "_max"] == pytest.approx(3.1855931757113756e16, rel=1e-12)
+        assert m[P + key + "_log_max"] == pytest.approx(38.0) and m[P + key + "_min"] == pytest.approx(1.0)
+    assert m[P + "rollout_is_seq_max_deviation"] == pytest.approx(3.1855931757113756e16 - 1, rel=1e-12)
+    m = _sequence_metrics(-38.0)
+    assert m[P + "rollout_is_min"] == pytest.approx(math.exp(-38.0), rel=1e-12) and m[P + "rollout_is_max"] == 1.0
+
+
+def test_sequence_is_diagnostics_stay_finite_past_exp_overflow():
+    # sequence 0's summed log ratio is 800 > 709 (float64 exp overflows): its max reads e^709, the largest float64
+    # power of e, its log 800; the mean is of ratios bounded at ±20 like verl's: (e^20 + 1) / 2.
+    m = _sequence_metrics(800.0)
+    assert m[P + "rollout_is_seq_max"] == pytest.approx(math.exp(709.0), rel=1e-12)
+    assert m[P + "rollout_is_seq_log_max"] == pytest.approx(800.0)
     assert m[P + "rollout_is_seq_mean"] == pytest.approx((485165195.40979 + 1) / 2, rel=1e-9)
     assert all(
         math.isfinite(m[P + key])
