@@ -181,7 +181,8 @@ def compute_loss(
     """
     index, count = segments(batch)
     loss = (logprobs * 0.0).sum()  # graph-attached zero: backward runs even when every component is empty
-    agg = dict(mode=algorithm.aggregation, horizon=horizon)
+    agg = dict(mode=algorithm.aggregation, horizon=horizon)  # the policy loss's (and its KL term's) aggregation
+    token_count = dict(mode="token-mean", horizon=horizon)  # ce and ref_kl: fixed token-count cores (seed 002)
 
     rl_weights = batch["rl_weights"]
     if counts[0, 0] > 0 and bool((rl_weights != 0).any()):
@@ -214,7 +215,7 @@ def compute_loss(
 
     ce_weights = batch["ce_weights"]
     if counts[1, 0] > 0 and bool((ce_weights != 0).any()):
-        ce = aggregate(-logprobs, ce_weights, index, count, counts[1], **agg)
+        ce = aggregate(-logprobs, ce_weights, index, count, counts[1], **token_count)
         loss = loss + ce
         stats.add_total("ce_loss", ce)
 
@@ -227,7 +228,7 @@ def compute_loss(
             logprobs.detach() - teacher, -algorithm.kl_log_ratio_clamp, algorithm.kl_log_ratio_clamp
         )
         per_token = torch.exp(logprobs - logprobs.detach()) * log_ratio  # value k1, gradient k1·∇logp
-        ref_kl = aggregate(per_token, ref_weights, index, count, counts[2], **agg)
+        ref_kl = aggregate(per_token, ref_weights, index, count, counts[2], **token_count)
         loss = loss + ref_kl
         stats.add_total("ref_kl_loss", ref_kl)
         stats.add("ref_kl/kl", log_ratio[mask])

@@ -233,6 +233,27 @@ def test_ce_and_ref_kl_components_each_normalized_by_their_own_token_counts() ->
     assert "pg_loss" not in metrics
 
 
+@pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_ce_and_ref_kl_are_token_means_whatever_the_policy_loss_aggregation(aggregation) -> None:
+    # seed 002: the ce and ref_kl cores are fixed token-count terms, unaffected by the policy loss's aggregation
+    # (gspo's default seq-mean-token-mean included). ce weight 1 on positions 1, 2 (sequence 0; logp
+    # -1 + ln 1.5 = -0.59453489 and -2) and 4 (sequence 1; logp -1.69314718): (0.59453489 + 2 + 1.69314718) / 3
+    # = 1.42922736, gradient -1/3 each (per sequence it would be (1.29726745 + 1.69314718) / 2 = 1.49520731).
+    # ref_kl weight 1 on the same tokens, teachers -1, 0, 0: k1 = 0.40546511, -2, -1.69314718, token mean
+    # -3.28768207 / 3 = -1.09589402, gradient k1 / 3.
+    weights = torch.tensor([[0.0, 1.0, 1.0, 0.0, 1.0, 0.0]])
+    for loss_type in ("ppo", "gspo"):
+        logprobs, batch = _hand_batch(rl=torch.zeros(1, 6), ce=weights)
+        extra = {} if loss_type == "gspo" else {"aggregation": aggregation}
+        _, grads, metrics = _loss(batch, logprobs, loss=loss_type, **extra)
+        assert metrics["ce_loss"] == pytest.approx(1.42922736, abs=1e-6)
+        assert grads == pytest.approx([0.0, -1 / 3, -1 / 3, 0.0, -1 / 3, 0.0], abs=1e-6)
+        logprobs, batch = _hand_batch(rl=torch.zeros(1, 6), ref_kl=weights)
+        _, grads, metrics = _loss(batch, logprobs, loss=loss_type, **extra)
+        assert metrics["ref_kl_loss"] == pytest.approx(-1.09589402, abs=1e-6)
+        assert grads == pytest.approx([0.0, 0.40546511 / 3, -2 / 3, 0.0, -1.69314718 / 3, 0.0], abs=1e-6)
+
+
 @pytest.mark.parametrize("alpha", [1.0, 0.1, 0.001])
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
 def test_a_component_weight_scales_its_loss_and_gradient(alpha, aggregation) -> None:
