@@ -15,7 +15,7 @@ from rl.assets import BUILTIN_MODELS
 from rl.checkpoint import export
 from rl.components import import_object
 from rl.config import Config, ConfigError, dump_toml, load_config
-from rl.config.algorithm import bypass_origin
+from rl.config.algorithm import bypass_origin, correction_origin, correction_warnings
 from rl.processes.preflight import cluster_warnings, launcher_address_problem
 from tasks.build import build_task
 
@@ -239,10 +239,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from rl.precision import precision_warnings
 
-    for warning in precision_warnings(config):
+    for warning in precision_warnings(config) + correction_warnings(config):
         print(f"rlmesh: warning: {warning}", file=sys.stderr)
     if args.command == "validate":
         print(f"# {bypass_origin(config)}")
+        if (origin := correction_origin(config)) is not None:
+            print(f"# {origin}")
         print(dump_toml(config), end="")
         return 0
     if args.command == "bench":

@@ -11,7 +11,7 @@ from env_types.renderer import check_renderer_name
 from rl.algorithms.registry import check_algorithms
 from rl.assets import check_model_path
 from rl.config import Config, ConfigError
-from rl.config.algorithm import bypass_rule
+from rl.config.algorithm import decide_bypass_mode
 from rl.precision import native_bf16, resolve_precision
 
 
@@ -24,9 +24,7 @@ def resolve_config(config: Config) -> Config:
         _check_names(resolved)
         check_algorithms(resolved)
         _resolve_precision(resolved)
-        correction = resolved.algorithm.rollout_correction
-        if correction.bypass_mode is None:  # after the dtypes: the rule compares them
-            correction.bypass_mode = correction.use_policy_gradient or bypass_rule(resolved)[0]
+        decide_bypass_mode(resolved)  # after the dtypes: the rule compares them
     except ValueError as exc:
         raise ConfigError(f"invalid config:\n  {exc}") from None
     return resolved
