@@ -73,7 +73,8 @@ class RolloutCorrectionConfig(Section):
     preset: Literal[tuple(PRESETS)] | None = None  # type: ignore[valid-type]
     """Fills the correction keys a config leaves unset (the presets are listed in docs/algorithms.md)."""
     rollout_is: Literal["token", "sequence"] | None = None
-    """Importance weights π_train/π_rollout per token or per sequence (product), truncated at the threshold."""
+    """Importance weights π_train/π_rollout per token or per sequence (product), truncated at the threshold. Unset
+    in a config that chooses no correction: "token" where the run resolves decoupled mode over a sampler gap."""
     rollout_is_threshold: float = 2.0
     """Upper truncation of the IS weights."""
     rollout_is_batch_normalize: bool = False
