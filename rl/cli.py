@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rl.assets import BUILTIN_MODELS
 from rl.checkpoint import export
 from rl.components import import_object
 from rl.config import Config, ConfigError, dump_toml, load_config
@@ -65,20 +64,6 @@ def runtime_problems(config: Config) -> list[str]:
             if path is not None and not Path(path).is_file():
                 problems.append(f"tasks.{index}.data.{split}: data file not found: {path} (from {os.getcwd()})")
     return problems
-
-
-def prefix_sharing_problem(config: Config) -> str | None:
-    """Why `trainer.prefix_sharing` cannot train `model.path` (layers that ignore the tree mask), read from the model's
-    local `config.json`; None when it can, or when there is no local config to read (the trainer checks again when it
-    loads the model). The built-in models are softmax attention."""
-    if not config.trainer.prefix_sharing or config.model.path in BUILTIN_MODELS:
-        return None
-    config_file = Path(config.model.path) / "config.json"
-    if not config_file.is_file():
-        return None
-    from rl.packing.attention_kinds import prefix_sharing_refusal
-
-    return prefix_sharing_refusal(json.loads(config_file.read_text()), config.model.path)
 
 
 def _version() -> str:
@@ -219,8 +204,6 @@ def main(argv: list[str] | None = None) -> int:
             build_task(task_config)
         if problems := runtime_problems(config):
             raise ConfigError("this machine cannot run the config:\n" + "\n".join(f"  {p}" for p in problems))
-        if (refusal := prefix_sharing_problem(config)) is not None:
-            raise ConfigError(refusal)
         if config.sample_logging.filters.predicate:
             import_object(config.sample_logging.filters.predicate)  # fails here if it cannot be imported
         address_problem = launcher_address_problem(config)

@@ -39,7 +39,7 @@ from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
 from rl.loop.evaluate import held_out_groups, held_out_rows
 from rl.loop.resolve import resolve_config
-from rl.loop.roles import Roles, tokenizer_mismatches
+from rl.loop.roles import Roles
 from rl.loop.scored_groups import ScoredGroups
 from rl.loop.state import Checkpoints, RunState, due_after, open_run_dir, row_index_of, train_group_id
 from rl.metrics import timer
@@ -64,8 +64,6 @@ class Controller:
         self.config = config = resolve_config(config)  # what needs the runtime, checked and decided
         self.resume_from = resume_from
         self.state = RunState(**checkpoint.read_run_state(resume_from)) if resume_from else RunState()
-        if mismatches := tokenizer_mismatches(config):
-            raise ValueError("\n".join(mismatches))
         self.tasks: dict[str, BuiltTask] = {task_config.name: build_task(task_config) for task_config in config.tasks}
         model_path = resolve_model_path(config.model.path)
         self.renderers = {name: build_renderer(task.config.renderer, model_path) for name, task in self.tasks.items()}

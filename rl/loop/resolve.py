@@ -1,5 +1,6 @@
 """The one step after loading a config that needs the runtime: checks that import the algorithm classes, the model
-assets, the renderers or torch, and the values the run decides (compute dtype, sampler dtype, bypass mode).
+assets, the renderers or torch (prefix sharing against the model's layers, the frozen models' tokenizers), and the
+values the run decides (compute dtype, sampler dtype, bypass mode and the token IS that comes with it).
 
 `rlmesh validate`, `rlmesh train`, `rlmesh bench` and the Python API (`Controller`) all run it, so no path skips it;
 `rl.config` itself stays free of runtime code. It is idempotent: a resolved config resolves to itself.
@@ -7,11 +8,15 @@ assets, the renderers or torch, and the values the run decides (compute dtype, s
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from env_types.renderer import check_renderer_name
 from rl.algorithms.registry import check_algorithms
-from rl.assets import check_model_path
+from rl.assets import BUILTIN_MODELS, check_model_path, resolve_model_path
 from rl.config import Config, ConfigError
 from rl.config.algorithm import decide_bypass_mode
+from rl.packing.attention_kinds import prefix_sharing_refusal
 from rl.precision import native_bf16, resolve_precision
 
 
@@ -23,6 +28,9 @@ def resolve_config(config: Config) -> Config:
     try:
         _check_names(resolved)
         check_algorithms(resolved)
+        _check_prefix_sharing(resolved)
+        if mismatches := tokenizer_mismatches(resolved):
+            raise ValueError("\n  ".join(mismatches))
         _resolve_precision(resolved)
         decide_bypass_mode(resolved)  # after the dtypes: the rule compares them
     except ValueError as exc:
@@ -60,3 +68,47 @@ def _resolve_precision(config: Config) -> None:
             "is False: no AVX512-BF16/AMX): PyTorch falls back to its reference GEMM, measured >20x slower than fp32 "
             "(the main job's first bf16 step had not finished after 6 min; fp32 takes ~15 s). Use 'auto' or 'float32'"
         )
+
+
+def _check_prefix_sharing(config: Config) -> None:
+    """Refuse `trainer.prefix_sharing` for a `model.path` whose layers ignore the tree mask, read from the model's
+    local `config.json` (a hub id not downloaded yet: the trainer checks when it loads the model). The built-in
+    models are softmax attention."""
+    if not config.trainer.prefix_sharing or config.model.path in BUILTIN_MODELS:
+        return
+    config_file = Path(config.model.path) / "config.json"
+    if config_file.is_file() and (
+        refusal := prefix_sharing_refusal(json.loads(config_file.read_text()), config.model.path)
+    ):
+        raise ValueError(refusal)
+
+
+def tokenizer_mismatches(config: Config) -> list[str]:
+    """The frozen models whose token ids reach the policy's loss (a task's `teacher`, or its `sampler`) but whose
+    tokenizer is not the policy's (seed 002: a frozen model must share it); one message each, naming the key."""
+    from transformers import AutoTokenizer
+
+    def vocabulary(path: str) -> dict[str, int]:
+        return AutoTokenizer.from_pretrained(resolve_model_path(path)).get_vocab()  # added tokens included
+
+    uses: dict[str, list[str]] = {}
+    for index, (task, algorithm) in enumerate(zip(config.tasks, config.task_algorithms().values())):
+        for role in ("teacher", "sampler"):
+            name = getattr(algorithm, role)
+            if name is not None and name in config.models:
+                uses.setdefault(name, []).append(f"tasks.{index} ({task.name})'s {role}")
+    if not uses:
+        return []
+    policy = vocabulary(config.model.path)
+    problems = []
+    for name, roles in uses.items():
+        frozen = vocabulary(config.models[name].path)
+        if frozen == policy:
+            continue
+        differ = sorted(token for token in frozen.keys() | policy.keys() if frozen.get(token) != policy.get(token))
+        problems.append(
+            f"[models.{name}] ({config.models[name].path}), {' and '.join(roles)}, does not share the policy's "
+            f"tokenizer ({config.model.path}): {len(differ)} tokens differ (vocabularies of {len(frozen)} and "
+            f"{len(policy)}, e.g. {differ[0]!r}); its token ids would mean other tokens to the policy"
+        )
+    return problems

@@ -26,7 +26,6 @@ from tqdm import tqdm
 from actors.generator import Generator
 from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
-from rl.assets import resolve_model_path
 from rl.checkpoint import store as checkpoint
 from rl.config import Config
 from rl.config.algorithm import POLICY, FrozenModelConfig
@@ -55,37 +54,6 @@ async def within(call: Awaitable[Any], what: str, key: str, timeout_s: float) ->
         return await asyncio.wait_for(call, timeout_s)
     except TimeoutError:
         raise DeadlineMissed(f"{what} took longer than {key}={timeout_s} s; {RESUME_HINT}") from None
-
-
-def tokenizer_mismatches(config: Config) -> list[str]:
-    """The frozen models whose token ids reach the policy's loss (a task's `teacher`, or its `sampler`) but whose
-    tokenizer is not the policy's (seed 002: a frozen model must share it); one message each, naming the key."""
-    from transformers import AutoTokenizer
-
-    def vocabulary(path: str) -> dict[str, int]:
-        return AutoTokenizer.from_pretrained(resolve_model_path(path)).get_vocab()  # added tokens included
-
-    uses: dict[str, list[str]] = {}
-    for index, (task, algorithm) in enumerate(zip(config.tasks, config.task_algorithms().values())):
-        for role in ("teacher", "sampler"):
-            name = getattr(algorithm, role)
-            if name is not None and name in config.models:
-                uses.setdefault(name, []).append(f"tasks.{index} ({task.name})'s {role}")
-    if not uses:
-        return []
-    policy = vocabulary(config.model.path)
-    problems = []
-    for name, roles in uses.items():
-        frozen = vocabulary(config.models[name].path)
-        if frozen == policy:
-            continue
-        differ = sorted(token for token in frozen.keys() | policy.keys() if frozen.get(token) != policy.get(token))
-        problems.append(
-            f"[models.{name}] ({config.models[name].path}), {' and '.join(roles)}, does not share the policy's "
-            f"tokenizer ({config.model.path}): {len(differ)} tokens differ (vocabularies of {len(frozen)} and "
-            f"{len(policy)}, e.g. {differ[0]!r}); its token ids would mean other tokens to the policy"
-        )
-    return problems
 
 
 def frozen_generator(generator: GeneratorConfig, model: FrozenModelConfig) -> GeneratorConfig:
