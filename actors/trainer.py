@@ -186,9 +186,10 @@ class PolicyTrainer(MetricsActor):
         self.publisher.close()
 
     @endpoint
-    async def save_checkpoint(self, path: str) -> None:
-        """Model, optimizer, LR schedule and this process's RNG into the checkpoint directory `path`."""
-        checkpoint.save_trainer(Path(path), self.lm, self.optimizer, self.scheduler)
+    async def save_checkpoint(self, path: str, weights_only: bool = False) -> None:
+        """Model, optimizer, LR schedule and this process's RNG into the checkpoint directory `path` (`weights_only`:
+        the model and the RNG)."""
+        checkpoint.save_trainer(Path(path), self.lm, self.optimizer, self.scheduler, weights_only)
         if self.ranks.rank == 0:
             checkpoint.save_rng(Path(path), "trainer")
 

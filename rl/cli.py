@@ -254,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _train(config: Config, resume_from: Path | None, interruptible: InterruptibleRun) -> int:
     """Run the controller; the exit code (0, 1: the run stopped on a fault, 2: set-up refused, 130: interrupted)."""
+    from rl.checkpoint.estimate import checkpoint_line
     from rl.loop.controller import Controller
     from rl.loop.roles import DeadlineMissed
     from rl.processes.interrupts import EXIT_INTERRUPTED
@@ -263,6 +264,7 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
     except (OSError, ValueError) as exc:
         print(f"rlmesh: cannot set up the run: {exc}", file=sys.stderr)
         return 2
+    print(checkpoint_line(config), file=sys.stderr)
     controller.checkpoints.save_on_interrupt = True
     controller.checkpoints.on_save = lambda budget_s: interruptible.extend(budget_s + interruptible.grace_s)
     try:

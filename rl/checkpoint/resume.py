@@ -60,7 +60,7 @@ def resume_config(run_dir: Path, overrides: dict[str, str]) -> tuple[Config, Pat
     if not (run_dir / "config.toml").is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no config.toml)")
     try:
-        newest = checkpoint.newest_loadable(run_dir)
+        newest = checkpoint.newest_loadable(run_dir, resumable=True)
     except FileNotFoundError as exc:
         raise ConfigError(str(exc)) from None
     saved = load_config(newest / "config.toml")

@@ -7,6 +7,8 @@
         step_record.json  the step's metrics record and logged samples (a resume logs them if the run did not)
         services.json     each service's counters (restarts, resubmitted, failed and served requests)
         config.toml       the resolved config the run was started with
+        WEIGHTS_ONLY      only in a weights-only checkpoint (`checkpoint.final = "weights"`): trainer/ holds the
+                          model and no optimizer or LR schedule; export and eval read it, a resume skips it
         MANIFEST.json     size and sha256 of every file above: a resume checks them before loading
         COMMITTED         written last: a checkpoint without it is ignored
 
@@ -42,6 +44,7 @@ import psutil
 import torch
 
 COMMITTED = "COMMITTED"
+WEIGHTS_ONLY = "WEIGHTS_ONLY"
 MANIFEST = "MANIFEST.json"
 _PREFIX = "step_"
 _TMP = ".tmp-"
@@ -69,17 +72,31 @@ def newest_checkpoint(run_dir: Path) -> Path:
     return checkpoints[-1]
 
 
-def newest_loadable(run_dir: Path) -> Path:
-    """The newest committed checkpoint that `damage` finds nothing wrong with; each newer one skipped is named with why on stderr."""
+def is_weights_only(path: Path) -> bool:
+    """Whether checkpoint `path` holds the model's weights only (`checkpoint.final = "weights"`): not resumable."""
+    return (path / WEIGHTS_ONLY).is_file()
+
+
+def newest_loadable(run_dir: Path, resumable: bool = False) -> Path:
+    """The newest committed checkpoint that `damage` finds nothing wrong with (`resumable`: and that is not weights
+    only); each newer one skipped is named with why on stderr."""
     newest_checkpoint(run_dir)  # none committed: FileNotFoundError
+    weights_only_skipped = False
     for path in reversed(committed_checkpoints(run_dir)):
+        if resumable and is_weights_only(path):
+            weights_only_skipped = True
+            print(
+                f"rlmesh: warning: skipping checkpoint {path.name}: it holds weights only (checkpoint.final = "
+                "'weights'), no optimizer state to resume (rlmesh export and rlmesh eval read it)",
+                file=sys.stderr,
+            )
+            continue
         reason = damage(path)
         if reason is None:
             return path
         print(f"rlmesh: warning: skipping checkpoint {path.name}: {reason}", file=sys.stderr)
-    raise FileNotFoundError(
-        f"{run_dir}: every committed checkpoint is damaged (see the warnings above); nothing to resume"
-    )
+    why = "no committed checkpoint can be resumed" if weights_only_skipped else "every committed checkpoint is damaged"
+    raise FileNotFoundError(f"{run_dir}: {why} (see the warnings above); nothing to resume")
 
 
 def damage(path: Path) -> str | None:
@@ -296,11 +313,17 @@ def load_rng(path: Path, process: str) -> None:
     set_rng_state(torch.load(file, weights_only=True))
 
 
-def save_trainer(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
-    """Model, optimizer and LR schedule through torch.distributed.checkpoint (valid for one rank or many)."""
+def save_trainer(
+    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, weights_only: bool = False
+) -> None:
+    """Model, optimizer and LR schedule through torch.distributed.checkpoint (valid for one rank or many);
+    `weights_only`: the model alone (a third of an fp32 AdamW checkpoint), which `rl.checkpoint.export` reads."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
+    if weights_only:
+        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=path / "trainer")
+        return
     model_state, optimizer_state = get_state_dict(model, optimizer)
     dcp.save(
         {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from rl.config.section import Section
@@ -59,6 +61,11 @@ class RunConfig(Section):
 class CheckpointConfig(Section):
     every_steps: int = Field(0, ge=0)
     """Write a checkpoint every N optimizer steps; 0 = only the final one (always written when a run ends)."""
+    final: Literal["full", "weights", "none"] = "full"
+    """The checkpoint a run ends with (after its last step, or when its data runs out): "full" (model, AdamW state, RNG:
+    resumable with `rlmesh train --resume`; about 3x the fp32 weights), "weights" (the model alone: `rlmesh export` and
+    `rlmesh eval` read it, a resume cannot) or "none" (regular `every_steps` checkpoints and Ctrl-C's are still
+    written). The start-up line states the choice and its estimated size."""
     keep: int = Field(2, ge=1)
     """Newest committed checkpoints kept; older ones are deleted after each commit."""
     interrupt_save_s: float = Field(40.0, ge=0)

@@ -200,7 +200,8 @@ class Controller:
         `interrupted`: after a Ctrl-C, no eval and always a checkpoint."""
         step, version = self.state.step, self.state.policy_version
         eval_due, checkpoint_due = due_after(step, self.planned_steps, self.config, data_ran_out=trained is None)
-        eval_due, checkpoint_due = eval_due and not interrupted, checkpoint_due or interrupted
+        eval_due, checkpoint_due = eval_due and not interrupted, "full" if interrupted else checkpoint_due
+        weights_only = checkpoint_due == "weights"
         metrics, actor_states = trained or ({}, [])
         if eval_due:
             metrics |= (evaluation := await self.validate())
@@ -210,12 +211,12 @@ class Controller:
             if metrics:
                 self.logger.log_step(step, {"policy_version": version, **metrics})
             if checkpoint_due:
-                await self.checkpoints.save(run_dir)
+                await self.checkpoints.save(run_dir, weights_only=weights_only)
             return
         metrics |= {key: value for service in self.roles.services for key, value in service.metrics().items()}
         record, samples = self.logger.reduce_step({"policy_version": version, **metrics}, actor_states)
         if checkpoint_due:
-            record["time/checkpoint_s"] = await self.checkpoints.save(run_dir, (record, samples))
+            record["time/checkpoint_s"] = await self.checkpoints.save(run_dir, (record, samples), weights_only)
         record["time/step_s"] = time.perf_counter() - step_start
         self.logger.write_step(step, record, samples)
 

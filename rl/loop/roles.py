@@ -263,9 +263,10 @@ class Roles:
             )
         return states
 
-    async def save_checkpoint(self, path: Path) -> None:
-        """The roles' part of a checkpoint: the trainer's model, optimizer and RNG, each reward replica's RNG, the services' counters."""
-        save = self.trainer_call(self.trainer.save_checkpoint.call_one(str(path)), "checkpoint save")
+    async def save_checkpoint(self, path: Path, weights_only: bool = False) -> None:
+        """The roles' part of a checkpoint: the trainer's model, optimizer (not with `weights_only`) and RNG, each reward
+        replica's RNG, the services' counters."""
+        save = self.trainer_call(self.trainer.save_checkpoint.call_one(str(path), weights_only), "checkpoint save")
         await asyncio.gather(
             save, self.reward.save_rng.fanout(str(path), timeout_s=self.config.services.reward.call_timeout_s)
         )

@@ -58,17 +58,19 @@ class RunState:
         self.rows_done_ahead = sorted(done)
 
 
-def due_after(step: int, planned_steps: int, config: Config, data_ran_out: bool) -> tuple[bool, bool]:
-    """(eval due, checkpoint due) once `step` steps are done: held-out eval every `run.eval_every` steps and a checkpoint
-    every `checkpoint.every_steps`, both after the last step; when the data ran out before the planned steps, the run
-    ends with whichever of the two the last step did not just do."""
+def due_after(step: int, planned_steps: int, config: Config, data_ran_out: bool) -> tuple[bool, str | None]:
+    """(eval due, checkpoint due: None, "full" or "weights") once `step` steps are done: held-out eval every
+    `run.eval_every` steps and after the last step; a full checkpoint every `checkpoint.every_steps`, and after the last
+    step the one `checkpoint.final` asks for unless a regular one falls there. When the data ran out before the planned
+    steps, the run ends with whichever of the two the last step did not just do."""
     eval_every, checkpoint_every = config.run.eval_every, config.checkpoint.every_steps
     regular_eval = eval_every > 0 and step % eval_every == 0
     regular_checkpoint = checkpoint_every > 0 and step % checkpoint_every == 0
+    final = None if config.checkpoint.final == "none" else config.checkpoint.final
     if data_ran_out:
-        return eval_every > 0 and not regular_eval, step > 0 and not regular_checkpoint
+        return eval_every > 0 and not regular_eval, final if step > 0 and not regular_checkpoint else None
     last = step == planned_steps
-    return regular_eval or (eval_every > 0 and last), regular_checkpoint or last
+    return regular_eval or (eval_every > 0 and last), "full" if regular_checkpoint else final if last else None
 
 
 async def save_checkpoint(
@@ -77,12 +79,18 @@ async def save_checkpoint(
     roles: Roles,
     config: Config,
     record: tuple[dict[str, Any], dict[str, Any]] | None = None,
+    weights_only: bool = False,
 ) -> float:
     """Commit a checkpoint of step `state.step`: the roles' part, the step's reduced `record` (metrics, samples) when it
-    has one, this process's RNG, the run state and the config (`rl.checkpoint`); returns seconds spent."""
+    has one, this process's RNG, the run state and the config (`rl.checkpoint`); `weights_only`: no optimizer state,
+    marked not resumable. Returns seconds spent."""
     start = time.perf_counter()
     tmp = checkpoint.begin(run_dir, state.step)
-    await roles.save_checkpoint(tmp)
+    await roles.save_checkpoint(tmp, weights_only)
+    if weights_only:
+        (tmp / checkpoint.WEIGHTS_ONLY).write_text(
+            "checkpoint.final = 'weights': the model's weights, no optimizer state; export or evaluate it, it cannot be resumed\n"
+        )
     if record is not None:
         checkpoint.write_step_record(tmp, *record)
     checkpoint.save_rng(tmp, "controller")
@@ -135,10 +143,13 @@ class Checkpoints:
         self.on_save: Callable[[float], None] = lambda budget_s: None
         """Called with the save's budget as it starts (the CLI pushes its hard stop past the save and the teardown)."""
 
-    async def save(self, run_dir: Path, record: tuple[dict[str, Any], dict[str, Any]] | None = None) -> float:
-        """`save_checkpoint` of the current step; returns seconds spent."""
-        seconds = await save_checkpoint(run_dir, self.state, self.roles, self.config, record)
-        self.committed_step = self.state.step
+    async def save(
+        self, run_dir: Path, record: tuple[dict[str, Any], dict[str, Any]] | None = None, weights_only: bool = False
+    ) -> float:
+        """`save_checkpoint` of the current step; returns seconds spent. `committed_step` counts resumable ones only."""
+        seconds = await save_checkpoint(run_dir, self.state, self.roles, self.config, record, weights_only)
+        if not weights_only:
+            self.committed_step = self.state.step
         return seconds
 
     async def after_interrupt(self, run_dir: Path, end_step_in_flight: Coroutine[Any, Any, bool]) -> None:

@@ -13,7 +13,7 @@ COMMIT_S = 1.0
 
 
 class NoRoles:
-    async def save_checkpoint(self, tmp):
+    async def save_checkpoint(self, tmp, weights_only=False):
         pass
 
 

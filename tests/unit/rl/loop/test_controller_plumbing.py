@@ -162,12 +162,25 @@ def test_eval_and_checkpoint_fall_due_on_their_schedule_and_once_more_at_the_run
     """(eval due, checkpoint due) after a step, worked out by hand for `eval_every = 7`, a checkpoint every 5 steps and
     14 planned steps; when the data runs out the run ends with whichever of the two the last step did not just do."""
     config = load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"run.eval_every": "7", "checkpoint.every_steps": "5"})
-    after_step = {3: (False, False), 5: (False, True), 7: (True, False), 10: (False, True), 14: (True, True)}
+    after_step = {3: (False, None), 5: (False, "full"), 7: (True, None), 10: (False, "full"), 14: (True, "full")}
     assert {step: due_after(step, 14, config, data_ran_out=False) for step in after_step} == after_step
-    data_ran_out_at = {0: (False, False), 5: (True, False), 7: (False, True), 9: (True, True)}
+    data_ran_out_at = {0: (False, None), 5: (True, None), 7: (False, "full"), 9: (True, "full")}
     assert {step: due_after(step, 14, config, data_ran_out=True) for step in data_ran_out_at} == data_ran_out_at
     no_schedule = load_config(
         E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"run.eval_every": "0", "checkpoint.every_steps": "0"}
     )
-    assert due_after(14, 14, no_schedule, data_ran_out=False) == (False, True)  # the last step is always checkpointed
-    assert due_after(6, 14, no_schedule, data_ran_out=True) == (False, True)
+    assert due_after(14, 14, no_schedule, data_ran_out=False) == (False, "full")  # the default final checkpoint
+    assert due_after(6, 14, no_schedule, data_ran_out=True) == (False, "full")
+
+
+@pytest.mark.parametrize("final", ["weights", "none"])
+def test_the_final_checkpoint_is_the_kind_checkpoint_final_asks_for_and_regular_ones_stay_full(final):
+    config = load_config(
+        E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"checkpoint.every_steps": "5", "checkpoint.final": final}
+    )
+    end = None if final == "none" else final
+    assert due_after(14, 14, config, data_ran_out=False)[1] == end
+    assert due_after(15, 15, config, data_ran_out=False)[1] == "full"  # a regular one falls on the last step
+    assert due_after(10, 14, config, data_ran_out=False)[1] == "full"
+    assert due_after(7, 14, config, data_ran_out=True)[1] == end  # the data ran out after step 7
+    assert due_after(10, 14, config, data_ran_out=True)[1] is None  # step 10 was just checkpointed in full

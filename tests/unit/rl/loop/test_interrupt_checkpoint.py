@@ -79,7 +79,7 @@ class StubbedRun:
         async def no_states(step):
             return []
 
-        async def trainer_part(path):  # the trainer's model and optimizer would go here
+        async def trainer_part(path, weights_only=False):  # the trainer's model and optimizer would go here
             (path / "trainer_saved").write_text("")
 
         controller.scored_groups.make = make
