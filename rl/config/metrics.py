@@ -45,9 +45,12 @@ class SampleFilters(Section):
 
 
 class SampleLoggingConfig(Section):
-    """Sample-level logging (seed 000): trained samples to the console, a wandb table and samples.jsonl."""
+    """Sample-level logging (seed 000): trained samples to samples.jsonl, a wandb table and (asked for) the console."""
 
     enabled: bool = True
     """Log trained samples at all."""
+    console: bool = False
+    """Also print each logged sample on the console, one line each (step, task, reward, advantage, status, the prompt's
+    end and the reply's start). Off: the console keeps one line per step; samples.jsonl and wandb have them all."""
     filters: SampleFilters = SampleFilters()
     """Which samples a step logs."""

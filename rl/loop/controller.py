@@ -166,7 +166,13 @@ class Controller:
             self.roles.run_log.move_into(run_dir)
         config = self.config
         dump = config.model_dump(mode="json")
-        self.logger = MetricsLogger(run_dir, log_rollouts=config.run.log_rollouts, wandb=config.wandb, run_config=dump)
+        self.logger = MetricsLogger(
+            run_dir,
+            log_rollouts=config.run.log_rollouts,
+            wandb=config.wandb,
+            run_config=dump,
+            console_samples=config.sample_logging.console,
+        )
         targets = {name: task.task.target for name, task in self.tasks.items()}
         self.sample_logger = SampleLogger.for_run(config, targets, self.roles.reference_logprobs)
         return run_dir

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import pprint
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,16 +31,44 @@ def short_name(key: str) -> str:
     return "_".join(parts)
 
 
+def clip(text: str, width: int, from_end: bool = False) -> str:
+    """`text` on one line (newlines shown as ⏎), cut to `width` characters with an ellipsis."""
+    flat = str(text).replace("\n", "⏎")
+    if len(flat) <= width:
+        return flat
+    return "…" + flat[-(width - 1) :] if from_end else flat[: width - 1] + "…"
+
+
+def sample_line(step: int, sample: dict[str, Any]) -> str:
+    """One logged sample as one console line: what it scored and the end of its prompt, then the start of its reply."""
+
+    def number(key: str) -> str:
+        value = sample.get(key)
+        return f"{value:.3g}" if isinstance(value, (int, float)) else "-"
+
+    head = (
+        f"  sample step {step} {sample.get('task', '?')} #{sample.get('episode_id', '?')} reward={number('reward')} "
+        f"adv={number('advantage')}"
+    )
+    if sample.get("status"):
+        head += f" {sample['status']}"
+    if sample.get("error"):
+        head += f" error={clip(sample['error'], 60)!r}"
+    return f"{head} | {clip(sample.get('prompt', ''), 40, from_end=True)!r} -> {clip(sample.get('response', ''), 60)!r}"
+
+
 class ConsoleBackend:
     """A line per step and the progress bar's postfix (the latest value of each key metric, so the
-    held-out reward stays shown between validations); samples pretty-printed under a step header.
+    held-out reward stays shown between validations); with `samples`, a line per logged sample.
 
     Everything goes through `tqdm.write`, so the live bar stays at the bottom of the terminal.
     """
 
     name = "console"
 
-    def __init__(self) -> None:
+    def __init__(self, samples: bool = False) -> None:
+        """`samples`: print each logged sample, one line each (`sample_logging.console`)."""
+        self.samples = samples
         self.bar: tqdm | None = None
         self.latest: dict[str, str] = {}
 
@@ -54,10 +81,8 @@ class ConsoleBackend:
             self.bar.set_postfix(self.latest, refresh=True)
 
     def log_samples(self, samples: dict[str, list[dict[str, Any]]], step: int) -> None:
-        lines = [f"=== SAMPLE LOGS STEP {step} ==="]
-        for key, rows in samples.items():
-            lines.extend(f"[{key}]\n{pprint.pformat(row, sort_dicts=False, width=120)}" for row in rows)
-        tqdm.write("\n".join(lines))
+        if self.samples:
+            tqdm.write("\n".join(sample_line(step, row) for rows in samples.values() for row in rows))
 
     def close(self) -> None:
         pass

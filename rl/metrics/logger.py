@@ -30,10 +30,12 @@ class MetricsLogger:
         wandb: WandbConfig | None = None,
         run_config: dict[str, Any] | None = None,
         backends: list[Backend] | None = None,
+        console_samples: bool = False,
     ):
-        """`log_rollouts`: `run.log_rollouts`; `wandb` (None = off) with `run_config`, the resolved config wandb records."""
+        """`log_rollouts`: `run.log_rollouts`; `wandb` (None = off) with `run_config`, the resolved config wandb records;
+        `console_samples`: `sample_logging.console`."""
         self.run_dir = run_dir
-        self.console = ConsoleBackend()
+        self.console = ConsoleBackend(samples=console_samples)
         if backends is None:
             # metrics.jsonl first: a step is on disk before the console shows it (a kill right after sees it saved)
             backends = [JsonlBackend(run_dir / "metrics.jsonl", run_dir / "samples.jsonl"), self.console]

@@ -116,7 +116,7 @@ def test_logger_merges_recorded_and_plain_metrics_and_writes_jsonl(tmp_path, con
     logger = MetricsLogger(
         tmp_path,
         log_rollouts=config.run.log_rollouts,
-        backends=[JsonlBackend(tmp_path / "metrics.jsonl", tmp_path / "samples.jsonl"), ConsoleBackend()],
+        backends=[JsonlBackend(tmp_path / "metrics.jsonl", tmp_path / "samples.jsonl"), ConsoleBackend(samples=True)],
     )
     record_metric("reward/mean", 0.25)
     record_metric("reward/samples", {"episode_id": 0, "reward": 0.25}, Reduce.SAMPLE)
@@ -129,8 +129,34 @@ def test_logger_merges_recorded_and_plain_metrics_and_writes_jsonl(tmp_path, con
     assert [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()] == [
         {"step": 3, "key": "reward/samples", "episode_id": 0, "reward": 0.25}
     ]
-    out = capsys.readouterr().out
-    assert "=== SAMPLE LOGS STEP 3 ===" in out and "'episode_id': 0" in out and "reward/mean=0.5" in out
+    assert capsys.readouterr().out.splitlines() == [
+        "  sample step 3 ? #0 reward=0.25 adv=- | '' -> ''",  # a sample with only an id and a reward
+        "step    3 v0 reward/mean=0.5 loss=1.5",
+    ]
+
+
+def test_samples_reach_the_console_only_when_asked_one_line_each(capsys):
+    sample = {
+        "episode_id": 7,
+        "task": "sum_digits",
+        "prompt": "user: What is the sum of the digits of 47?\nAnswer with just the number.",
+        "response": "4 + 7 = 11\nSo the answer is 11, which is the sum of the two digits of the number 47 given above.",
+        "reward": 1.0,
+        "advantage": 0.75,
+        "status": "completed",
+        "error": None,
+    }
+    ConsoleBackend().log_samples({"reward/samples": [sample]}, 3)  # the default: off
+    assert capsys.readouterr().out == ""
+    ConsoleBackend(samples=True).log_samples(
+        {"reward/samples": [sample, {**sample, "error": "ValueError: bad row"}]}, 3
+    )
+    first, second = capsys.readouterr().out.splitlines()
+    assert first == (
+        "  sample step 3 sum_digits #7 reward=1 adv=0.75 completed | '…its of 47?⏎Answer with just the number.' -> "
+        "'4 + 7 = 11⏎So the answer is 11, which is the sum of the two…'"
+    )
+    assert "error='ValueError: bad row'" in second
 
 
 def test_outside_a_terminal_the_console_gets_whole_step_lines_and_no_progress_bar(tmp_path, capsys):
