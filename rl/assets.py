@@ -12,7 +12,9 @@ import importlib.util
 import os
 import re
 import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,6 +47,8 @@ def _cached(name: str, build: Callable[[Path], None]) -> Path:
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
+    start = time.perf_counter()
+    print(f"rlmesh: building the model assets {name} into {final} (first use)", file=sys.stderr, flush=True)
     try:
         build(tmp)
         tmp.chmod(0o755)
@@ -58,6 +62,7 @@ def _cached(name: str, build: Callable[[Path], None]) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    print(f"rlmesh: built {name} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     return final
 
 

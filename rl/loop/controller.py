@@ -116,6 +116,7 @@ class Controller:
         """Start every role; a resumed run then loads its checkpoint into them and this process."""
         await self.roles.start(self.stop_token_ids, self.planned_steps)
         if self.resume_from is not None:  # the generators get the checkpoint's weights through the normal sync
+            tqdm.write(f"rlmesh: loading checkpoint {self.resume_from}", file=sys.stderr)
             await self.roles.load_checkpoint(self.resume_from)
             checkpoint.load_rng(self.resume_from, "controller")
             await self.sync_weights(self.state.policy_version)
@@ -131,6 +132,7 @@ class Controller:
         producer = asyncio.create_task(self.produce())
         try:
             if self.state.step == 0 and self.config.run.eval_every > 0:
+                tqdm.write(f"rlmesh: validating on {len(self.validation_rows)} held-out rows (step 0)", file=sys.stderr)
                 summary["eval_start"] = await self.validate()
                 self.logger.log_step(0, {"policy_version": 0, **summary["eval_start"]})
             for _ in self.logger.progress(self.state.step, self.planned_steps):

@@ -140,7 +140,6 @@ class Evaluation:
         self._task = asyncio.current_task()
         run, sampling = self.config.run, self.config.generator.eval_sampling
         try:
-            say(f"starting the generator ({self.config.generator.num_replicas} vLLM replica(s)) and reward services")
             await self.roles.start(self.stop_token_ids, planned_steps=0, trainer=False)
             if log_dir is not None:
                 self.roles.run_log.move_into(log_dir)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,15 @@ async def within(call: Awaitable[Any], what: str, key: str, timeout_s: float) ->
 def frozen_generator(generator: GeneratorConfig, model: FrozenModelConfig) -> GeneratorConfig:
     """A frozen model's Generator section: the policy's engine settings with the model's dtype, device and replicas."""
     return generator.model_copy(update={"dtype": model.dtype, "device": model.device, "num_replicas": model.replicas})
+
+
+def starting_line(config: Config, trainer: bool = True) -> str:
+    """The console line as the actors start (the slow part of a launch: vLLM engines, the trainer's model load)."""
+    parts = [f"the trainer ({config.trainer.ranks} process(es): loading {config.model.path})"] if trainer else []
+    parts.append(f"{config.generator.num_replicas} vLLM generator(s) ({config.model.path}, {config.generator.device})")
+    parts.append(f"{config.services.reward.replicas} reward replica(s)")
+    parts += [f"frozen model {name} ({model.replicas} vLLM)" for name, model in config.models.items()]
+    return f"rlmesh: starting {', '.join(parts)}"
 
 
 class Roles:
@@ -160,7 +170,10 @@ class Roles:
             else asyncio.sleep(0)
         )
         frozen_started = asyncio.gather(*(service.start() for service in self.frozen.values()))
+        start = time.perf_counter()
+        tqdm.write(starting_line(config, trainer), file=sys.stderr)
         await asyncio.gather(trainer_started, self.generators.start(), self.reward.start(), frozen_started)
+        tqdm.write(f"rlmesh: actors ready in {time.perf_counter() - start:.0f} s", file=sys.stderr)
         for actor in self.reward.actors():
             await self._connect_models(actor)
         self._actors_ready = True

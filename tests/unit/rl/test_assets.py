@@ -8,7 +8,7 @@ from rl import assets
 from rl.assets import resolve_model_path, smollm2_path, tiny_qwen3_path
 
 
-def test_cached_build_is_atomic_and_runs_once(tmp_path, monkeypatch):
+def test_cached_build_is_atomic_and_runs_once(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("RLMESH_CACHE", str(tmp_path))
     (tmp_path / "thing").mkdir()
     (tmp_path / "thing" / "partial").write_text("left by a crashed build")
@@ -21,7 +21,11 @@ def test_cached_build_is_atomic_and_runs_once(tmp_path, monkeypatch):
     path = assets._cached("thing", build)
     assert path == tmp_path / "thing"
     assert sorted(p.name for p in path.iterdir()) == [".rlmesh-complete", "data"]
+    built = capsys.readouterr().err.splitlines()  # a launch that builds says so: its first minute is not silent
+    assert built[0] == f"rlmesh: building the model assets thing into {path} (first use)"
+    assert built[1].startswith("rlmesh: built thing in ") and len(built) == 2
     assert assets._cached("thing", build) == path
+    assert capsys.readouterr().err == ""  # built already: nothing to say
     assert len(calls) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["thing"]  # no temporary folder left
 

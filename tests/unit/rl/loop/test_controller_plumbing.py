@@ -6,7 +6,7 @@ import pytest
 from rl.config import load_config
 from rl.config.services import ServiceConfig
 from rl.loop.controller import Controller
-from rl.loop.roles import DeadlineMissed
+from rl.loop.roles import DeadlineMissed, starting_line
 from rl.loop.state import RunState, due_after
 from rl.metrics.generation import GenerationStats, batch_metrics
 from rl.services.service import Service
@@ -184,3 +184,15 @@ def test_the_final_checkpoint_is_the_kind_checkpoint_final_asks_for_and_regular_
     assert due_after(10, 14, config, data_ran_out=False)[1] == "full"
     assert due_after(7, 14, config, data_ran_out=True)[1] == end  # the data ran out after step 7
     assert due_after(10, 14, config, data_ran_out=True)[1] is None  # step 10 was just checkpointed in full
+
+
+def test_the_console_names_what_starts_while_the_actors_start():
+    config = load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml")
+    assert starting_line(config) == (
+        "rlmesh: starting the trainer (1 process(es): loading tiny-qwen3), 1 vLLM generator(s) (tiny-qwen3, cpu), "
+        "1 reward replica(s)"
+    )
+    assert (
+        starting_line(config, trainer=False)
+        == "rlmesh: starting 1 vLLM generator(s) (tiny-qwen3, cpu), 1 reward replica(s)"
+    )
