@@ -1,5 +1,5 @@
 """Exactly once under a staleness budget: a run at budget 2 with 2 generator replicas, its launcher SIGKILLed
-at three random moments and resumed each time, trains every row exactly once and skips none. The off-policy
+at two random moments and resumed each time (a resumed launch killed again), trains every row exactly once and skips none. The off-policy
 loop's own promises are checked on the same run: no trained rollout older than the budget, off-policy rollouts
 trained, both replicas used, the wait/overlap ratios consistent with the step's times.
 
@@ -18,7 +18,7 @@ from rl.checkpoint import store as checkpoint
 from tests.support.launch import Launch
 from tests.support.runs import assert_rows_trained_once, read_jsonl
 
-STEPS, GROUPS_PER_STEP, GROUP_SIZE = 12, 2, 4
+STEPS, GROUPS_PER_STEP, GROUP_SIZE = 10, 2, 4
 OVERRIDES = [
     "--run.steps",
     str(STEPS),
@@ -48,7 +48,7 @@ def wait_for_a_new_step(launch: Launch, after: int) -> int:
             return int(line.split()[1])
 
 
-def test_every_row_is_trained_exactly_once_across_three_kills_at_staleness_budget_2(tmp_path):
+def test_every_row_is_trained_exactly_once_across_two_kills_at_staleness_budget_2(tmp_path):
     seed = int(os.environ.get("RLMESH_TEST_SEED") or random.randrange(2**32))  # set it to replay a failure
     rng = random.Random(seed)
     print(f"kill moments drawn with seed {seed} (RLMESH_TEST_SEED={seed} replays them)")
@@ -56,7 +56,7 @@ def test_every_row_is_trained_exactly_once_across_three_kills_at_staleness_budge
     launches = [Launch(tmp_path, *OVERRIDES)]
     resumed_from = 0
     try:
-        for _ in range(3):  # a random moment after the launch's first new step: generation, training or a checkpoint
+        for _ in range(2):  # a random moment after the launch's first new step: generation, training or a checkpoint
             launch = launches[-1]
             wait_for_a_new_step(launch, resumed_from)
             time.sleep(rng.uniform(0.0, 4.0))
