@@ -193,10 +193,12 @@ async def test_a_reply_that_freezes_math_verify_times_out_while_the_event_loop_k
             await asyncio.sleep(0.05)
             ticks += 1
 
+    poison, fine = rollout(r"\boxed{2^{2^{40}}}", 0), rollout(r"\boxed{4}", 1)
+    # the workers start and import math-verify first (seconds on a loaded machine), so the 2 s below is the call's own
+    await Rubric([RewardFn(math_verify)], timeout_s=60.0).score_group([fine, fine], {"answer": "4"})
     running = asyncio.create_task(ticker())
     try:
         rubric = Rubric([RewardFn(math_verify)], timeout_s=2.0)
-        poison, fine = rollout(r"\boxed{2^{2^{40}}}", 0), rollout(r"\boxed{4}", 1)
         rewards = await rubric.score_group([poison, fine], {"answer": "4"})
     finally:
         running.cancel()
