@@ -43,6 +43,7 @@ class BuiltTask:
     """A configured task with its rubric (the config's, else the task's default)."""
 
     name: str
+    """The entry's name in metric keys and rollouts (`TaskConfig.key`)."""
     config: TaskConfig
     task: Task
     rubric: Rubric
@@ -73,4 +74,4 @@ def build_task(task_config: TaskConfig) -> BuiltTask:
     rubric = build_rubric(task_config.rubric) if task_config.rubric is not None else task.build_rubric()
     task.rubric = rubric
     rollout_fn = import_object(task_config.rollout_fn) if task_config.rollout_fn is not None else task.rollout_fn()
-    return BuiltTask(name=task_config.name, config=task_config, task=task, rubric=rubric, rollout_fn=rollout_fn)
+    return BuiltTask(name=task_config.key, config=task_config, task=task, rubric=rubric, rollout_fn=rollout_fn)

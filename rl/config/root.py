@@ -61,9 +61,14 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _check(self) -> Config:
-        names = [task.name for task in self.tasks]
-        if len(set(names)) != len(names):
-            raise ValueError(f"tasks: each task may appear once, got {names}")
+        keys = [task.key for task in self.tasks]
+        for index, key in enumerate(keys):
+            if key in keys[:index]:
+                first = keys.index(key)
+                raise ValueError(
+                    f"tasks.{index}: named {key!r} in metric keys like tasks.{first}; give one of them its own "
+                    f'short name: tasks.{index}.alias = "..." (a task class can be listed twice, each under its name)'
+                )
         if self.generator.device != self.trainer.device:
             raise ValueError("generator.device and trainer.device must match on one machine")
         self._check_precision()
@@ -191,7 +196,7 @@ class Config(Section):
 
     def task_algorithms(self) -> dict[str, AlgorithmConfig]:
         """Each task's resolved algorithm (`[algorithm]` with the task's override applied)."""
-        return {task.name: self.algorithm.for_task(task.algorithm) for task in self.tasks}
+        return {task.key: self.algorithm.for_task(task.algorithm) for task in self.tasks}
 
 
 class ConfigError(ValueError):

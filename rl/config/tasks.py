@@ -110,6 +110,10 @@ class DataConfig(Section):
 class TaskConfig(Section):
     name: str = "sum_digits"
     """Registered task name or import path `package.module:TaskClass`."""
+    alias: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Short name of this entry in metric keys, rollouts and sample logs (`reward/<alias>/mean`), so one task class can
+    be listed twice (two datasets, two arg sets) under two names; None = the registered name, or the class name of an
+    import path (`my_tasks.vowels:VowelsTask` → `VowelsTask`)."""
     weight: float = Field(1.0, gt=0)
     """Share of training rows drawn from this task when several are configured."""
     args: dict[str, Any] = Field(default_factory=dict)
@@ -127,3 +131,9 @@ class TaskConfig(Section):
     """Rows from local files instead of the task's own; None = the task's."""
     algorithm: TaskAlgorithmConfig | None = None
     """Overrides of `[algorithm]` for this task (type, teacher, sampler, ...); None = `[algorithm]` as is."""
+
+    @property
+    def key(self) -> str:
+        """This entry's name wherever the run names its tasks (metric keys, rollouts, logs): `alias`, else `name`
+        without its module path."""
+        return self.alias or self.name.rpartition(":")[2]

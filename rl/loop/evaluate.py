@@ -114,7 +114,7 @@ class Evaluation:
     def __init__(self, config: Config, step: int):
         self.config = config = resolve_config(config)  # what needs the runtime, checked and decided
         self.step = step
-        self.tasks = {task_config.name: build_task(task_config) for task_config in config.tasks}
+        self.tasks = {task_config.key: build_task(task_config) for task_config in config.tasks}
         model_path = resolve_model_path(config.model.path)
         self.renderers = {name: build_renderer(task.config.renderer, model_path) for name, task in self.tasks.items()}
         self.stop_token_ids = sorted({token for r in self.renderers.values() for token in stop_token_ids(r)})

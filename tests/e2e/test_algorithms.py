@@ -61,7 +61,7 @@ async def test_every_algorithm_trains_in_each_step(run):
         assert record["train/num_ce_tokens"] > 0  # sft on the teacher's samples (ce component)
         for key in ("train/pg_loss", "train/ref_kl_loss", "train/ce_loss", "ref_kl/kl", "train/entropy"):
             assert math.isfinite(record[key]), key
-        for task in ("sum_digits", "tasks.sum_digits:SumDigitsTask", "tests.support.e2e_tasks:SelfDistilledDigits"):
+        for task in ("sum_digits", "SumDigitsTask", "SelfDistilledDigits"):  # an import path is named by its class
             assert f"advantage/{task}/mean" in record, task
 
 
@@ -69,7 +69,7 @@ async def test_frozen_sampled_rollouts_are_tagged_and_never_stale(run):
     by_task = {}
     for record in run["rollouts"]:
         by_task.setdefault(record["rollout"]["task_name"], []).append(record["rollout"])
-    sampled = by_task["tests.support.e2e_tasks:TeacherSampledDigits"]
+    sampled = by_task["TeacherSampledDigits"]
     assert sampled and all(r["metadata"]["sampler"] == "teacher" for r in sampled)
     assert all(turn["policy_version"] == 0 for r in sampled for turn in r["turns"])  # the teacher never changes
     assert all("sampler" not in r["metadata"] for r in by_task["sum_digits"])
@@ -101,7 +101,7 @@ async def test_sft_from_the_dataset_generates_nothing_and_echo_trains(run):
     by_task = {}
     for record in run["rollouts"]:
         by_task.setdefault(record["rollout"]["task_name"], []).append(record["rollout"])
-    demos = by_task["tests.support.e2e_tasks:DemonstratedDigits"]
+    demos = by_task["DemonstratedDigits"]
     assert demos and all(r["metadata"]["sampler"] == "dataset" and len(r["turns"]) == 1 for r in demos)
     assert len({r["group_id"] for r in demos}) == len(demos)  # one demonstration per row, not group_size generations
     echo = by_task[
