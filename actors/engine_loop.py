@@ -10,6 +10,8 @@ event loop stays free to accept calls while a step computes.
     "finish"   — stop admitting, let in-flight requests finish on the old weights;
     "resubmit" — abort in-flight requests; after the reload they restart from their prompt,
                  so every token they return is sampled by the new weights.
+Each request is stamped with the version the engine serves when it is dispatched to the engine (and again when a
+reload resubmits it); a reload that fails leaves the engine closed for good (`refused`).
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ class EngineLoop:
         self._idle.set()
         self._stepping = asyncio.Lock()  # held by the loop around each step; a pause takes it to stop stepping
         self._loop_task: asyncio.Task | None = None
+        self.refused = False
+        """A weight update failed half-way or did not prove its version: the engine takes no more requests."""
 
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run `fn` on the engine thread (every engine access goes through here)."""
@@ -103,27 +107,32 @@ class EngineLoop:
 
     @asynccontextmanager
     async def pause(self, mode: OnWeightUpdate, new_version: int) -> AsyncIterator[None]:
-        """Inside the block no request runs on the engine; after it the engine serves `new_version`."""
+        """Inside the block no request runs on the engine and `version` is already `new_version` (what requests are
+        stamped with from then on); after it the engine serves `new_version`. A block that raises (a failed load,
+        weights that did not prove the version) leaves the engine `refused`: requests waiting or aborted by the
+        pause never run on it."""
         self._open.clear()
         resubmit: list[_Request] = []
         try:
             if mode == "finish":
                 await self._idle.wait()
                 async with self._stepping:
-                    yield
                     self.version = new_version
+                    yield
             else:
                 async with self._stepping:
                     resubmit = list(self._requests.values())
                     await self.call(self.engine.abort_request, list(self._requests))
                     self._requests.clear()
                     self._idle.set()
-                    yield
                     self.version = new_version
-        finally:
-            self._open.set()
-            for request in resubmit:
-                await self._submit(request)
+                    yield
+        except BaseException:
+            self.refused = True
+            raise
+        self._open.set()
+        for request in resubmit:
+            await self._submit(request)
 
     async def close(self) -> None:
         if self._loop_task is not None:

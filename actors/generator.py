@@ -7,7 +7,8 @@ way it is driven by an `EngineLoop`: endpoints are concurrent, so many small cal
 batch together inside vLLM. Weights reach the workers as a handle to a shared file (`rl.weights.vllm_worker`),
 never as tensors over vLLM's RPC. Completions carry the policy version of the weights that produced them; a
 reload waits for in-flight requests or resubmits them (`generator.on_weight_update`), so a completion's
-version is exact.
+version is exact. After each reload the replica measures the weights vLLM holds against the trainer's fingerprints
+of the version (`rl.weights.attestation`) before its engine takes another request.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import asyncio
 import gc
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -35,6 +37,7 @@ from rl.processes.titles import name_process
 from rl.services.replica import ReplicaId, ServiceReplica, test_only_hang
 from rl.weights import sync as weight_sync
 from rl.weights import vllm_worker
+from rl.weights.attestation import Fingerprints, Piece, Verdict, check
 from rl.weights.shared_file import SharedWeights
 from rollouts.types import Completion, GenerationFailed, GenerationRequest
 
@@ -85,6 +88,33 @@ def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> di
                 ",".join(map(str, cores[rank * size : (rank + 1) * size])) for rank in range(tp)
             )
     return env
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """What one replica's weight update reports: seconds spent, and its attestation (None when not asked)."""
+
+    seconds: float
+    verdict: Verdict | None = None
+
+
+def measure_loaded(llm: Any, expected: Fingerprints) -> list[Piece]:
+    """Fingerprint pieces of the weights every vLLM worker of `llm` holds now (`rl.weights.vllm_attest`)."""
+    replies = llm.collective_rpc("fingerprint_loaded", args=(expected.to_message(),))
+    return [Piece.from_message(message) for reply in replies for message in reply]
+
+
+async def attest_loaded(engine: EngineLoop, llm: Any, expected: Fingerprints, previous_version: int) -> Verdict:
+    """Whether the loaded weights and the version `engine` stamps are `expected` (run while the engine is paused)."""
+    start = time.perf_counter()
+    pieces = await engine.call(measure_loaded, llm, expected)
+    verdict = check(expected, pieces, served_version=engine.version, previous_version=previous_version)
+    verdict.seconds = time.perf_counter() - start
+    return verdict
+
+
+class AttestationFailed(RuntimeError):
+    """Raised inside the engine's pause so that the engine stays closed (`EngineLoop.refused`)."""
 
 
 def load_weights(llm: Any, handle: SharedWeights) -> None:
@@ -178,15 +208,27 @@ class Generator(MetricsActor, ServiceReplica):
         return list(await asyncio.gather(*(one(request) for request in requests)))
 
     @concurrent_endpoint
-    async def update_weights(self, policy_version: int) -> float:
-        """Pull `policy_version` and reload it in place once no request runs; returns seconds spent."""
+    async def update_weights(self, policy_version: int, expected: Fingerprints | None = None) -> WeightUpdate:
+        """Pull `policy_version` and reload it in place once no request runs.
+
+        With `expected` (the trainer's fingerprints of that version) the replica then proves, before its engine takes
+        another request, that the weights it holds and the version it stamps are those: if not, the engine stays
+        closed for good and the returned verdict says why (the caller replaces the replica)."""
         start = time.perf_counter()
         handle = await self.weights.pull(policy_version)
-        async with self.engine.pause(self.on_weight_update, policy_version):
-            await self.engine.call(load_weights, self.llm, handle)
+        previous_version, verdict = self.engine.version, None
+        try:
+            async with self.engine.pause(self.on_weight_update, policy_version):
+                await self.engine.call(load_weights, self.llm, handle)
+                if expected is not None:
+                    verdict = await attest_loaded(self.engine, self.llm, expected, previous_version)
+                    if not verdict.attested:
+                        raise AttestationFailed(verdict.summary())
+        except AttestationFailed:
+            return WeightUpdate(time.perf_counter() - start, verdict)
         return_free_heap_pages()
         self.policy_version = policy_version
-        return time.perf_counter() - start
+        return WeightUpdate(time.perf_counter() - start, verdict)
 
     @concurrent_endpoint
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:

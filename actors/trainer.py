@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from pathlib import Path
 
 import torch
@@ -36,6 +35,7 @@ from rl.training import distributed
 from rl.training.logprobs import token_logprobs
 from rl.training.train_step import train_step
 from rl.weights import sync as weight_sync
+from rl.weights.attestation import Fingerprints
 
 
 def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
@@ -167,18 +167,20 @@ class PolicyTrainer(MetricsActor):
         )
 
     @endpoint
-    async def push_weights(self, policy_version: int) -> float:
-        """Publish the current weights as `policy_version`; returns seconds spent."""
-        start = time.perf_counter()
+    async def push_weights(self, policy_version: int, fingerprint: bool = False) -> Fingerprints | None:
+        """Publish the current weights as `policy_version`; with `fingerprint`, return the version's fingerprints
+        (`rl.weights.attestation`: what each generator must then prove it serves)."""
         # sent in the generators' dtype: half the bytes when they run bf16
         state_dict = self.lm.state_dict(
             keep_vars=self.ranks.world > 1
         )  # sharded: the DTensor parameters themselves (ties by identity)
-        await self.publisher.publish(state_dict, policy_version, self.wire_dtype, self.ranks)
+        fingerprints = await self.publisher.publish(
+            state_dict, policy_version, self.wire_dtype, self.ranks, fingerprint=fingerprint
+        )
         if self.ranks.rank == 0:
             record_metric("weight_sync/bytes", weight_sync.payload_bytes(state_dict, self.wire_dtype), Reduce.MAX)
         self.policy_version = policy_version
-        return time.perf_counter() - start
+        return fingerprints
 
     @endpoint
     async def release_weights(self) -> None:

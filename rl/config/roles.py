@@ -144,3 +144,6 @@ class WeightSyncConfig(Section):
     transport: Literal["shared_memory", "torchstore"] = "shared_memory"
     """"shared_memory": bytes through a shared file on this host, torchstore carries a versioned handle;
     "torchstore": every tensor through the store (needed when trainer and generators are on different hosts)."""
+    attest: bool = True
+    """After every sync each generator replica proves, before it takes traffic, that the weights vLLM holds and the
+    version it stamps are the trainer's (`rl.weights.attestation`); a replica that cannot is replaced."""

@@ -39,7 +39,7 @@ from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
 from rl.loop.evaluate import held_out_groups, held_out_rows
 from rl.loop.resolve import resolve_config
-from rl.loop.roles import Roles
+from rl.loop.roles import Roles, refusal
 from rl.loop.scored_groups import ScoredGroups
 from rl.loop.state import Checkpoints, RunState, due_after, open_run_dir, row_index_of, train_group_id
 from rl.metrics import timer
@@ -319,16 +319,30 @@ class Controller:
         if "train/mismatch_k3" in metrics and (warning := self.mismatch_watch.check(metrics["train/mismatch_k3"])):
             self._warn(warning)
         with timer("weight_sync"):
-            await self.sync_weights(self.state.policy_version + 1)
+            metrics |= await self.sync_weights(self.state.policy_version + 1)
         if "train/clip_frac_low" in metrics:
             metrics["train/ppo_clip_frac"] = metrics["train/clip_frac_low"] + metrics["train/clip_frac_high"]
         return metrics
 
-    async def sync_weights(self, policy_version: int) -> None:
-        """The trainer publishes its weights as `policy_version`; every generator reloads them; admission moves on."""
+    async def sync_weights(self, policy_version: int) -> dict[str, float]:
+        """The trainer publishes its weights as `policy_version`; every generator reloads them and, when the run
+        attests its syncs, proves it serves them before it takes traffic (a replica that cannot is replaced like a dead
+        one); admission moves on. Returns `weight_sync/attested` (1 when every replica proved it) and
+        `time/attestation_s` (the trainer's fingerprints plus the slowest replica's measurement)."""
         generators, timeout_s = self.roles.generators, self.config.run.weight_sync_timeout_s
         async with generators.updating():  # a replacement generator loads the version before or after, never half-way
-            await self.roles.push_weights(policy_version)
-            await generators.update_weights.fanout(policy_version, timeout_s=timeout_s)
+            expected = await self.roles.push_weights(policy_version)
+            replicas = len(generators.healthy)
+            updates = await generators.update_weights.fanout(
+                policy_version, expected, timeout_s=timeout_s, refuse=refusal
+            )
             self.state.policy_version = policy_version
         await self.admission.set_policy_version(policy_version)
+        if expected is None:
+            return {}
+        verdicts = [update.verdict for update in updates if update.verdict is not None]
+        proven = sum(verdict.attested for verdict in verdicts)
+        return {
+            "weight_sync/attested": float(replicas > 0 and proven == replicas),
+            "time/attestation_s": expected.seconds + max((verdict.seconds for verdict in verdicts), default=0.0),
+        }

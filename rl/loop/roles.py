@@ -24,7 +24,7 @@ import monarch.actor
 import monarch.config
 from tqdm import tqdm
 
-from actors.generator import Generator
+from actors.generator import Generator, WeightUpdate
 from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
 from rl.checkpoint import store as checkpoint
@@ -40,6 +40,7 @@ from rl.processes.trainer_mesh import spawn_trainer
 from rl.services.gateway import Gateway, open_gateway
 from rl.services.service import Service, after_run_fault_hook
 from rl.weights import sync as weight_sync
+from rl.weights.attestation import Fingerprints
 from rollouts.types import Completion, GenerationFailed, GenerationRequest, RolloutGroup, RolloutStatus
 
 RESUME_HINT = "resume from the last checkpoint with `rlmesh train --resume RUN_DIR`"
@@ -55,6 +56,13 @@ async def within(call: Awaitable[Any], what: str, key: str, timeout_s: float) ->
         return await asyncio.wait_for(call, timeout_s)
     except TimeoutError:
         raise DeadlineMissed(f"{what} took longer than {key}={timeout_s} s; {RESUME_HINT}") from None
+
+
+def refusal(update: WeightUpdate) -> str | None:
+    """Why a generator's weight update must not take traffic (its attestation failed), or None."""
+    if update.verdict is not None and not update.verdict.attested:
+        return update.verdict.summary()
+    return None
 
 
 def frozen_generator(generator: GeneratorConfig, model: FrozenModelConfig) -> GeneratorConfig:
@@ -87,6 +95,8 @@ class Roles:
         self.gateway: Gateway | None = None
         """Judge reward functions' way to the frozen models' services (`rl.services.gateway`), opened on first use."""
         self.run_log: RunLog | None = None
+        self.published: Fingerprints | None = None
+        """The fingerprints of the newest published version (None before the first sync, or without attestation)."""
         self._proc_meshes: list[Any] = []
         self._store_started = False
         self._shutting_down = False
@@ -193,9 +203,12 @@ class Roles:
         self.stop_run(failure.report() + "\n" + RESUME_HINT)
 
     async def _load_policy(self, generator: Any) -> None:
-        """A replacement generator loads the current policy version through the normal weight path."""
+        """A replacement generator loads the current policy version through the normal weight path and, when the run
+        attests its syncs, proves it before it takes traffic (else it fails to start)."""
         if (policy_version := self.policy_version()) > 0:
-            await generator.update_weights.call_one(policy_version)
+            update = await generator.update_weights.call_one(policy_version, self.published)
+            if (reason := refusal(update)) is not None:
+                raise RuntimeError(reason)
 
     async def _connect_models(self, reward: Any) -> None:
         """Judge reward functions in `reward` reach the frozen models through the gateway to their services."""
@@ -246,13 +259,15 @@ class Roles:
                 rollout.error = f"reward actor failed: {exc}"
             return group
 
-    async def push_weights(self, policy_version: int) -> None:
-        """The trainer publishes its weights as `policy_version` within `run.weight_sync_timeout_s`."""
-        push = self.trainer.push_weights.call_one(policy_version)
+    async def push_weights(self, policy_version: int) -> Fingerprints | None:
+        """The trainer publishes its weights as `policy_version` within `run.weight_sync_timeout_s`; returns the
+        version's fingerprints when the run attests its syncs (`weight_sync.attest`), kept for replacements too."""
+        push = self.trainer.push_weights.call_one(policy_version, self.config.weight_sync.attest)
         timeout_s = self.config.run.weight_sync_timeout_s
-        await within(
+        self.published = await within(
             push, f"trainer weight push (policy version {policy_version})", "run.weight_sync_timeout_s", timeout_s
         )
+        return self.published
 
     def trainer_call(self, call: Awaitable[Any], what: str) -> Awaitable[Any]:
         """A trainer call (not the weight push) within `trainer.call_timeout_s`."""

@@ -57,7 +57,7 @@ class ServiceEndpoint:
 
     `route(*args, key=...)`: one replica answers (least outstanding, sticky by `key`), and the call is
     resubmitted if that replica is lost first; `fanout(*args, timeout_s=...)`: every healthy replica
-    answers, and one that fails or misses `timeout_s` is lost, not the call.
+    answers, and one that fails or misses `timeout_s` (or whose answer `refuse` rejects) is lost, not the call.
     """
 
     def __init__(self, service: Service, name: str):
@@ -66,8 +66,10 @@ class ServiceEndpoint:
     async def route(self, *args: Any, key: str | None = None) -> Any:
         return await self.service.call(self.name, *args, key=key)
 
-    async def fanout(self, *args: Any, timeout_s: float) -> list[Any]:
-        return await self.service.broadcast(self.name, *args, timeout_s=timeout_s)
+    async def fanout(
+        self, *args: Any, timeout_s: float, refuse: Callable[[Any], str | None] | None = None
+    ) -> list[Any]:
+        return await self.service.broadcast(self.name, *args, timeout_s=timeout_s, refuse=refuse)
 
 
 @dataclass
@@ -253,17 +255,26 @@ class Service:
                 raise RequestFailed(f"{self.name}: no healthy replica for {self.config_key}.start_timeout_s") from None
         return healthy
 
-    async def broadcast(self, endpoint: str, *args: Any, timeout_s: float) -> list[Any]:
-        """`endpoint(*args)` on every healthy replica; one that fails or misses `timeout_s` is lost, not the call."""
+    async def broadcast(
+        self, endpoint: str, *args: Any, timeout_s: float, refuse: Callable[[Any], str | None] | None = None
+    ) -> list[Any]:
+        """`endpoint(*args)` on every healthy replica; one that fails or misses `timeout_s` is lost, not the call.
+
+        `refuse(result)`: a reason to lose the replica that answered `result` (e.g. weights it could not prove it
+        serves), or None; a refused replica is replaced like a dead one, and its answer is still returned."""
 
         async def one(replica: Replica) -> Any:
             try:
-                return await asyncio.wait_for(getattr(replica.actor, endpoint).call_one(*args), timeout_s)
+                result = await asyncio.wait_for(getattr(replica.actor, endpoint).call_one(*args), timeout_s)
             except (TimeoutError, SupervisionError) as exc:
                 self.lose(
                     replica,
                     f"{endpoint} failed: {exc!r}" if str(exc) else f"{endpoint} missed its {timeout_s} s deadline",
                 )
+                return None
+            if refuse is not None and (reason := refuse(result)) is not None:
+                self.lose(replica, f"{endpoint} refused: {reason}")
+            return result
 
         results = await asyncio.gather(*(one(self.replicas[index]) for index in self.healthy))
         return [result for result in results if result is not None]

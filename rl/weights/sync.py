@@ -25,7 +25,9 @@ shared memory the ranks gather one parameter at a time and rank 0 copies it into
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -33,6 +35,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from rl.training.distributed import Ranks
+from rl.weights.attestation import Fingerprints, fingerprint_state_dict
 from rl.weights.shared_file import (
     SHM_DIR,
     SHM_PREFIX,
@@ -41,6 +44,7 @@ from rl.weights.shared_file import (
     map_file,
     plan_layout,
     shm_free_bytes,
+    view,
     write,
 )
 from rl.weights.torchstore_compat import import_torchstore
@@ -195,6 +199,10 @@ def payload_bytes(state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> in
     return total
 
 
+def _timed(fingerprints: Fingerprints, start: float) -> Fingerprints:
+    return dataclasses.replace(fingerprints, seconds=time.perf_counter() - start)
+
+
 class WeightPublisher:
     """Trainer side: publish a state dict as a policy version.
 
@@ -221,16 +229,29 @@ class WeightPublisher:
         return self._slots[slot]
 
     async def publish(
-        self, state_dict: dict[str, torch.Tensor], policy_version: int, dtype: torch.dtype, ranks: Ranks = Ranks()
-    ) -> None:
-        """Every rank calls this with its (sharded) state dict; the version is readable once all have returned."""
+        self,
+        state_dict: dict[str, torch.Tensor],
+        policy_version: int,
+        dtype: torch.dtype,
+        ranks: Ranks = Ranks(),
+        *,
+        fingerprint: bool = False,
+    ) -> Fingerprints | None:
+        """Every rank calls this with its (sharded) state dict; the version is readable once all have returned.
+
+        `fingerprint`: rank 0 also returns the version's fingerprints (`rl.weights.attestation`), taken from the
+        bytes as published (the shared file itself, or the cast tensors put in the store)."""
         if self.transport == "torchstore":
             cast = {k: v.detach().to(dtype) if v.is_floating_point() else v.detach() for k, v in state_dict.items()}
             if ranks.world == 1:
                 await push_state_dict(cast, policy_version, keep_versions=2)
             else:
                 await push_sharded_state_dict(cast, policy_version, ranks, keep_versions=2)
-            return
+            if not fingerprint:
+                return None
+            start = time.perf_counter()
+            whole = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in cast.items()}  # collective
+            return _timed(fingerprint_state_dict(whole, policy_version), start) if ranks.rank == 0 else None
         handle, buffer = self._slot(policy_version, state_dict, dtype) if ranks.rank == 0 else (None, None)
         written: set[int] = set()
         with torch.no_grad():
@@ -244,11 +265,16 @@ class WeightPublisher:
                     written.add(offset)
                     write(buffer, handle.layout[name], tensor)
         if ranks.rank != 0:
-            return
+            return None
         await ts.put(policy_key(policy_version) + "/HANDLE", handle)
         stale = policy_key(policy_version - 2) + "/HANDLE"
         if policy_version >= 2 and await ts.exists(stale):
             await ts.delete(stale)
+        if not fingerprint:
+            return None
+        start = time.perf_counter()
+        published = {name: view(buffer, *entry) for name, entry in handle.layout.items()}  # ties share their bytes
+        return _timed(fingerprint_state_dict(published, policy_version), start)
 
     def close(self) -> None:
         """Remove the shared files (the generators' mappings stay valid until they exit)."""

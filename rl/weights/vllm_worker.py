@@ -5,7 +5,8 @@ vLLM mixes `WeightLoader` into every worker (`worker_extension_cls`). The genera
 cross vLLM's multiprocess engine core (msgpack turns them into tuples the loader cannot read, "cannot
 pickle memoryview objects"), which every tensor-parallel engine uses; with a handle, each worker maps the
 file and copies the bytes into its own shard of the model (`reload_weights` copies in place, so CUDA graphs
-stay valid).
+stay valid). After a load, `fingerprint_loaded` measures what the worker's model holds
+(`rl.weights.vllm_attest`) so the generator can prove the version it serves.
 """
 
 from __future__ import annotations
@@ -25,3 +26,12 @@ class WeightLoader:
             self._rlmesh_files = MappedFiles()
         state_dict = self._rlmesh_files.state_dict(SharedWeights.from_message(message))
         self.reload_weights(weights_iterator=list(state_dict.items()))
+
+    def fingerprint_loaded(self, message: dict) -> list[list]:
+        """Fingerprint pieces (as plain lists) of the published tensors `message` names (a `Fingerprints.to_message()`),
+        measured on this worker's loaded model."""
+        from rl.weights.vllm_attest import loaded_pieces
+
+        shapes = {name: tuple(shape) for name, (shape, _) in message["tensors"].items()}
+        pieces = loaded_pieces(self.model_runner.get_model(), shapes, int(message["seed"]))
+        return [piece.to_message() for piece in pieces]

@@ -11,7 +11,8 @@ from rl.services.service import Service
 
 
 class FakeActor:
-    """A replica: `generate(x)` answers `(incarnation name, x)`, or hangs / dies as the test scripts it."""
+    """A replica: `generate(x)` answers `(incarnation name, x)`, or hangs / dies as the test scripts it; `update(v)`
+    answers v, or hangs, or answers v - 1 ("stale")."""
 
     def __init__(self, name: str, script: dict):
         self.name = name
@@ -40,6 +41,8 @@ class FakeActor:
         self.calls.append(("update", version))
         if self.script.get("update") == "hang":
             await asyncio.Event().wait()
+        if self.script.get("update") == "stale":
+            return version - 1
         return version
 
 

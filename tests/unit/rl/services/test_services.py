@@ -189,6 +189,20 @@ async def test_broadcast_loses_a_hung_replica_instead_of_hanging():
     await service.stop()
 
 
+async def test_a_replica_whose_answer_is_refused_is_replaced_like_a_dead_one_and_its_answer_kept():
+    host = FakeHost({"generator_1_0": {"update": "stale"}})
+    service = make_service(host)
+    await service.start()
+    refuse = lambda version: None if version == 3 else f"serves version {version}, published 3"
+    assert await service.broadcast("update", 3, timeout_s=1.0, refuse=refuse) == [3, 2]
+    assert service.healthy == [0]  # out of routing at once
+    assert service.losses == ["generator/1#0: update refused: serves version 2, published 3"]
+    await settle(service)
+    assert "generator_1_0" in host.stopped and service.healthy == [0, 1] and service.restarts == 1
+    assert service.replicas[1].actor is host.actors["generator_1_1"]
+    await service.stop()
+
+
 async def test_an_idle_replica_that_stops_answering_its_probe_is_replaced():
     host = FakeHost({"generator_0_0": {"ping": "hang"}})
     service = make_service(host, probe_interval_s=0.05, probe_timeout_s=0.05)
