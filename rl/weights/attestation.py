@@ -21,6 +21,10 @@ step moves ‖W‖_F by far more (Adam at lr 1e-5 on weights of rms 0.04: 2.5e-4
 a bf16 kernel's output rounding (2⁻⁹) hides changes that small, so a layer measured through a 16-bit kernel proves
 the load to 16-bit precision only.
 
+Nothing here is specific to the full policy: an adapter-only sync (LoRA) is attested the same way, with the trainer
+fingerprinting the adapter's tensors (`fingerprint_state_dict`) and the generator measuring the adapter vLLM loaded
+(a walker over its LoRA layers' slots beside `rl.weights.vllm_attest.loaded_pieces`, which walks the base weights).
+
 Importing torch alone: vLLM's worker processes import this module.
 """
 

@@ -128,6 +128,10 @@ async def test_metrics_file_has_one_flat_record_per_step(trained):
             assert key in record, key
         assert all(not isinstance(value, (dict, list)) for value in record.values())
     assert records[1]["train/num_loss_tokens"] > 0 and records[1]["loss"] != 0.0
+    # every sync proven by every generator replica before it took traffic, none refused
+    assert [r["weight_sync/attested"] for r in records[1:]] == [1.0, 1.0]
+    assert all(0 < r["time/attestation_s"] < r["time/weight_sync_s"] for r in records[1:])
+    assert records[-1]["services/generator/restarts"] == 0
     policy = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-qwen3"))
     assert records[1]["weight_sync/bytes"] == 4 * sum(p.numel() for p in policy.parameters())  # fp32, tied once
     # fp32 sampler = the trainer's exact weights: the sampling logprobs the loss uses match the trainer's.
