@@ -15,10 +15,10 @@ import pytest_asyncio
 import torch
 from transformers import AutoModelForCausalLM
 
+from actors.engine_loop import EngineLoop
 from actors.generator import AttestationFailed, attest_loaded, engine_args, load_weights
 from rl.assets import resolve_model_path
 from rl.config import load_config
-from actors.engine_loop import EngineLoop
 from rl.weights.attestation import fingerprint_state_dict
 from rl.weights.shared_file import SharedWeights, file_path, map_file, plan_layout, write
 from tests.support.paths import E2E_CONFIGS
