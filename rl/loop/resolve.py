@@ -14,6 +14,7 @@ from pathlib import Path
 from env_types.renderer import check_renderer_name
 from rl.algorithms.registry import check_algorithms
 from rl.assets import BUILTIN_MODELS, check_model_path, resolve_model_path
+from rl.components import TASKS, resolve
 from rl.config import Config, ConfigError
 from rl.config.algorithm import decide_bypass_mode
 from rl.packing.attention_kinds import prefix_sharing_refusal
@@ -39,7 +40,8 @@ def resolve_config(config: Config) -> Config:
 
 
 def _check_names(config: Config) -> None:
-    """Model paths are built-in assets, directories or hub ids; renderer names are known to `renderers`."""
+    """Model paths are built-in assets, directories or hub ids; task names are registered or import paths; renderer
+    names are known to `renderers`."""
     paths = {"model.path": config.model.path} | {f"models.{name}.path": m.path for name, m in config.models.items()}
     for key, path in paths.items():
         try:
@@ -47,6 +49,10 @@ def _check_names(config: Config) -> None:
         except ValueError as exc:
             raise ValueError(f"{key}: {exc}") from None
     for index, task in enumerate(config.tasks):
+        try:
+            resolve(task.name, TASKS, "task")
+        except ValueError as exc:
+            raise ValueError(f"tasks.{index}.name: {exc}") from None
         try:
             check_renderer_name(task.renderer.name)
         except ValueError as exc:
