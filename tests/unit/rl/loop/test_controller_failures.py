@@ -57,9 +57,10 @@ def controller_with(trainer: StubTrainer, **overrides: str) -> tuple[Controller,
     controller.roles.trainer = trainer
     synced: list[int] = []
 
-    async def sync_weights(policy_version: int) -> None:
+    async def sync_weights(policy_version: int) -> dict[str, float]:
         synced.append(policy_version)
         controller.state.policy_version = policy_version
+        return {}  # the sync's own metrics (attestation): none here
 
     controller.sync_weights = sync_weights
     return controller, synced
