@@ -33,13 +33,14 @@ async def test_two_hosts_train_two_steps_and_the_generator_runs_the_trainers_wei
     parity: list[tuple[int, float]] = []
     sync_weights = controller.sync_weights
 
-    async def sync_and_compare(policy_version: int) -> None:
-        await sync_weights(policy_version)
+    async def sync_and_compare(policy_version: int) -> dict[str, float]:
+        synced = await sync_weights(policy_version)
         trainer, generator = await asyncio.gather(
             controller.roles.trainer.logprobs.call_one(probe),
             controller.roles.generators.call("prompt_logprobs", probe),
         )
         parity.append((policy_version, max(abs(a - b) for a, b in zip(trainer, generator))))
+        return synced
 
     controller.sync_weights = sync_and_compare
     try:

@@ -377,6 +377,7 @@ def test_task_algorithm_overrides_only_what_it_sets():
     config = _config(
         **{
             "algorithm.normalize_advantage_std": "true",
+            "model.path": "'tiny-qwen3'",  # a teacher shares the policy's tokenizer
             "models.teacher.path": "'tiny-qwen3'",
             "tasks.0.algorithm": "{type = 'opd', teacher = 'teacher'}",
         }

@@ -24,7 +24,14 @@ from tests.support.paths import REPO
         ({"trainer.dtype": "'bfloat16'"}, False),  # bf16 autocast: π_old is not what the fp32 sampler ran
         ({"run.max_policy_staleness": "1"}, False),
         ({"trainer.ppo_n_minibatches": "2"}, False),
-        ({"models.big.path": "'tiny-qwen3'", "tasks.0.algorithm": "{type = 'sft', sampler = 'big'}"}, False),
+        (
+            {
+                "model.path": "'tiny-qwen3'",
+                "models.big.path": "'tiny-qwen3'",
+                "tasks.0.algorithm": "{type = 'sft', sampler = 'big'}",
+            },
+            False,
+        ),
         ({"generator.dtype": "'bfloat16'", "algorithm.rollout_correction.bypass_mode": "true"}, True),  # explicit wins
         ({"generator.dtype": "'bfloat16'", "algorithm.rollout_correction.use_policy_gradient": "true"}, True),
     ],
@@ -64,7 +71,15 @@ def test_validate_prints_the_decided_mode_and_why(capsys):
         ({"generator.dtype": "'bfloat16'"}, "token", 2.0),
         ({"run.max_policy_staleness": "2", "algorithm.rollout_correction.rollout_is_threshold": "3.0"}, "token", 3.0),
         ({"trainer.dtype": "'float32'"}, None, 2.0),  # bypass: π_rollout = π_old
-        ({"models.big.path": "'tiny-qwen3'", "tasks.0.algorithm": "{type = 'sft', sampler = 'big'}"}, None, 2.0),
+        (
+            {
+                "model.path": "'tiny-qwen3'",
+                "models.big.path": "'tiny-qwen3'",
+                "tasks.0.algorithm": "{type = 'sft', sampler = 'big'}",
+            },
+            None,
+            2.0,
+        ),
         ({"run.max_policy_staleness": "2", "algorithm.rollout_correction.preset": "'disabled'"}, None, 2.0),  # off
         (
             {"run.max_policy_staleness": "2", "algorithm.rollout_correction.preset": "'decoupled_seq_is'"},

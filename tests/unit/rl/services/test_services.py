@@ -205,12 +205,13 @@ async def test_a_replica_whose_answer_is_refused_is_replaced_like_a_dead_one_and
 
 async def test_an_idle_replica_that_stops_answering_its_probe_is_replaced():
     host = FakeHost({"generator_0_0": {"ping": "hang"}})
-    service = make_service(host, probe_interval_s=0.05, probe_timeout_s=0.05)
+    service = make_service(host, probe_interval_s=0.05, probe_timeout_s=0.5)
     host.scripts["generator_0_0"] = {}  # answers its start-up ping ...
     await service.start()
     host.actors["generator_0_0"].script["ping"] = "hang"  # ... then stops answering
     while service.restarts == 0:
         await asyncio.sleep(0.02)
+    await settle(service)  # the restart is counted before its replacement serves
     assert "generator_0_0" in host.stopped and service.healthy == [0, 1]
     await service.stop()
 
