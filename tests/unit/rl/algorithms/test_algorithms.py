@@ -130,19 +130,7 @@ def test_echo_weighs_each_environment_message_by_its_own_role(qwen3_renderer):
     # turn 1 answers; the environment replies with a tool message and then a user message; turn 2's prompt is the
     # bridge: the tool message's tokens get tool's weight (0.25), the user message's user's (0.5), and the
     # generation prompt of the assistant's next turn none (before: every new token got the last message's role).
-    messages = [{"role": "user", "content": "Sum the digits of 47."}]
-    prompt = list(qwen3_renderer.render_ids(messages, add_generation_prompt=True))
-    completion = list(qwen3_renderer.render_ids([*messages, {"role": "assistant", "content": "11"}]))[len(prompt) :]
-    env_messages = [{"role": "tool", "content": "ok"}, {"role": "user", "content": "again"}]
-    bridged = qwen3_renderer.bridge_to_next_turn(prompt, completion, env_messages)
-    first = RolloutTurn(
-        prompt_messages=messages,
-        prompt_token_ids=prompt,
-        completion_token_ids=completion,
-        completion_logprobs=[-0.5] * len(completion),
-        env_messages=env_messages,
-        assistant_message={"role": "assistant", "content": "11"},
-    )
+    prompt, completion, env_messages, bridged, first = _answered_then_tool_and_user_reply(qwen3_renderer)
     second = _turn(list(bridged.token_ids), [7])
     weights = {"tool": 0.25, "user": 0.5}
     samples, _ = _build(
@@ -190,19 +178,7 @@ def test_echo_setting_one_role_replaces_the_whole_table(qwen3_renderer):
         "assistant": 0.0,
         "tool": 0.0,
     }
-    messages = [{"role": "user", "content": "Sum the digits of 47."}]
-    prompt = list(qwen3_renderer.render_ids(messages, add_generation_prompt=True))
-    completion = list(qwen3_renderer.render_ids([*messages, {"role": "assistant", "content": "11"}]))[len(prompt) :]
-    env_messages = [{"role": "tool", "content": "ok"}, {"role": "user", "content": "again"}]
-    bridged = qwen3_renderer.bridge_to_next_turn(prompt, completion, env_messages)
-    first = RolloutTurn(
-        prompt_messages=messages,
-        prompt_token_ids=prompt,
-        completion_token_ids=completion,
-        completion_logprobs=[-0.5] * len(completion),
-        env_messages=env_messages,
-        assistant_message={"role": "assistant", "content": "11"},
-    )
+    prompt, completion, env_messages, bridged, first = _answered_then_tool_and_user_reply(qwen3_renderer)
     samples, _ = _build(
         {"t": AlgorithmConfig(type="echo", echo_role_weights={"user": 0.5})},
         [_group("t", [1.0, 0.0], turns=[first, _turn(list(bridged.token_ids), [7])])],
@@ -212,6 +188,25 @@ def test_echo_setting_one_role_replaces_the_whole_table(qwen3_renderer):
     roles = [env_messages[i]["role"] if i >= 0 else None for i in bridged.message_indices[new:]]
     assert "tool" in roles and "user" in roles
     assert samples[0].ce_weights[new:-1] == [0.5 if role == "user" else 0.0 for role in roles]
+
+
+def _answered_then_tool_and_user_reply(renderer):
+    """A first turn that answers, then a tool message and a user message bridged into the second turn's prompt:
+    (prompt, completion, env_messages, bridged, first turn)."""
+    messages = [{"role": "user", "content": "Sum the digits of 47."}]
+    prompt = list(renderer.render_ids(messages, add_generation_prompt=True))
+    completion = list(renderer.render_ids([*messages, {"role": "assistant", "content": "11"}]))[len(prompt) :]
+    env_messages = [{"role": "tool", "content": "ok"}, {"role": "user", "content": "again"}]
+    bridged = renderer.bridge_to_next_turn(prompt, completion, env_messages)
+    first = RolloutTurn(
+        prompt_messages=messages,
+        prompt_token_ids=prompt,
+        completion_token_ids=completion,
+        completion_logprobs=[-0.5] * len(completion),
+        env_messages=env_messages,
+        assistant_message={"role": "assistant", "content": "11"},
+    )
+    return prompt, completion, env_messages, bridged, first
 
 
 def _decode(ids):
