@@ -96,6 +96,11 @@ def line_plot(
             )
             title += f"\n(values below {floor:.0e}, float32 rounding of exp(-d) + d - 1, even negative ones: indistinguishable from 0)"
     axes.set(title=title, xlabel="step", ylabel=ylabel)
+    return _save(figure, axes, path)
+
+
+def _save(figure: Any, axes: Any, path: Path) -> bool:
+    """A line panel's common finish (small title, grid, legend outside the axes) written to `path`."""
     axes.title.set_fontsize(9)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -304,13 +309,7 @@ def comparison_plot(
         if any(clamped for _, clamped in lines.values()):
             title += f" (values below {floor:.0e}, rounding, drawn at it)"
     axes.set(title=f"{title}: {key}", xlabel="step")
-    axes.title.set_fontsize(9)
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1))
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return True
+    return _save(figure, axes, path)
 
 
 def write_comparison(run_dirs: list[Path], out: Path) -> Path:
