@@ -31,6 +31,7 @@ from rl.packing.attention_kinds import prefix_sharing_refusal
 from rl.precision import TORCH_DTYPES, compute_context
 from rl.processes.affinity import pin_process
 from rl.processes.titles import name_process
+from rl.services.replica import ServiceReplica
 from rl.training import distributed
 from rl.training.logprobs import token_logprobs
 from rl.training.train_step import train_step
@@ -68,8 +69,9 @@ def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
     return model.to(trainer_config.device)
 
 
-class PolicyTrainer(MetricsActor):
-    """Owns the trainable policy (and the frozen reference when a KL term is configured)."""
+class PolicyTrainer(MetricsActor, ServiceReplica):
+    """Owns the trainable policy (and the frozen reference when a KL term is configured); `ping` answers each rank's
+    process id (what a trainer recovery watches and kills: `rl.loop.recovery`)."""
 
     def __init__(
         self,

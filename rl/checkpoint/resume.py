@@ -25,6 +25,7 @@ RESUMABLE_KEYS = (
     "run.weight_sync_timeout_s",
     "run.metrics_timeout_s",
     "run.reward_concurrency",
+    "run.max_trainer_recoveries",
     "run.mismatch_warn_factor",
     "run.mismatch_warn_floor",
     "checkpoint.",

@@ -40,6 +40,10 @@ class RunConfig(Section):
     metrics_timeout_s: float = Field(300.0, gt=0)
     """Deadline of gathering the trainer's and reward replicas' metric states at the end of a step: a trainer that
     misses it stops the run (resume from the last checkpoint); a reward replica that misses it is left out of that step."""
+    max_trainer_recoveries: int = Field(2, ge=0)
+    """Times a run restarts a lost trainer (a rank's process died, or a trainer call missed its deadline) in place: a
+    new trainer mesh loads the newest checkpoint and the steps since are trained again (`rl.loop.recovery`). One more
+    loss stops the run; 0 = every trainer loss stops it. Needs a committed checkpoint (`checkpoint.every_steps`)."""
     reward_concurrency: int = Field(32, ge=1)
     """Most groups the RewardActor scores at once."""
     mismatch_warn_factor: float = Field(5.0, gt=1)

@@ -15,7 +15,8 @@
 Admission (`rl.loop.admission`) lets at most `run.max_concurrent_rollouts` rows generate at once and
 none more than `run.max_policy_staleness` steps ahead of the policy (0 = synchronous); the buffer evicts
 groups that finished too late. The run ends after `run.steps` steps or at the data's end (`run.epochs`,
-`run.max_rows`). Actors, processes and failures: `rl.loop.roles.Roles`; what a resume needs: `rl.loop.state.RunState`.
+`run.max_rows`). Actors, processes and failures: `rl.loop.roles.Roles`; what a resume needs: `rl.loop.state.RunState`;
+a lost trainer replaced in the run: `rl.loop.recovery`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from rl.loop.admission import Admission
 from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
 from rl.loop.evaluate import held_out_groups, held_out_rows
+from rl.loop.recovery import TrainerRecovery
 from rl.loop.resolve import resolve_config
 from rl.loop.roles import Roles, refusal
 from rl.loop.scored_groups import ScoredGroups
@@ -87,6 +89,7 @@ class Controller:
         self.actor_failures: list[str] = []
         """Why the run stopped, if an actor failure or the rollout breaker stopped it (the CLI prints these)."""
         self.checkpoints = Checkpoints(self.state, self.roles, config)
+        self.recovery = TrainerRecovery(self)
         self._unlogged: asyncio.Future | None = None  # the step being trained or ended, until its record is logged
         self._run_task: asyncio.Task | None = None
         self.run_lock: RunDirLock | None = None
@@ -108,7 +111,7 @@ class Controller:
         self._run_task = asyncio.current_task()
         try:
             await self.setup()
-            return await self.train()
+            return await self.recovery.train()  # train(), again from the newest checkpoint after a trainer loss
         finally:
             await self.shutdown()
 
@@ -146,7 +149,7 @@ class Controller:
                 await self._end_step(run_dir, summary, step_start, await asyncio.shield(self._unlogged))
                 self._unlogged = None
         except asyncio.CancelledError:
-            if not self.actor_failures:  # the first Ctrl-C
+            if not self.actor_failures and self.recovery.lost is None:  # the first Ctrl-C
                 await self.checkpoints.after_interrupt(run_dir, self._end_step_in_flight(run_dir, summary))
             raise
         finally:

@@ -35,7 +35,7 @@ from rl.metrics.actor import gather_states
 from rl.metrics.run_log import RunLog
 from rl.metrics.timer import timer
 from rl.processes.cluster import Placement
-from rl.processes.interrupts import monarch_processes, reap
+from rl.processes.interrupts import local_processes, monarch_processes, reap
 from rl.processes.trainer_mesh import spawn_trainer
 from rl.services.gateway import Gateway, open_gateway
 from rl.services.service import Service, after_run_fault_hook
@@ -97,6 +97,14 @@ class Roles:
         self.run_log: RunLog | None = None
         self.published: Fingerprints | None = None
         """The fingerprints of the newest published version (None before the first sync, or without attestation)."""
+        self.on_trainer_lost: Callable[[str], None] | None = None
+        """Told (from any thread) why the trainer's mesh failed, instead of the run stopping: `rl.loop.recovery`."""
+        self.trainer_pids: list[int] = []
+        """The trainer ranks' process ids (what the recovery watches on this host and kills when it restarts them)."""
+        self._trainer_procs: Any = None
+        self._trainer_meshes: list[str] = []
+        """Every trainer mesh's name, oldest first: the last is the live trainer's (a report of an older one is late)."""
+        self._planned_steps = 0
         self._proc_meshes: list[Any] = []
         self._store_started = False
         self._shutting_down = False
@@ -122,21 +130,9 @@ class Roles:
             weight_sync.check_shared_memory(config)  # removes dead runs' weight files first
             await weight_sync.initialize_store()
             self._store_started = True
-        spawn_procs = (await asyncio.to_thread(self.placement.allocate)).spawn_procs  # the [cluster] hosts of each role
+        await asyncio.to_thread(self.placement.allocate)  # the [cluster] hosts of each role
+        self._planned_steps = planned_steps
         transport = config.weight_sync.transport
-        if trainer:
-            self.trainer, trainer_procs = await spawn_trainer(
-                spawn_procs,
-                config.trainer,
-                PolicyTrainer,
-                config.trainer,
-                config.algorithm,
-                config.model.path,
-                planned_steps,
-                weight_transport=transport,
-                wire_dtype=config.generator.dtype,
-            )
-            self._proc_meshes = [trainer_procs]
         generator_args = (config.generator, config.model.path, transport, stop_token_ids)
         self.generators = Service(
             "generator",
@@ -174,11 +170,7 @@ class Roles:
                 config_key="services.models",
                 release="shutdown",
             )
-        trainer_started = (
-            asyncio.wait_for(self.trainer.initialized, config.services.generator.start_timeout_s)
-            if trainer
-            else asyncio.sleep(0)
-        )
+        trainer_started = self._start_trainer() if trainer else asyncio.sleep(0)
         frozen_started = asyncio.gather(*(service.start() for service in self.frozen.values()))
         start = time.perf_counter()
         tqdm.write(starting_line(config, trainer), file=sys.stderr)
@@ -187,6 +179,36 @@ class Roles:
         for actor in self.reward.actors():
             await self._connect_models(actor)
         self._actors_ready = True
+
+    async def _start_trainer(self) -> None:
+        """Spawn the trainer's mesh (every rank, a new mesh name each time) and wait until it has loaded the model."""
+        config = self.config
+        self._trainer_meshes.append("trainer" if not self._trainer_meshes else f"trainer_{len(self._trainer_meshes)}")
+        self.trainer, self._trainer_procs = await spawn_trainer(
+            self.placement.spawn_procs,
+            config.trainer,
+            PolicyTrainer,
+            config.trainer,
+            config.algorithm,
+            config.model.path,
+            self._planned_steps,
+            mesh_name=self._trainer_meshes[-1],
+            weight_transport=config.weight_sync.transport,
+            wire_dtype=config.generator.dtype,
+        )
+        self._proc_meshes.append(self._trainer_procs)
+        await asyncio.wait_for(self.trainer.initialized, config.services.generator.start_timeout_s)
+        self.trainer_pids = sorted((await self.trainer.ping.call()).values())
+
+    async def restart_trainer(self) -> None:
+        """Stop the lost trainer's mesh (its ranks still running are killed by pid, their weight files removed)
+        and start a new one: every rank, the model loaded from `model.path` again."""
+        procs, pids = self._trainer_procs, self.trainer_pids
+        self._proc_meshes.remove(procs)
+        await asyncio.gather(asyncio.wait_for(procs.stop(), 8), return_exceptions=True)
+        await asyncio.to_thread(reap, local_processes(pids), 5)
+        weight_sync.remove_dead_shared_files()
+        await self._start_trainer()
 
     def _on_actor_failure(self, failure: Any) -> None:
         """Monarch's hook for an actor that died: a replica goes to its service, anything else stops the run.
@@ -200,6 +222,12 @@ class Roles:
             return  # a slow teardown (e.g. vLLM freeing its engine) is not a failure of the run
         if any(service.handle_failure(failure) for service in self.services) or failure.mesh_name.startswith("logger-"):
             return  # a replica: its service replaces it (Monarch's per-process logger mesh fails along with any process)
+        mesh = failure.mesh_name.rpartition("-")[0]  # Monarch appends "-<id>" to the name given
+        if mesh in self._trainer_meshes[:-1]:
+            return  # a trainer already replaced, reported late (or stopped by its restart)
+        if mesh == self._trainer_meshes[-1] and self.on_trainer_lost is not None:
+            self.on_trainer_lost(failure.report())
+            return
         self.stop_run(failure.report() + "\n" + RESUME_HINT)
 
     async def _load_policy(self, generator: Any) -> None:
@@ -300,11 +328,15 @@ class Roles:
         )
         checkpoint.write_service_counters(path, {service.name: service.counters() for service in self.services})
 
-    async def load_checkpoint(self, path: Path) -> None:
+    async def load_checkpoint(self, path: Path, service_counters: bool = True) -> None:
+        """The roles' part of checkpoint `path`; `service_counters`: also the services' counters (a resume continues
+        them; a recovery inside the run keeps its live services' own)."""
         load = self.trainer_call(self.trainer.load_checkpoint.call_one(str(path)), "checkpoint load")
         await asyncio.gather(
             load, self.reward.load_rng.fanout(str(path), timeout_s=self.config.services.reward.call_timeout_s)
         )
+        if not service_counters:
+            return
         saved = checkpoint.read_service_counters(path)
         for service in self.services:
             if service.name in saved:

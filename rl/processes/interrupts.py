@@ -48,6 +48,18 @@ def monarch_processes() -> list[psutil.Process]:
     return found
 
 
+def local_processes(pids: list[int]) -> list[psutil.Process]:
+    """The processes among `pids` that are this process's descendants (actor processes on this host), with their children."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        if child.pid in pids:
+            try:
+                found += [child, *child.children(recursive=True)]
+            except psutil.Error:
+                found.append(child)
+    return found
+
+
 def reap(processes: list[psutil.Process], timeout_s: float) -> None:
     """Wait up to `timeout_s` for `processes` to exit, then SIGKILL the ones left."""
     _, alive = psutil.wait_procs(processes, timeout=timeout_s)

@@ -47,10 +47,16 @@ class SpmdActor:
 
 
 async def spawn_trainer(
-    spawn_procs: Any, trainer_config: TrainerConfig, trainer_cls: type, *args: Any, **kwargs: Any
+    spawn_procs: Any,
+    trainer_config: TrainerConfig,
+    trainer_cls: type,
+    *args: Any,
+    mesh_name: str = "trainer",
+    **kwargs: Any,
 ) -> tuple[SpmdActor, Any]:
-    """The trainer actor over its ranks and their proc mesh; `spawn_procs` is `rl.processes.cluster.Placement.spawn_procs`."""
+    """The trainer actor over its ranks and their proc mesh; `spawn_procs` is `rl.processes.cluster.Placement.spawn_procs`;
+    `mesh_name`: the actor mesh's name (a restarted trainer's differs, so a late report of the old one is told apart)."""
     procs = spawn_procs("trainer", per_host={"procs": trainer_config.num_procs}, gpus_per_proc=1)
     if trainer_config.ranks > 1:
-        await setup_torch_elastic_env_async(procs)
-    return SpmdActor(procs.spawn("trainer", trainer_cls, *args, **kwargs)), procs
+        await setup_torch_elastic_env_async(procs)  # a new rendezvous port each time
+    return SpmdActor(procs.spawn(mesh_name, trainer_cls, *args, **kwargs)), procs

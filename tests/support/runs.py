@@ -1,6 +1,8 @@
 """Run directories for the tests: a fake one with checkpoints as a run writes them, and checks on a real one's logs."""
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -10,7 +12,7 @@ import torch.distributed.checkpoint as dcp
 from rl.checkpoint import store as checkpoint
 from rl.config import dump_toml, load_config
 from rl.loop.state import row_index_of
-from tests.support.paths import TINY
+from tests.support.paths import REPO, TINY
 
 
 def fake_run(
@@ -62,3 +64,36 @@ def assert_rows_trained_once(run_dir: Path, steps: int, groups_per_step: int, gr
     assert sum(record["rollouts/dropped_groups"] for record in metrics) == 0
     evicted = sum(record["rollouts/evicted_stale_groups"] for record in metrics)
     assert set(steps_of_row) <= consumed and len(consumed) - len(steps_of_row) == evicted
+
+
+EXACT_RUN = ("--run.steps", "6", "--tasks.0.rubric.reward_fns", "[{fn = 'tests.support.e2e_rewards:even_token_share'}]")
+"""The tiny run (6 steps, a reward that varies across samples: nonzero advantages and losses) whose resumed and recovered
+copies must equal its uninterrupted one (`tests/e2e/conftest.py`'s `clean_tiny_run`)."""
+
+
+def train_to_end(*args: str) -> None:
+    """`rlmesh train *args` in a subprocess, which must exit 0."""
+    result = subprocess.run(
+        [sys.executable, "-m", "rl.cli", "train", *args], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+def comparable(record: dict) -> dict:
+    """A metrics record without wall-clock quantities, the services' counters (counted since the launcher started) and
+    the recovery's."""
+    return {
+        key: value
+        for key, value in record.items()
+        if not key.startswith(("time/", "perf/", "services/", "recovery/")) and not key.endswith("_per_s")
+    }
+
+
+def assert_same_run(run_dir: Path, clean_dir: Path, steps: int) -> None:
+    """`run_dir` logged what the uninterrupted `clean_dir` logged: every step's metrics (`comparable`), and every
+    rollout's tokens (rollouts.jsonl byte for byte)."""
+    clean, run = read_jsonl(clean_dir / "metrics.jsonl"), read_jsonl(run_dir / "metrics.jsonl")
+    assert [record["step"] for record in run] == list(range(steps + 1))
+    assert any(record.get("loss", 0.0) != 0.0 for record in clean)
+    assert [comparable(record) for record in run] == [comparable(record) for record in clean]
+    assert (run_dir / "rollouts.jsonl").read_text() == (clean_dir / "rollouts.jsonl").read_text()

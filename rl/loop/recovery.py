@@ -1,0 +1,203 @@
+"""In-run trainer recovery: a lost trainer is replaced and the run goes on from its newest checkpoint.
+
+    loss:     Monarch's supervision (`Roles.on_trainer_lost`), a rank's process gone (its pid, every second on this
+              host), or a trainer call that failed or missed its deadline
+    recover:  the step in flight is cancelled (its rollouts, metric states and log lines are dropped) → the old mesh
+              stopped and its processes killed → a new trainer mesh (every rank) → the newest loadable checkpoint loaded
+              into it, into the reward replicas (RNG) and this process (RNG, progress: `rewind`) → the logs cut back to
+              its step → the generators reload its policy version through the normal weight sync → the steps since are
+              trained again
+
+Every request carries its own sampling seed, so at `run.max_policy_staleness = 0` the steps trained again are the
+clean run's, bit for bit (as after a resume; `tests/e2e/test_trainer_recovery.py`); under a staleness budget every
+row is still trained exactly once. `run.max_trainer_recoveries` recoveries at most: one loss more, or a loss before
+the first committed checkpoint, stops the run with `TrainerLost`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
+from tqdm import tqdm
+
+from rl.checkpoint import store as checkpoint
+from rl.checkpoint.resume import restore_logs
+from rl.loop.admission import Admission
+from rl.loop.buffer import RolloutBuffer
+from rl.loop.data import training_stream
+from rl.loop.roles import RESUME_HINT, DeadlineMissed
+from rl.loop.state import RunState
+from rl.metrics.actor import gather_states
+from rl.metrics.generation import GenerationStats
+from rl.metrics.reduce import Reduce, drain_states, record_metric
+from rl.precision import MismatchWatch, NonfiniteSteps
+
+PID_CHECK_S = 1.0
+"""How often the trainer ranks' processes on this host are checked (Monarch's supervision polls about every 10 s)."""
+
+
+class TrainerLost(RuntimeError):
+    """The trainer was lost and the run cannot recover it (`run.max_trainer_recoveries` spent, no checkpoint yet)."""
+
+
+class TrainerRecovery:
+    """Runs the controller's training, and after each trainer loss a recovery and the training again (module docstring)."""
+
+    def __init__(self, controller: Any):
+        """`controller`: the run's `rl.loop.controller.Controller` (not imported: it imports this module)."""
+        self.controller = controller
+        self.budget = controller.config.run.max_trainer_recoveries
+        self.count = 0
+        """Recoveries started so far."""
+        self.lost: str | None = None
+        """Why the trainer was lost, from the loss until a new trainer runs."""
+        self._lost_at = 0.0
+        self._train_task: asyncio.Task | None = None
+        self._training = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        controller.roles.on_trainer_lost = self.lose
+
+    def lose(self, reason: str) -> None:
+        """The trainer is lost (from any thread): the training stops and `train` recovers it; before the training
+        started (set-up, a resume's load) the run stops as on any actor's failure."""
+        if self.lost is not None:
+            return
+        if not self._training:
+            self.controller.roles.stop_run(f"{reason.strip()}\n{RESUME_HINT}")
+            return
+        self.lost, self._lost_at = reason.strip(), time.monotonic()
+        if self._train_task is not None:
+            self._loop.call_soon_threadsafe(self._train_task.cancel)
+
+    async def train(self) -> dict[str, Any]:
+        """`controller.train()`, started again from the newest checkpoint after each trainer loss (within the budget)."""
+        self._loop, self._training = asyncio.get_running_loop(), True
+        watch = asyncio.create_task(self._watch_pids())
+        try:
+            while True:
+                try:
+                    if self.lost is not None:
+                        await self._recover()
+                    self._train_task = asyncio.create_task(self.controller.train())
+                    return await self._train_task
+                except (Exception, asyncio.CancelledError) as exc:
+                    if (
+                        isinstance(exc, TrainerLost)
+                        or asyncio.current_task().cancelling()
+                        or not self._trainer_failed(exc)
+                    ):
+                        raise  # the run itself was stopped (Ctrl-C, another actor's failure), or not by the trainer
+                    self.lose(repr(exc))
+                    if self.count >= self.budget:
+                        raise TrainerLost(self._stop_message()) from exc
+                finally:
+                    self._train_task = None
+        finally:
+            self._training = False
+            watch.cancel()
+
+    def _trainer_failed(self, exc: BaseException) -> bool:
+        """Whether `exc` ended the training because of the trainer: its loss seen already, a trainer call that failed or
+        missed its deadline (possibly inside the producer's task group), or a rank's process gone."""
+        if self.lost is not None or self._exited():
+            return True
+        if isinstance(exc, BaseExceptionGroup):
+            return exc.subgroup((DeadlineMissed, SupervisionError)) is not None
+        return isinstance(exc, (DeadlineMissed, SupervisionError))
+
+    def _stop_message(self) -> str:
+        spent = f"; run.max_trainer_recoveries = {self.budget} spent" if self.budget else ""
+        return f"the trainer was lost: {self.lost}{spent}\n{RESUME_HINT}"
+
+    def _exited(self) -> list[int]:
+        """The trainer ranks' processes on this host that are gone (a zombie counts as gone)."""
+        gone = []
+        for pid in self.controller.roles.trainer_pids:
+            try:
+                process = psutil.Process(pid)
+                if process.status() == psutil.STATUS_ZOMBIE:
+                    gone.append(pid)
+            except psutil.NoSuchProcess:
+                gone.append(pid)
+            except psutil.Error:
+                continue
+        return gone
+
+    async def _watch_pids(self) -> None:
+        """Lose the trainer as soon as one of its ranks' processes on this host exits."""
+        while True:
+            await asyncio.sleep(PID_CHECK_S)
+            if self.lost is None and (gone := self._exited()):
+                self.lose(f"the trainer's process(es) {gone} exited")
+
+    async def _recover(self) -> None:
+        """A new trainer on the newest loadable checkpoint, the controller and the logs rewound to it, the generators
+        on its policy version; the recovery's metrics go into the next step's record."""
+        controller = self.controller
+        self.count += 1
+        lost_step = controller.state.step
+        self._say(f"trainer lost after step {lost_step}: {self.lost}")
+        if controller._unlogged is not None:  # the step in flight must not touch the rewound progress
+            controller._unlogged.cancel()
+            await asyncio.gather(controller._unlogged, return_exceptions=True)
+        run_dir = controller.logger.run_dir
+        try:
+            newest = await asyncio.to_thread(checkpoint.newest_loadable, run_dir)
+        except FileNotFoundError as exc:
+            raise TrainerLost(
+                f"the trainer was lost before the run committed a checkpoint ({self.lost}): nothing to recover from; "
+                "checkpoint.every_steps = N keeps one every N steps"
+            ) from exc
+        self._say(f"recovery {self.count} of {self.budget}: a new trainer loads checkpoint {newest.name}")
+        await controller.roles.restart_trainer()
+        self.lost = None  # the new trainer's own loss counts from here
+        drain_states()  # the cancelled step's records in this process, and in the reward replicas:
+        await gather_states(controller.roles.reward.actors(), controller.config.run.metrics_timeout_s)
+        for moved in checkpoint.set_aside(run_dir, newest):
+            self._say(f"a checkpoint newer than the one recovered is kept aside as {moved}")
+        restore_logs(run_dir, newest)
+        rewind(controller, newest)
+        await controller.roles.load_checkpoint(newest, service_counters=False)
+        checkpoint.load_rng(newest, "controller")
+        await controller.sync_weights(controller.state.policy_version)
+        seconds, replayed = time.monotonic() - self._lost_at, lost_step - controller.state.step
+        record_metric("recovery/trainer_count", self.count, Reduce.MAX)
+        record_metric("recovery/trainer_s", seconds, Reduce.SUM)
+        record_metric("recovery/replayed_steps", replayed, Reduce.SUM)
+        self._say(f"trainer recovered {seconds:.1f} s after its loss; training step {controller.state.step + 1} again")
+
+    def _say(self, line: str) -> None:
+        """A line on the console and in the run's log."""
+        tqdm.write(f"rlmesh: {line}", file=sys.stderr)
+        if (run_log := self.controller.roles.run_log) is not None:
+            run_log.file.write(f"rlmesh: {line}\n")
+
+
+def rewind(controller: Any, checkpoint_dir: Path) -> None:
+    """The controller's progress as of committed checkpoint `checkpoint_dir`, and what `Controller.__init__` derives
+    from it for a resume: the data stream at its cursor, an empty buffer, admission at its policy version, fresh
+    per-step watches."""
+    config = controller.config
+    controller.resume_from = checkpoint_dir
+    controller.state = state = RunState(**checkpoint.read_run_state(checkpoint_dir))
+    controller.stream, controller.planned_steps = training_stream(
+        controller.tasks, config.run, cursor=state.data_cursor
+    )
+    controller.buffer = RolloutBuffer(max_staleness=config.run.max_policy_staleness)
+    controller.admission = Admission(
+        max_concurrent=config.run.max_concurrent_rollouts,
+        max_staleness=config.run.max_policy_staleness,
+        rows_per_step=config.run.groups_per_step,
+        policy_version=state.policy_version,
+    )
+    controller.nonfinite_steps = NonfiniteSteps(config.trainer.max_nonfinite_steps)
+    controller.generation_stats = GenerationStats()
+    controller.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
+    controller.checkpoints.state, controller.checkpoints.committed_step = state, state.step
+    controller._unlogged = None
