@@ -36,7 +36,7 @@ from rl.metrics.run_log import RunLog
 from rl.metrics.timer import timer
 from rl.processes.cluster import Placement
 from rl.processes.interrupts import local_processes, monarch_processes, reap
-from rl.processes.trainer_mesh import spawn_trainer
+from rl.processes.trainer_mesh import RENDEZVOUS_SUFFIX, spawn_trainer
 from rl.services.gateway import Gateway, open_gateway
 from rl.services.service import Service, after_run_fault_hook
 from rl.weights import sync as weight_sync
@@ -222,7 +222,7 @@ class Roles:
             return  # a slow teardown (e.g. vLLM freeing its engine) is not a failure of the run
         if any(service.handle_failure(failure) for service in self.services) or failure.mesh_name.startswith("logger-"):
             return  # a replica: its service replaces it (Monarch's per-process logger mesh fails along with any process)
-        mesh = failure.mesh_name.rpartition("-")[0]  # Monarch appends "-<id>" to the name given
+        mesh = failure.mesh_name.rpartition("-")[0].removesuffix(RENDEZVOUS_SUFFIX)  # Monarch appends "-<id>"
         if mesh in self._trainer_meshes[:-1]:
             return  # a trainer already replaced, reported late (or stopped by its restart)
         if mesh == self._trainer_meshes[-1] and self.on_trainer_lost is not None:

@@ -1,5 +1,6 @@
-"""A run whose trainer is SIGKILLed after step 3 of 6 (checkpoints every 2 steps) replaces it in the run: the launcher
-exits 0, the run's log says what happened, and the run writes the same metrics and tokens as an uninterrupted run."""
+"""A trainer SIGKILLed in the middle of a run is replaced in the run. One rank, after step 3 of 6 (checkpoints every
+2 steps): the launcher exits 0, the run's log says what happened, and the run writes the same metrics and tokens as
+an uninterrupted run. One rank of two: both are restarted."""
 
 import os
 import signal
@@ -8,7 +9,7 @@ import psutil
 
 from rl.processes.titles import role_of
 from tests.support.launch import Launch, processes_with_marker
-from tests.support.runs import EXACT_RUN, assert_same_run, read_jsonl
+from tests.support.runs import EXACT_RUN, assert_rows_trained_once, assert_same_run, read_jsonl
 
 
 def trainer_pids(marker: str) -> list[int]:
@@ -42,3 +43,25 @@ def test_a_killed_trainer_is_recovered_in_the_run_to_the_same_metrics_and_tokens
     assert recovered[0]["recovery/trainer_count"] == 1 and recovered[0]["recovery/replayed_steps"] == 1
     assert 0 < recovered[0]["recovery/trainer_s"] < 300
     assert_same_run(run_dir, clean_tiny_run, steps=6)
+
+
+def test_a_2_rank_trainer_that_loses_one_rank_is_restarted_whole(tmp_path):
+    """One rank of a 2-rank (FSDP2) trainer SIGKILLed after step 2 of 4: both ranks are replaced (the survivor is
+    stopped, not left waiting in a collective), the launcher exits 0 and every row is trained exactly once."""
+    steps = ("--run.steps", "4", "--checkpoint.every_steps", "1", "--run.eval_every", "0")
+    launch = Launch(tmp_path, "--trainer.num_procs", "2", *steps)
+    try:
+        launch.wait_for_line("step    2 v2")
+        ranks = trainer_pids(launch.marker)
+        assert len(ranks) == 2
+        os.kill(ranks[1], signal.SIGKILL)
+        launch.wait_for_line("trainer recovered")
+        new_ranks = trainer_pids(launch.marker)
+        assert len(new_ranks) == 2 and not set(new_ranks) & set(ranks), (ranks, new_ranks)
+        assert launch.wait_for_exit(timeout=600) == 0, launch.output()
+    finally:
+        launch.kill_everything()
+    run_dir = tmp_path / "tiny_qwen3_e2e"
+    assert_rows_trained_once(run_dir, steps=4, groups_per_step=2, group_size=4)
+    recovered = [record for record in read_jsonl(run_dir / "metrics.jsonl") if "recovery/trainer_count" in record]
+    assert [record["recovery/trainer_count"] for record in recovered] == [1]
