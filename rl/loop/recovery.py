@@ -61,6 +61,8 @@ class TrainerRecovery:
         self._train_task: asyncio.Task | None = None
         self._training = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._watched_pids: list[int] = []
+        self._watched: list[psutil.Process] = []
         controller.roles.on_trainer_lost = self.lose
 
     def lose(self, reason: str) -> None:
@@ -116,18 +118,13 @@ class TrainerRecovery:
         return f"the trainer was lost: {self.lost}{spent}\n{RESUME_HINT}"
 
     def _exited(self) -> list[int]:
-        """The trainer ranks' processes on this host that are gone (a zombie counts as gone)."""
-        gone = []
-        for pid in self.controller.roles.trainer_pids:
-            try:
-                process = psutil.Process(pid)
-                if process.status() == psutil.STATUS_ZOMBIE:
-                    gone.append(pid)
-            except psutil.NoSuchProcess:
-                gone.append(pid)
-            except psutil.Error:
-                continue
-        return gone
+        """The trainer ranks' processes on this host that are gone (a zombie counts as gone; ranks on other hosts are
+        left to Monarch's supervision)."""
+        pids = self.controller.roles.trainer_pids
+        if pids != self._watched_pids:  # a new trainer: find its ranks among this process's descendants
+            self._watched_pids = pids
+            self._watched = [child for child in psutil.Process().children(recursive=True) if child.pid in pids]
+        return [process.pid for process in self._watched if not _alive(process)]
 
     async def _watch_pids(self) -> None:
         """Lose the trainer as soon as one of its ranks' processes on this host exits."""
@@ -190,14 +187,16 @@ def rewind(controller: Any, checkpoint_dir: Path) -> None:
         controller.tasks, config.run, cursor=state.data_cursor
     )
     controller.buffer = RolloutBuffer(max_staleness=config.run.max_policy_staleness)
-    controller.admission = Admission(
-        max_concurrent=config.run.max_concurrent_rollouts,
-        max_staleness=config.run.max_policy_staleness,
-        rows_per_step=config.run.groups_per_step,
-        policy_version=state.policy_version,
-    )
+    controller.admission = Admission.for_run(config.run, state.policy_version)
     controller.nonfinite_steps = NonfiniteSteps(config.trainer.max_nonfinite_steps)
     controller.generation_stats = GenerationStats()
     controller.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
     controller.checkpoints.state, controller.checkpoints.committed_step = state, state.step
     controller._unlogged = None
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
