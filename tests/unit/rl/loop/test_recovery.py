@@ -1,0 +1,92 @@
+"""When a trainer loss is recovered and when it stops the run (`rl.loop.recovery.TrainerRecovery`), with a stand-in
+controller whose training fails as a lost trainer makes it fail; the recovery itself runs in tests/e2e/test_trainer_recovery.py."""
+
+import asyncio
+import threading
+
+import pytest
+
+from rl.config import load_config
+from rl.loop.recovery import TrainerLost, TrainerRecovery
+from rl.loop.roles import RESUME_HINT, DeadlineMissed
+from tests.support.paths import TINY
+
+
+class StandInRoles:
+    def __init__(self):
+        self.on_trainer_lost = None
+        self.trainer_pids: list[int] = []
+        self.run_log = None
+        self.stopped: list[str] = []
+
+    def stop_run(self, message: str) -> None:
+        self.stopped.append(message)
+
+
+class StandInController:
+    """`train()` runs `training` (a coroutine function) once per call."""
+
+    def __init__(self, budget: int, training):
+        self.config = load_config(TINY, {"run.max_trainer_recoveries": str(budget)})
+        self.roles = StandInRoles()
+        self.training = training
+        self.trained = 0
+
+    async def train(self):
+        self.trained += 1
+        return await self.training()
+
+
+def test_a_missed_trainer_deadline_with_no_recovery_left_stops_the_run_naming_it():
+    async def missed():
+        raise DeadlineMissed("trainer train step took longer than trainer.call_timeout_s=1 s")
+
+    controller = StandInController(0, missed)
+    with pytest.raises(TrainerLost, match="trainer.call_timeout_s=1 s") as raised:
+        asyncio.run(TrainerRecovery(controller).train())
+    assert RESUME_HINT in str(raised.value) and controller.trained == 1
+
+
+def test_a_deadline_missed_inside_the_producers_task_group_is_a_trainer_loss():
+    async def missed_in_group():
+        raise ExceptionGroup("rows", [DeadlineMissed("trainer logprobs took longer")])
+
+    with pytest.raises(TrainerLost, match="trainer logprobs took longer"):
+        asyncio.run(TrainerRecovery(StandInController(0, missed_in_group)).train())
+
+
+def test_other_failures_are_not_the_trainers_and_pass_through():
+    async def bug():
+        raise ValueError("a bug in a reward function")
+
+    controller = StandInController(2, bug)
+    recovery = TrainerRecovery(controller)
+    with pytest.raises(ValueError, match="a bug"):
+        asyncio.run(recovery.train())
+    assert recovery.count == 0 and recovery.lost is None
+
+
+def test_a_loss_reported_from_another_thread_stops_the_training_at_once():
+    async def trains_forever():
+        await asyncio.Event().wait()
+
+    controller = StandInController(0, trains_forever)
+    recovery = TrainerRecovery(controller)
+    assert controller.roles.on_trainer_lost == recovery.lose
+
+    async def run():
+        asyncio.get_running_loop().call_later(
+            0.1, lambda: threading.Thread(target=recovery.lose, args=("rank 0 died",)).start()
+        )
+        await asyncio.wait_for(recovery.train(), 10)
+
+    with pytest.raises(TrainerLost, match="the trainer was lost: rank 0 died"):
+        asyncio.run(run())
+
+
+def test_a_loss_before_the_training_starts_stops_the_run_as_any_actor_failure():
+    controller = StandInController(2, None)
+    recovery = TrainerRecovery(controller)
+    recovery.lose("the trainer died while loading the model")
+    assert controller.roles.stopped == [f"the trainer died while loading the model\n{RESUME_HINT}"]
+    assert recovery.lost is None
