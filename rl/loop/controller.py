@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -327,14 +328,16 @@ class Controller:
             metrics["train/ppo_clip_frac"] = metrics["train/clip_frac_low"] + metrics["train/clip_frac_high"]
         return metrics
 
-    async def sync_weights(self, policy_version: int) -> dict[str, float]:
+    async def sync_weights(self, policy_version: int, rewind: bool = False) -> dict[str, float]:
         """The trainer publishes its weights as `policy_version`; every generator reloads them and, when the run
         attests its syncs, proves it serves them before it takes traffic (a replica that cannot is replaced like a dead
         one); admission moves on. Returns `weight_sync/attested` (1 when every replica proved it) and
-        `time/attestation_s` (the trainer's fingerprints plus the slowest replica's measurement)."""
+        `time/attestation_s` (the trainer's fingerprints plus the slowest replica's measurement). `rewind`: an older
+        version on purpose (a trainer recovery), which the attestation accepts."""
         generators, timeout_s = self.roles.generators, self.config.run.weight_sync_timeout_s
         async with generators.updating():  # a replacement generator loads the version before or after, never half-way
             expected = await self.roles.push_weights(policy_version)
+            expected = replace(expected, rewind=True) if expected is not None and rewind else expected
             replicas = len(generators.healthy)
             updates = await generators.update_weights.fanout(
                 policy_version, expected, timeout_s=timeout_s, refuse=refusal

@@ -162,7 +162,7 @@ class TrainerRecovery:
         rewind(controller, newest)
         await controller.roles.load_checkpoint(newest, service_counters=False)
         checkpoint.load_rng(newest, "controller")
-        await controller.sync_weights(controller.state.policy_version)
+        await controller.sync_weights(controller.state.policy_version, rewind=True)
         seconds, replayed = time.monotonic() - self._lost_at, lost_step - controller.state.step
         record_metric("recovery/trainer_count", self.count, Reduce.MAX)
         record_metric("recovery/trainer_s", seconds, Reduce.SUM)

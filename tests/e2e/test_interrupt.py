@@ -77,8 +77,8 @@ def test_an_actor_that_dies_stops_the_run_with_exit_1(tmp_path):
         launch.kill_everything()
 
 
-def test_a_trainer_that_dies_stops_the_run_with_exit_1_and_says_how_to_resume(tmp_path):
-    launch = Launch(tmp_path, "--checkpoint.every_steps", "1")
+def test_a_trainer_that_dies_past_the_recovery_budget_stops_the_run_with_exit_1_and_says_how_to_resume(tmp_path):
+    launch = Launch(tmp_path, "--checkpoint.every_steps", "1", "--run.max_trainer_recoveries", "0")
     try:
         launch.wait_for_line("step    1 v1")  # step 1 is committed: there is a checkpoint to resume from
         os.kill(replica_pid(launch.marker, "trainer"), signal.SIGKILL)

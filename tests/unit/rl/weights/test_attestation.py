@@ -7,6 +7,7 @@ fault-injection tests (marker `attestation`) each break one thing and expect tha
 """
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -190,6 +191,18 @@ def test_a_rolled_back_version_counter_is_detected(layer):
     """The weights and the stamped version agree, but the counter went back from the version served before."""
     assert verdict_of(layer, served=2, previous=5) == ["version counter went from 5 to 2 (not forward)"]
     assert verdict_of(layer, expected_version=0, served=0, previous=0) == []  # a fresh replica at the initial policy
+
+
+@pytest.mark.attestation
+def test_a_version_moved_back_on_purpose_is_attested_and_its_weights_still_checked(layer):
+    """A trainer recovery reloads the last checkpoint's older version (`Fingerprints.rewind`): the counter may go
+    back this once, but the weights and the stamped version must still match."""
+    rewound = replace(fingerprint_state_dict(layer, 2, SEED), rewind=True)
+    pieces = measure(layer, fused_layout(layer, 2, "rows"))
+    assert check(rewound, pieces, served_version=2, previous_version=5).failures == []
+    zeroed = [replace(piece, sum=0.0) if piece.name == "k_proj.weight" else piece for piece in pieces]
+    assert check(rewound, zeroed, served_version=2, previous_version=5).failures != []
+    assert check(rewound, pieces, served_version=5, previous_version=5).failures == ["serves version 5, published 2"]
 
 
 @pytest.mark.attestation
