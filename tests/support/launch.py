@@ -93,13 +93,28 @@ class Launch:
                 return
         raise AssertionError(f"no {text!r} within {timeout} s:\n{self.output()}")
 
-    def wait_for_exit(self, timeout: float) -> int:
+    def wait_for_exit(self, timeout: float, drain_s: float = 30) -> int:
+        """The launcher's exit code, and its output read until the pipe closes or `drain_s` after the exit (an actor
+        process that outlives the launcher holds the pipe open: `processes_with_marker` finds it, not this)."""
         returncode = self.process.wait(timeout=timeout)
-        while (line := self._queue.get(timeout=10)) is not None:
+        deadline = time.monotonic() + drain_s
+        while time.monotonic() < deadline:
+            try:
+                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
             self.lines.append(line)
         return returncode
 
+    @property
+    def text(self) -> str:
+        """Everything printed so far (Monarch may print a long teardown trace after rlmesh's last line)."""
+        return "".join(self.lines)
+
     def output(self) -> str:
+        """The last 40 lines, for an assertion's message."""
         return "".join(self.lines[-40:])
 
     def kill_everything(self) -> None:
