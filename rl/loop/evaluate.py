@@ -122,7 +122,7 @@ class Evaluation:
         self.failures: list[str] = []
         """Why the evaluation stopped, if an actor failure stopped it."""
         self._task: asyncio.Task | None = None
-        self.roles = Roles(config, stop_run=self._stop, policy_version=lambda: 0)
+        self.roles = Roles(config, stop_run=self._stop, policy_version=lambda: 0, with_trainer=False)
         self.scored_groups = ScoredGroups(self.tasks, self.renderers, self.roles, config.run.seed)
 
     def _stop(self, message: str) -> None:
@@ -140,7 +140,7 @@ class Evaluation:
         self._task = asyncio.current_task()
         run, sampling = self.config.run, self.config.generator.eval_sampling
         try:
-            await self.roles.start(self.stop_token_ids, planned_steps=0, trainer=False)
+            await self.roles.start(self.stop_token_ids, planned_steps=0)
             if log_dir is not None:
                 self.roles.run_log.move_into(log_dir)
             say(f"evaluating {len(self.rows)} rows x {run.eval_samples_per_row} sample(s)")

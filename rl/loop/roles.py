@@ -82,12 +82,21 @@ def starting_line(config: Config, trainer: bool = True) -> str:
 class Roles:
     """The trainer, the generator and reward services and the frozen models' services of one run."""
 
-    def __init__(self, config: Config, stop_run: Callable[[str], None], policy_version: Callable[[], int]):
-        """`stop_run(message)`: stops the run (any thread); `policy_version()`: what a replacement generator loads."""
+    def __init__(
+        self,
+        config: Config,
+        stop_run: Callable[[str], None],
+        policy_version: Callable[[], int],
+        with_trainer: bool = True,
+    ):
+        """`stop_run(message)`: stops the run (any thread); `policy_version()`: what a replacement generator loads;
+        `with_trainer=False` (`rlmesh eval`): the generators serve `model.path` as it is, with no trainer (no host, no
+        GPU, no process) and no weight store."""
         self.config = config
         self.stop_run = stop_run
         self.policy_version = policy_version
-        self.placement = Placement(config.cluster, config.trainer, config.generator, config.models)
+        self.with_trainer = with_trainer
+        self.placement = Placement(config.cluster, config.trainer, config.generator, config.models, with_trainer)
         self.trainer: Any = None
         self.generators: Service | None = None
         self.reward: Service | None = None
@@ -118,10 +127,9 @@ class Roles:
             self.frozen.values()
         )
 
-    async def start(self, stop_token_ids: list[int], planned_steps: int, trainer: bool = True) -> None:
-        """Start the store and spawn the actors, each kind on its own processes. `trainer=False` (`rlmesh eval`): the
-        generators serve `model.path` as it is, with no trainer and no weight store."""
-        config = self.config
+    async def start(self, stop_token_ids: list[int], planned_steps: int) -> None:
+        """Start the store and spawn the actors, each kind on its own processes."""
+        config, trainer = self.config, self.with_trainer
         self._previous_fault_hook = monarch.actor.unhandled_fault_hook
         monarch.actor.unhandled_fault_hook = self._on_actor_failure
         monarch.config.configure(cleanup_timeout="10s")

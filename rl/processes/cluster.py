@@ -99,10 +99,15 @@ class Placement:
         trainer: TrainerConfig,
         generator: GeneratorConfig,
         models: dict[str, FrozenModelConfig],
+        with_trainer: bool = True,
     ):
         """The roles' sections say how many processes and GPUs each takes: on the launcher's host the trainer's
-        `num_procs` take the first GPUs, the generator replicas the next, the frozen models (`[models.<name>]`) the rest."""
+        `num_procs` take the first GPUs, the generator replicas the next, the frozen models (`[models.<name>]`) the rest.
+        `with_trainer=False` (`rlmesh eval`): the trainer takes no host and no GPU."""
+        if not with_trainer:
+            cluster = cluster.model_copy(update={"hosts": cluster.hosts.model_copy(update={"trainer": 0})})
         self.cluster = cluster
+        self.with_trainer = with_trainer
         self.trainer = trainer
         self.generator = generator
         self.models = models
@@ -137,7 +142,7 @@ class Placement:
         `trainer.num_procs` GPUs and other roles follow it.
         """
         if first_gpu is None:
-            first_gpu = 0 if role in self.hosts or role == "trainer" else self.trainer.num_procs
+            first_gpu = 0 if role in self.hosts or role == "trainer" else self._first_local_gpu(role)
         env = self.cluster.env if role in self.hosts else {}
         device = self.trainer.device
         return self.host_mesh(role).spawn_procs(
@@ -182,7 +187,7 @@ class Placement:
         with `generator.colocate_with_trainer`), frozen models the rest."""
         if role == "generator" and self.generator.colocate_with_trainer:
             return 0
-        first = self.trainer.num_procs
+        first = self.trainer.num_procs if self.with_trainer else 0
         if role == "models" and self._generator_gpus_after_trainer():
             first += self.generator.num_replicas * self.generator.tensor_parallel_size
         return first
@@ -202,7 +207,7 @@ class Placement:
             return {}
         tp = self.generator.tensor_parallel_size
         needed: dict[str, int] = {}
-        if "trainer" not in allocated:
+        if "trainer" not in allocated and self.with_trainer:
             needed["trainer"] = self.trainer.num_procs
         if "generator" not in allocated:
             needed["generator"] = self._first_local_gpu("generator") + self.generator.num_replicas * tp

@@ -37,11 +37,12 @@ def test_shipped_gpu_cluster_configs_fill_two_nodes_of_eight_gpus(name):
     assert config.weight_sync.transport == "torchstore"
 
 
-def built_job(config_name: str) -> dict:
+def built_job(config_name: str, with_trainer: bool = True) -> dict:
     """The monarch job a shipped config builds, described from a subprocess (building one switches monarch's transport to TCP)."""
     script = (
         "import json, sys; from rl.config import load_config; from rl.processes.cluster import Placement; "
-        f"c = load_config({str(CONFIGS / config_name)!r}); job = Placement(c.cluster, c.trainer, c.generator, c.models).job; "
+        f"c = load_config({str(CONFIGS / config_name)!r}); "
+        f"job = Placement(c.cluster, c.trainer, c.generator, c.models, {with_trainer}).job; "
         "print(json.dumps({'type': type(job).__name__, 'active': job.active, 'meshes': getattr(job, '_meshes', None), "
         "'gpus_per_node': getattr(job, '_gpus_per_node', None), 'partition': getattr(job, '_partition', None)}))"
     )
@@ -60,6 +61,11 @@ def test_shipped_slurm_config_builds_its_job_without_submitting():
         "gpus_per_node": 8,
         "partition": "gpu",
     }
+
+
+def test_an_evaluation_of_a_slurm_config_asks_for_no_trainer_host():
+    job = built_job("qwen3_8b_slurm_2x8.toml", with_trainer=False)
+    assert job["meshes"] == {"generator": 1}  # `rlmesh eval` starts no trainer: its 8-GPU node is not requested
 
 
 @pytest.mark.skipif(
@@ -227,8 +233,8 @@ class OneHost:
         self.gpus.append(bootstrap_command({"procs": 0}).env["CUDA_VISIBLE_DEVICES"])
 
 
-def _local_placement(config) -> tuple[Placement, OneHost]:
-    placement = Placement(config.cluster, config.trainer, config.generator, config.models)
+def _local_placement(config, with_trainer: bool = True) -> tuple[Placement, OneHost]:
+    placement = Placement(config.cluster, config.trainer, config.generator, config.models, with_trainer)
     host = OneHost()
     placement.host_mesh = lambda role: host
     return placement, host
@@ -276,3 +282,16 @@ def test_colocated_memory_shares_must_fit_one_gpu(tmp_path):
     unlimited.write_text(gpu_config.read_text().replace("gpu_memory_fraction = 0.5", ""))
     with pytest.raises(ConfigError, match="set trainer.gpu_memory_fraction too"):
         load_config(unlimited)
+
+
+def test_an_evaluation_on_the_launchers_host_gives_the_generators_the_first_gpus():
+    config = load_config(
+        CONFIGS / "sum_digits_smollm2_gpu.toml",
+        {"generator.colocate_with_trainer": "false", "generator.num_replicas": "2"},
+    )
+    placement, host = _local_placement(config, with_trainer=False)
+    spawn = placement.replica_procs("generator", gpus_per_proc=config.generator.tensor_parallel_size)
+    spawn(0), spawn(1)
+    assert host.gpus == ["0", "1"]  # with a trainer: "1", "2" (its GPU first)
+    assert placement.local_gpus_needed() == {"generator": 2}
+    placement.check_local_gpus(present=2)
