@@ -48,3 +48,15 @@ class RolloutBuffer:
             else:
                 evicted.append(group)
         return groups, evicted
+
+    async def next_batch(
+        self, count: int, trainer_policy_version: int, producer: asyncio.Task
+    ) -> tuple[list[RolloutGroup], list[RolloutGroup]]:
+        """`get`, beside the task that puts the groups: when `producer` crashes its error is raised here instead of
+        the run hanging (the producer closes the buffer when the data runs out)."""
+        get = asyncio.ensure_future(self.get(count, trainer_policy_version))
+        await asyncio.wait([get, producer], return_when=asyncio.FIRST_COMPLETED)
+        if producer.done() and producer.exception() is not None:
+            get.cancel()
+            producer.result()
+        return await get

@@ -16,7 +16,8 @@ Admission (`rl.loop.admission`) lets at most `run.max_concurrent_rollouts` rows 
 none more than `run.max_policy_staleness` steps ahead of the policy (0 = synchronous); the buffer evicts
 groups that finished too late. The run ends after `run.steps` steps or at the data's end (`run.epochs`,
 `run.max_rows`). Actors, processes and failures: `rl.loop.roles.Roles`; what a resume needs: `rl.loop.state.RunState`;
-a lost trainer replaced in the run: `rl.loop.recovery`.
+a lost trainer replaced in the run: `rl.loop.recovery`; a weight sync: `rl.loop.sync`; the run's directory and logs:
+`rl.loop.run_logs`.
 """
 
 from __future__ import annotations
@@ -24,38 +25,33 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
-from env_types.renderer import build_renderer, stop_token_ids
 from rl.algorithms.samples import SampleBuilder
-from rl.assets import resolve_model_path
 from rl.checkpoint import store as checkpoint
 from rl.checkpoint.run_dir import RunDirLock
-from rl.config import Config, dump_toml
+from rl.config import Config
 from rl.loop.admission import Admission
 from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
-from rl.loop.evaluate import held_out_groups, held_out_rows
+from rl.loop.evaluate import held_out_rows, validate
 from rl.loop.recovery import TrainerRecovery
 from rl.loop.resolve import resolve_config
-from rl.loop.roles import Roles, refusal
-from rl.loop.scored_groups import ScoredGroups
-from rl.loop.state import Checkpoints, RunState, due_after, open_run_dir, row_index_of, train_group_id
+from rl.loop.roles import Roles
+from rl.loop.run_logs import close_run_logs, log_step_rollouts, open_run_logs
+from rl.loop.scored_groups import ScoredGroups, built_tasks
+from rl.loop.state import Checkpoints, RunState, due_after, row_index_of, train_group_id
+from rl.loop.sync import sync_policy
 from rl.metrics import timer
 from rl.metrics.generation import GenerationStats, GroupFailures, batch_metrics, failure_line, overlap_metrics
-from rl.metrics.logger import MetricsLogger
-from rl.metrics.pass_at_k import eval_metrics
-from rl.metrics.sample_log import SampleLogger
 from rl.packing.prefix_tree import pack_for_trainer, packing_metrics
 from rl.packing.rows import split_micro_batches
 from rl.precision import MismatchWatch, NonfiniteSteps
 from rl.services.breaker import CircuitBreaker, group_failure
 from rollouts.types import RolloutGroup
-from tasks.build import BuiltTask, build_task
 
 Trained = tuple[dict[str, Any], list]
 """A trained step's metrics and the actors' metric states."""
@@ -67,10 +63,7 @@ class Controller:
         self.config = config = resolve_config(config)  # what needs the runtime, checked and decided
         self.resume_from = resume_from
         self.state = RunState(**checkpoint.read_run_state(resume_from)) if resume_from else RunState()
-        self.tasks: dict[str, BuiltTask] = {task_config.key: build_task(task_config) for task_config in config.tasks}
-        model_path = resolve_model_path(config.model.path)
-        self.renderers = {name: build_renderer(task.config.renderer, model_path) for name, task in self.tasks.items()}
-        self.stop_token_ids = sorted({token for r in self.renderers.values() for token in stop_token_ids(r)})
+        self.tasks, self.renderers, self.stop_token_ids = built_tasks(config)
         self.pad_token_id = self.stop_token_ids[0]
         self.stream, self.planned_steps = training_stream(self.tasks, config.run, cursor=self.state.data_cursor)
         """`planned_steps`: optimizer steps the LR schedule is sized for; fewer happen if dropped groups use up the data."""
@@ -156,31 +149,18 @@ class Controller:
         finally:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
-            leftover = self.generation_stats.drain().dropped_failed  # dropped after the last step: the next step's
-            self.logger.log_rollouts(self.state.step + 1, "dropped", leftover)
             if warning := self.group_failures.summary():
                 self._warn(warning)
-            self.logger.close()
-            if self.run_lock is not None:
-                self.run_lock.release()
+            close_run_logs(
+                self.logger, self.run_lock, self.state.step + 1, self.generation_stats.drain().dropped_failed
+            )
         return summary
 
     def _open_run_dir(self) -> Path:
-        """The run's directory (a resumed run's own, else a fresh one claimed and locked, with the resolved config), with its loggers."""
-        run_dir, self.run_lock = open_run_dir(self.config.run_dir, dump_toml(self.config), self.resume_from)
-        if self.roles.run_log is not None:
-            self.roles.run_log.move_into(run_dir)
-        config = self.config
-        dump = config.model_dump(mode="json")
-        self.logger = MetricsLogger(
-            run_dir,
-            log_rollouts=config.run.log_rollouts,
-            wandb=config.wandb,
-            run_config=dump,
-            console_samples=config.sample_logging.console,
+        """The run's directory and its loggers (`rl.loop.run_logs`)."""
+        run_dir, self.run_lock, self.logger, self.sample_logger = open_run_logs(
+            self.config, self.tasks, self.roles, self.resume_from
         )
-        targets = {name: task.task.target for name, task in self.tasks.items()}
-        self.sample_logger = SampleLogger.for_run(config, targets, self.roles.reference_logprobs)
         return run_dir
 
     async def _step(self, groups: list[RolloutGroup], evicted: list[RolloutGroup], wait_seconds: float) -> Trained:
@@ -190,9 +170,7 @@ class Controller:
         train_start = time.perf_counter()
         step_metrics = await self.train_step(groups)
         busy = time.perf_counter() - train_start  # advantages, train step (all minibatches) and weight sync
-        self.logger.log_rollouts(self.state.step + 1, "train", groups)  # with the advantages the step trained
-        self.logger.log_rollouts(self.state.step + 1, "dropped", stats.dropped_failed)
-        await self.sample_logger.record(groups, self.state.step + 1, dropped=stats.dropped_failed)
+        await log_step_rollouts(self.logger, self.sample_logger, self.state.step + 1, groups, stats.dropped_failed)
         if line := failure_line(self.state.step + 1, groups + stats.dropped_failed):
             self._warn(line)
         for key in ("rollouts/dropped_groups", "rollouts/dropped_zero_adv_groups"):
@@ -241,14 +219,10 @@ class Controller:
         return True
 
     async def _next_batch(self, producer: asyncio.Task) -> tuple[list[RolloutGroup], list[RolloutGroup]]:
-        """The next batch from the buffer; a crashed producer raises here instead of hanging the run."""
-        get = asyncio.ensure_future(self.buffer.get(self.config.run.groups_per_step, self.state.policy_version))
-        await asyncio.wait([get, producer], return_when=asyncio.FIRST_COMPLETED)
-        if producer.done() and producer.exception() is not None:
-            get.cancel()
-            producer.result()
-        groups, evicted = await get  # the producer closes the buffer when the data runs out
-        # row order, not completion order: packing and logs replay on resume
+        """The next batch from the buffer, in row order (packing and logs replay on resume); a crashed producer raises."""
+        groups, evicted = await self.buffer.next_batch(
+            self.config.run.groups_per_step, self.state.policy_version, producer
+        )
         groups.sort(key=lambda group: row_index_of(group.group_id))
         await self.admission.release_accepted(len(evicted))
         return groups, evicted
@@ -259,9 +233,7 @@ class Controller:
         async with asyncio.TaskGroup() as rows:
             while True:
                 await self.admission.acquire()
-                row_index = self.stream.cursor
-                while (drawn := self.stream.next()) is not None and row_index in rows_done_ahead:
-                    row_index = self.stream.cursor
+                row_index, drawn = self.stream.next_not_in(rows_done_ahead)
                 if drawn is None:
                     await self.admission.finish(accepted=False)
                     break
@@ -289,13 +261,8 @@ class Controller:
         await self.admission.finish(drop is None)
 
     async def validate(self) -> dict[str, float]:
-        """Held-out reward through the same rollout path, `run.eval_samples_per_row` samples per row, and pass@k."""
-        if not self.validation_rows:
-            return {}
-        run, sampling = self.config.run, self.config.generator.eval_sampling
-        groups = await held_out_groups(self.scored_groups, self.validation_rows, self.state.step, run, sampling)
-        self.logger.log_rollouts(self.state.step, "eval", groups)
-        return eval_metrics(groups, run.eval_samples_per_row, run.eval_pass_threshold)
+        """Held-out reward through the same rollout path, and pass@k (`rl.loop.evaluate.validate`)."""
+        return await validate(self.scored_groups, self.validation_rows, self.state.step, self.config, self.logger)
 
     async def train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:
         """Advantages → packed micro-batches → one optimizer step → weights to the generators."""
@@ -311,11 +278,7 @@ class Controller:
         metrics.update(packing_metrics(batch))
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         with timer("train"):
-            call = self.roles.trainer.train_step.call_one(micro_batches)
-            train_metrics = await self.roles.trainer_call(call, "train step")
-        metrics |= {
-            key if key == "loss" or "/" in key else f"train/{key}": value for key, value in train_metrics.items()
-        }
+            metrics |= await self.roles.train_step(micro_batches)
         if skipped := self.nonfinite_steps.check(self.state.step + 1, metrics, trainer_config.ppo_n_minibatches):
             self._warn(*skipped)
             await self.admission.release_accepted(len(groups))  # as for a step with nothing to train
@@ -329,26 +292,5 @@ class Controller:
         return metrics
 
     async def sync_weights(self, policy_version: int, rewind: bool = False) -> dict[str, float]:
-        """The trainer publishes its weights as `policy_version`; every generator reloads them and, when the run
-        attests its syncs, proves it serves them before it takes traffic (a replica that cannot is replaced like a dead
-        one); admission moves on. Returns `weight_sync/attested` (1 when every replica proved it) and
-        `time/attestation_s` (the trainer's fingerprints plus the slowest replica's measurement). `rewind`: an older
-        version on purpose (a trainer recovery), which the attestation accepts."""
-        generators, timeout_s = self.roles.generators, self.config.run.weight_sync_timeout_s
-        async with generators.updating():  # a replacement generator loads the version before or after, never half-way
-            expected = await self.roles.push_weights(policy_version)
-            expected = replace(expected, rewind=True) if expected is not None and rewind else expected
-            replicas = len(generators.healthy)
-            updates = await generators.update_weights.fanout(
-                policy_version, expected, timeout_s=timeout_s, refuse=refusal
-            )
-            self.state.policy_version = policy_version
-        await self.admission.set_policy_version(policy_version)
-        if expected is None:
-            return {}
-        verdicts = [update.verdict for update in updates if update.verdict is not None]
-        proven = sum(verdict.attested for verdict in verdicts)
-        return {
-            "weight_sync/attested": float(replicas > 0 and proven == replicas),
-            "time/attestation_s": expected.seconds + max((verdict.seconds for verdict in verdicts), default=0.0),
-        }
+        """The trainer's weights to every generator as `policy_version`, then admission moves on (`rl.loop.sync`)."""
+        return await sync_policy(self.roles, self.state, self.admission, policy_version, rewind)

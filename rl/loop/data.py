@@ -72,6 +72,14 @@ class RowStream:
         self.cursor += 1
         return task_name, copy.deepcopy(self.rows_by_task[task_name][self._next_index(task_name)])
 
+    def next_not_in(self, skipped: set[int]) -> tuple[int, tuple[str, dict[str, Any]] | None]:
+        """The next row whose index is not in `skipped` (rows consumed before a resume), with its index; None at the
+        limit."""
+        row_index = self.cursor
+        while (drawn := self.next()) is not None and row_index in skipped:
+            row_index = self.cursor
+        return row_index, drawn
+
     def take(self, count: int) -> list[tuple[str, dict[str, Any]]]:
         """Up to `count` rows (fewer at the limit)."""
         rows = []

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from env_types.renderer import build_renderer, stop_token_ids
-from rl.assets import resolve_model_path
 from rl.checkpoint import export
 from rl.checkpoint import store as checkpoint_store
 from rl.config import Config, ConfigError, load_config
@@ -27,10 +25,11 @@ from rl.config.roles import SamplingConfig
 from rl.config.run import RunConfig
 from rl.loop.resolve import resolve_config
 from rl.loop.roles import Roles
-from rl.loop.scored_groups import ScoredGroups
+from rl.loop.scored_groups import ScoredGroups, built_tasks
+from rl.metrics.logger import MetricsLogger
 from rl.metrics.pass_at_k import eval_metrics
 from rollouts.types import RolloutGroup
-from tasks.build import BuiltTask, build_task
+from tasks.build import BuiltTask
 
 
 def say(line: str) -> None:
@@ -55,6 +54,19 @@ async def held_out_groups(
             )
         )
     )
+
+
+async def validate(
+    scored_groups: ScoredGroups, rows: list[tuple[str, dict]], step: int, config: Config, logger: MetricsLogger
+) -> dict[str, float]:
+    """The training loop's validation at `step`: held-out reward through the same rollout path,
+    `run.eval_samples_per_row` samples per row with `generator.eval_sampling`, and pass@k; the groups logged."""
+    if not rows:
+        return {}
+    run = config.run
+    groups = await held_out_groups(scored_groups, rows, step, run, config.generator.eval_sampling)
+    logger.log_rollouts(step, "eval", groups)
+    return eval_metrics(groups, run.eval_samples_per_row, run.eval_pass_threshold)
 
 
 @dataclass(frozen=True)
@@ -114,10 +126,7 @@ class Evaluation:
     def __init__(self, config: Config, step: int):
         self.config = config = resolve_config(config)  # what needs the runtime, checked and decided
         self.step = step
-        self.tasks = {task_config.key: build_task(task_config) for task_config in config.tasks}
-        model_path = resolve_model_path(config.model.path)
-        self.renderers = {name: build_renderer(task.config.renderer, model_path) for name, task in self.tasks.items()}
-        self.stop_token_ids = sorted({token for r in self.renderers.values() for token in stop_token_ids(r)})
+        self.tasks, self.renderers, self.stop_token_ids = built_tasks(config)
         self.rows = held_out_rows(self.tasks, config.run.eval_groups)
         self.failures: list[str] = []
         """Why the evaluation stopped, if an actor failure stopped it."""

@@ -309,6 +309,12 @@ class Roles:
         """A trainer call (not the weight push) within `trainer.call_timeout_s`."""
         return within(call, f"trainer {what}", "trainer.call_timeout_s", self.config.trainer.call_timeout_s)
 
+    async def train_step(self, micro_batches: list[Any]) -> dict[str, float]:
+        """One optimizer step on the trainer within `trainer.call_timeout_s`; its metrics as the run logs them (`loss`
+        and names with a `/` as they are, the others under `train/`)."""
+        metrics = await self.trainer_call(self.trainer.train_step.call_one(micro_batches), "train step")
+        return {key if key == "loss" or "/" in key else f"train/{key}": value for key, value in metrics.items()}
+
     async def gather_states(self, step: int) -> list[dict[str, Any]]:
         """The trainer's and reward replicas' metric states for `step` (generators record nothing: never wait behind generation),
         within `run.metrics_timeout_s`: a trainer that misses it stops the run, a reward replica is left out of the step."""

@@ -3,12 +3,24 @@ model), then the reward service. Training rows and held-out rows take the same p
 
 from __future__ import annotations
 
+from env_types.renderer import Renderer, build_renderer, stop_token_ids
+from rl.assets import resolve_model_path
+from rl.config import Config
 from rl.config.algorithm import POLICY
 from rl.config.roles import SamplingConfig
 from rl.loop.roles import Roles
 from rollouts.fanout import RolloutContext, RolloutFn, rollout_group
 from rollouts.types import RolloutGroup, mark_frozen
-from tasks.build import BuiltTask
+from tasks.build import BuiltTask, build_task
+
+
+def built_tasks(config: Config) -> tuple[dict[str, BuiltTask], dict[str, Renderer], list[int]]:
+    """The run's tasks built, each one's chat renderer for the policy model, and every renderer's end-of-turn tokens
+    (what stops a generation), sorted: what the training loop and `rlmesh eval` both start from."""
+    tasks = {task_config.key: build_task(task_config) for task_config in config.tasks}
+    model_path = resolve_model_path(config.model.path)
+    renderers = {name: build_renderer(task.config.renderer, model_path) for name, task in tasks.items()}
+    return tasks, renderers, sorted({token for renderer in renderers.values() for token in stop_token_ids(renderer)})
 
 
 class ScoredGroups:

@@ -1,0 +1,36 @@
+"""A weight sync as the run does it: the trainer publishes a policy version, every generator reloads it (and, when
+the run attests its syncs, proves it serves it), then admission moves on to that version."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from rl.loop.admission import Admission
+from rl.loop.roles import Roles, refusal
+from rl.loop.state import RunState
+
+
+async def sync_policy(
+    roles: Roles, state: RunState, admission: Admission, policy_version: int, rewind: bool = False
+) -> dict[str, float]:
+    """The trainer publishes its weights as `policy_version`; every generator reloads them and, when the run
+    attests its syncs, proves it serves them before it takes traffic (a replica that cannot is replaced like a dead
+    one); admission moves on. Returns `weight_sync/attested` (1 when every replica proved it) and
+    `time/attestation_s` (the trainer's fingerprints plus the slowest replica's measurement). `rewind`: an older
+    version on purpose (a trainer recovery), which the attestation accepts."""
+    generators, timeout_s = roles.generators, roles.config.run.weight_sync_timeout_s
+    async with generators.updating():  # a replacement generator loads the version before or after, never half-way
+        expected = await roles.push_weights(policy_version)
+        expected = replace(expected, rewind=True) if expected is not None and rewind else expected
+        replicas = len(generators.healthy)
+        updates = await generators.update_weights.fanout(policy_version, expected, timeout_s=timeout_s, refuse=refusal)
+        state.policy_version = policy_version
+    await admission.set_policy_version(policy_version)
+    if expected is None:
+        return {}
+    verdicts = [update.verdict for update in updates if update.verdict is not None]
+    proven = sum(verdict.attested for verdict in verdicts)
+    return {
+        "weight_sync/attested": float(replicas > 0 and proven == replicas),
+        "time/attestation_s": expected.seconds + max((verdict.seconds for verdict in verdicts), default=0.0),
+    }
