@@ -33,6 +33,7 @@ import os
 import random
 import shutil
 import socket
+import stat
 import sys
 import tempfile
 from dataclasses import asdict
@@ -171,11 +172,19 @@ def _writer_alive(identity: str) -> bool:
 
 
 def begin(run_dir: Path, step: int) -> Path:
-    """A fresh temporary directory, named after this writer, to write the checkpoint of `step` into."""
+    """A fresh temporary directory, named after this writer, to write the checkpoint of `step` into.
+
+    It and its `trainer/` and `rng/` (made here, owned by this writer, so it can prune them later whoever wrote their
+    files) get the run directory's permissions: ranks under another uid may write a checkpoint exactly when they may
+    write the run directory (e.g. a group-writable, setgid run directory made under `umask 002`). Sticky and setuid
+    bits are not copied: a sticky directory would keep this writer from pruning the ranks' files."""
     root = checkpoint_root(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f"{_TMP}{_PREFIX}{step:08d}-", suffix=f"@{writer_identity()}", dir=root))
-    tmp.chmod(0o755)
+    mode = stat.S_IMODE(run_dir.stat().st_mode) & 0o2777
+    for directory in (tmp, tmp / "trainer", tmp / "rng"):
+        directory.mkdir(exist_ok=True)
+        directory.chmod(mode)  # explicit: mkdir applies this process's umask, and mkdtemp makes 0o700
     return tmp
 
 

@@ -148,7 +148,6 @@ def test_checkpoint_files_and_directories_are_on_disk_before_committed(tmp_path,
 
     monkeypatch.setattr(os, "fsync", fsync)
     tmp = checkpoint.begin(tmp_path, 3)
-    (tmp / "trainer").mkdir()
     (tmp / "trainer" / "model.distcp").write_bytes(b"weights")
     (tmp / "run_state.json").write_text("{}")
     final = checkpoint.commit(tmp_path, tmp, 3, keep=1)
