@@ -73,7 +73,7 @@ class RewardActor(MetricsActor, ServiceReplica):
     @endpoint
     async def save_rng(self, path: str) -> None:
         """Reward functions may draw random numbers: every replica's process RNG goes into checkpoints."""
-        checkpoint.save_rng(Path(path), self.rng_name)
+        checkpoint.write(Path(path), checkpoint.RNG, self.rng_name)
 
     @endpoint
     async def load_rng(self, path: str) -> None:

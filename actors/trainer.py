@@ -193,9 +193,9 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
     async def save_checkpoint(self, path: str, weights_only: bool = False) -> None:
         """Model, optimizer, LR schedule and this process's RNG into the checkpoint directory `path` (`weights_only`:
         the model and the RNG)."""
-        checkpoint.save_trainer(Path(path), self.lm, self.optimizer, self.scheduler, weights_only)
+        checkpoint.write(Path(path), checkpoint.TRAINER, self.lm, self.optimizer, self.scheduler, weights_only)
         if self.ranks.rank == 0:
-            checkpoint.save_rng(Path(path), "trainer")
+            checkpoint.write(Path(path), checkpoint.RNG, "trainer")
 
     @endpoint
     async def load_checkpoint(self, path: str) -> None:

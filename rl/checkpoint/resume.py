@@ -1,4 +1,5 @@
-"""`rlmesh train --resume RUN_DIR`: the config a resumed run may use, and the logs it continues.
+"""`rlmesh train --resume RUN_DIR`: the config a resumed run may use, the logs it continues, and `open_run_dir`,
+where every run (fresh or resumed, CLI or Python API) gets its directory.
 
 A resume continues the saved trajectory, so only settings that do not change what is trained may
 differ from the saved config: the length of the run, evaluation, logging, checkpointing,
@@ -72,7 +73,7 @@ def resume_config(run_dir: Path, overrides: dict[str, str]) -> tuple[Config, Pat
             f"cannot resume {run_dir} with a different {', '.join(refused)}: that would change the run's trajectory. "
             f"A resume may change only {', '.join(RESUMABLE_KEYS)}"
         )
-    step = checkpoint.read_run_state(newest)["step"]
+    step = checkpoint.read(newest, checkpoint.RUN_STATE)["step"]
     if resumed.run.steps < step:
         raise ConfigError(f"run.steps = {resumed.run.steps} is below the checkpoint's step {step}")
     if resumed.run.steps == step:
@@ -117,9 +118,9 @@ def restore_logs(run_dir: Path, resume_from: Path) -> None:
     own metrics and samples written from the checkpoint if the run stopped before logging them."""
     from rl.metrics.backends import JsonlBackend
 
-    step = checkpoint.read_run_state(resume_from)["step"]
+    step = checkpoint.read(resume_from, checkpoint.RUN_STATE)["step"]
     truncate_logs(run_dir, step)
-    record = checkpoint.read_step_record(resume_from)
+    record = checkpoint.read(resume_from, checkpoint.STEP_RECORD)
     metrics_path = run_dir / "metrics.jsonl"
     logged = metrics_path.exists() and any(
         json.loads(line)["step"] == step for line in metrics_path.read_text().splitlines()
@@ -142,3 +143,15 @@ def take_over(run_dir: Path, resume_from: Path) -> run_dirs.RunDirLock:
         print(f"rlmesh: warning: a checkpoint newer than the one resumed is kept aside as {moved}", file=sys.stderr)
     restore_logs(run_dir, resume_from)
     return lock
+
+
+def open_run_dir(run_dir: Path, config_toml: str, resume_from: Path | None) -> tuple[Path, run_dirs.RunDirLock | None]:
+    """A resumed run's own directory (`RUN_DIR/checkpoints/step_N` → `RUN_DIR`), else a fresh one claimed
+    (`rl.checkpoint.run_dir`) holding the resolved config; and the lock this call took. `rlmesh train --resume` takes over the
+    directory before the roles start; a resume through the Python API (`Controller(config, resume_from=...)`) does here."""
+    if resume_from is not None:
+        resumed = resume_from.parent.parent
+        return resumed, None if run_dirs.held_here(resumed) else take_over(resumed, resume_from)
+    run_dir, lock = run_dirs.claim_fresh(run_dir)
+    checkpoint.write(run_dir, checkpoint.CONFIG, config_toml)
+    return run_dir, lock

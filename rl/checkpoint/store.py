@@ -1,16 +1,13 @@
 """Checkpoints of a run: what a resume needs to continue exactly where the run stopped.
 
     runs/<name>/checkpoints/step_00000004/
-        trainer/          model, optimizer and LR schedule (torch.distributed.checkpoint)
-        rng/<process>.pt  python, numpy and torch RNG states of each process that draws numbers
-        run_state.json    the controller's RunState (step, policy version, data cursor)
-        step_record.json  the step's metrics record and logged samples (a resume logs them if the run did not)
-        services.json     each service's counters (restarts, resubmitted, failed and served requests)
-        config.toml       the resolved config the run was started with
-        WEIGHTS_ONLY      only in a weights-only checkpoint (`checkpoint.final = "weights"`): trainer/ holds the
-                          model and no optimizer or LR schedule; export and eval read it, a resume skips it
-        MANIFEST.json     size and sha256 of every file above: a resume checks them before loading
+        the parts of `PARTS` (trainer state, RNG states, run state, step record, service counters, config, and the
+                          weights-only marker)
+        MANIFEST.json     size and sha256 of every file of the parts: a resume checks them before loading
         COMMITTED         written last: a checkpoint without it is ignored
+
+`PARTS` is the one list of a checkpoint's parts: each is written through it (`write`) and read back through it by
+the resume (`read`) and by the damage check (`unreadable`), which reads every part.
 
 A checkpoint is written into a temporary sibling directory named after its writer (host, pid and
 process start time), synced to disk file by file, renamed into place, then marked COMMITTED (synced
@@ -26,7 +23,6 @@ config in it names importable objects, which is code: see docs/checkpoints.md, "
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -36,7 +32,9 @@ import socket
 import stat
 import sys
 import tempfile
-from dataclasses import asdict
+import tomllib
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +43,6 @@ import psutil
 import torch
 
 COMMITTED = "COMMITTED"
-WEIGHTS_ONLY = "WEIGHTS_ONLY"
 MANIFEST = "MANIFEST.json"
 _PREFIX = "step_"
 _TMP = ".tmp-"
@@ -75,7 +72,7 @@ def newest_checkpoint(run_dir: Path) -> Path:
 
 def is_weights_only(path: Path) -> bool:
     """Whether checkpoint `path` holds the model's weights only (`checkpoint.final = "weights"`): not resumable."""
-    return (path / WEIGHTS_ONLY).is_file()
+    return read(path, WEIGHTS_ONLY)
 
 
 def newest_loadable(run_dir: Path, resumable: bool = False) -> Path:
@@ -121,35 +118,11 @@ def damage(path: Path) -> str | None:
 
 
 def unreadable(path: Path) -> str | None:
-    """The first part of checkpoint `path` that the resume's own readers reject, or None; reads everything but the
-    tensor bytes of the trainer state (their sizes are checked against its index; the manifest checks their content)."""
-    import tomllib
-
-    from torch.distributed.checkpoint import FileSystemReader
-
-    def trainer_index() -> None:
-        metadata = FileSystemReader(str(path / "trainer")).read_metadata()
-        for item in metadata.storage_data.values():
-            file = path / "trainer" / item.relative_path
-            if item.offset + item.length > file.stat().st_size:
-                raise ValueError(
-                    f"{item.relative_path} ends at byte {file.stat().st_size}, its index reads to {item.offset + item.length}"
-                )
-
-    parts = {
-        "run_state.json": lambda: int(read_run_state(path)["step"]),
-        "config.toml": lambda: tomllib.loads((path / "config.toml").read_text()),
-        "trainer/": trainer_index,
-        "step_record.json": lambda: read_step_record(path),
-        "services.json": lambda: read_service_counters(path),
-        **{
-            f"rng/{file.name}": functools.partial(torch.load, file, weights_only=True)
-            for file in sorted((path / "rng").glob("*.pt"))
-        },
-    }
-    for name, read in parts.items():
+    """The first part of checkpoint `path` that its reader in `PARTS` rejects, or None (the trainer state's tensor
+    bytes are not read: their sizes are checked against its index, and the manifest checks their content)."""
+    for name in PARTS:
         try:
-            read()
+            read(path, name)
         except Exception as exc:
             return f"{name} does not load: {type(exc).__name__}: {exc}"
     return None
@@ -249,39 +222,6 @@ def _write_synced(path: Path, text: str) -> None:
         os.fsync(file.fileno())
 
 
-def write_run_state(path: Path, run_state: Any) -> None:
-    (path / "run_state.json").write_text(json.dumps(asdict(run_state), indent=2, sort_keys=True) + "\n")
-
-
-def read_run_state(path: Path) -> dict[str, Any]:
-    return json.loads((path / "run_state.json").read_text())
-
-
-def write_step_record(path: Path, metrics: dict[str, Any], samples: dict[str, list[dict[str, Any]]]) -> None:
-    """The step's reduced metrics and samples, committed with the checkpoint: a kill between the commit
-    and the step's log lines loses neither."""
-    (path / "step_record.json").write_text(
-        json.dumps({"metrics": metrics, "samples": samples}, sort_keys=True, default=str) + "\n"
-    )
-
-
-def read_step_record(path: Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]] | None:
-    """(metrics, samples) of the checkpoint's step, or None for a checkpoint written without them."""
-    if not (path / "step_record.json").is_file():
-        return None
-    record = json.loads((path / "step_record.json").read_text())
-    return record["metrics"], record["samples"]
-
-
-def write_service_counters(path: Path, counters: dict[str, dict[str, Any]]) -> None:
-    (path / "services.json").write_text(json.dumps(counters, indent=1, sort_keys=True) + "\n")
-
-
-def read_service_counters(path: Path) -> dict[str, dict[str, Any]]:
-    """Each service's counters by name ({} for a checkpoint written without them)."""
-    return json.loads((path / "services.json").read_text()) if (path / "services.json").is_file() else {}
-
-
 def rng_state() -> dict[str, Any]:
     """This process's python, numpy and torch RNG states (each of its GPUs' too, once it has used CUDA), as plain
     containers and tensors (loadable with `weights_only=True`)."""
@@ -305,14 +245,9 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_rng(path: Path, process: str) -> None:
-    (path / "rng").mkdir(exist_ok=True)
-    torch.save(rng_state(), path / "rng" / f"{process}.pt")
-
-
 def load_rng(path: Path, process: str) -> None:
     """Restore `process`'s RNG; one missing (a replica lost while the checkpoint was written) keeps its own, with a warning."""
-    file = path / "rng" / f"{process}.pt"
+    file = path / RNG / f"{process}.pt"
     if not file.is_file():
         print(
             f"rlmesh: warning: {path.name} has no RNG state of {process}; it continues from its own seed",
@@ -322,8 +257,19 @@ def load_rng(path: Path, process: str) -> None:
     set_rng_state(torch.load(file, weights_only=True))
 
 
-def save_trainer(
-    path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, weights_only: bool = False
+def load_trainer(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()}
+    dcp.load(state, checkpoint_id=path / TRAINER)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+
+
+def _write_trainer(
+    target: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, weights_only: bool = False
 ) -> None:
     """Model, optimizer and LR schedule through torch.distributed.checkpoint (valid for one rank or many);
     `weights_only`: the model alone (a third of an fp32 AdamW checkpoint), which `rl.checkpoint.export` reads."""
@@ -331,21 +277,130 @@ def save_trainer(
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
     if weights_only:
-        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=path / "trainer")
+        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=target)
         return
     model_state, optimizer_state = get_state_dict(model, optimizer)
     dcp.save(
-        {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()},
-        checkpoint_id=path / "trainer",
+        {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()}, checkpoint_id=target
     )
 
 
-def load_trainer(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+def _read_trainer_index(target: Path) -> None:
+    """The trainer state's index, with every tensor's bytes inside its file (`load_trainer` loads the tensors)."""
+    from torch.distributed.checkpoint import FileSystemReader
 
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    state = {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()}
-    dcp.load(state, checkpoint_id=path / "trainer")
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
+    for item in FileSystemReader(str(target)).read_metadata().storage_data.values():
+        file = target / item.relative_path
+        if item.offset + item.length > file.stat().st_size:
+            raise ValueError(
+                f"{item.relative_path} ends at byte {file.stat().st_size}, its index reads to {item.offset + item.length}"
+            )
+
+
+def _write_rng(target: Path, process: str) -> None:
+    target.mkdir(exist_ok=True)
+    torch.save(rng_state(), target / f"{process}.pt")
+
+
+def _read_rngs(target: Path) -> dict[str, Any]:
+    """Every process's RNG state by process name; a file that does not load is named."""
+    states = {}
+    for file in sorted(target.glob("*.pt")):
+        try:
+            states[file.stem] = torch.load(file, weights_only=True)
+        except Exception as exc:
+            raise ValueError(f"{file.name}: {type(exc).__name__}: {exc}") from exc
+    return states
+
+
+def _read_run_state(target: Path) -> dict[str, Any]:
+    state = json.loads(target.read_text())
+    int(state["step"])  # a state without an integer step does not load
+    return state
+
+
+def _write_step_record(target: Path, metrics: dict[str, Any], samples: dict[str, list[dict[str, Any]]]) -> None:
+    target.write_text(json.dumps({"metrics": metrics, "samples": samples}, sort_keys=True, default=str) + "\n")
+
+
+def _read_step_record(target: Path) -> tuple[dict[str, Any], dict[str, list[dict[str, Any]]]] | None:
+    """(metrics, samples), or None for a checkpoint written without them."""
+    if not target.is_file():
+        return None
+    record = json.loads(target.read_text())
+    return record["metrics"], record["samples"]
+
+
+def _write_weights_only_marker(target: Path) -> None:
+    target.write_text(
+        "checkpoint.final = 'weights': the model's weights, no optimizer state; export or evaluate it, it cannot be "
+        "resumed\n"
+    )
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of a checkpoint: what it holds, its writer `(target, *value)` and its reader `(target) -> value`,
+    `target` being the part's own path in the checkpoint directory."""
+
+    holds: str
+    write: Callable[..., None]
+    read: Callable[[Path], Any]
+
+
+TRAINER, RNG, RUN_STATE, STEP_RECORD, SERVICES, CONFIG, WEIGHTS_ONLY = (
+    "trainer/",
+    "rng/",
+    "run_state.json",
+    "step_record.json",
+    "services.json",
+    "config.toml",
+    "WEIGHTS_ONLY",
+)
+PARTS: dict[str, Part] = {
+    TRAINER: Part(
+        "model, optimizer and LR schedule (torch.distributed.checkpoint); the model alone in a weights-only one",
+        _write_trainer,
+        _read_trainer_index,
+    ),
+    RNG: Part("python, numpy and torch RNG states, one file per process that draws numbers", _write_rng, _read_rngs),
+    RUN_STATE: Part(
+        "the controller's RunState (step, policy version, data cursor)",
+        lambda target, run_state: target.write_text(json.dumps(asdict(run_state), indent=2, sort_keys=True) + "\n"),
+        _read_run_state,
+    ),
+    STEP_RECORD: Part(
+        "the step's metrics record and logged samples, committed with the checkpoint: a kill between the commit and "
+        "the step's log lines loses neither (a resume logs them if the run did not)",
+        _write_step_record,
+        _read_step_record,
+    ),
+    SERVICES: Part(
+        "each service's counters (restarts, resubmitted, failed and served requests); {} when written without them",
+        lambda target, counters: target.write_text(json.dumps(counters, indent=1, sort_keys=True) + "\n"),
+        lambda target: json.loads(target.read_text()) if target.is_file() else {},
+    ),
+    CONFIG: Part(
+        "the resolved config the run was started with",
+        Path.write_text,
+        lambda target: tomllib.loads(target.read_text()),
+    ),
+    WEIGHTS_ONLY: Part(
+        'only in a weights-only checkpoint (`checkpoint.final = "weights"`): trainer/ holds the model and no '
+        "optimizer or LR schedule; export and eval read it, a resume skips it (read: whether it is there)",
+        _write_weights_only_marker,
+        Path.is_file,
+    ),
+}
+"""The parts of a checkpoint by their name in its directory: the one list the writers, the resume and the damage
+check use."""
+
+
+def write(path: Path, name: str, *value: Any) -> None:
+    """Write part `name` of the checkpoint (or run directory, for its config) being written at `path`."""
+    PARTS[name].write(path / name, *value)
+
+
+def read(path: Path, name: str) -> Any:
+    """Part `name` of checkpoint `path` as its reader returns it (raises when it does not load)."""
+    return PARTS[name].read(path / name)

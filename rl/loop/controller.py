@@ -62,7 +62,7 @@ class Controller:
         """`resume_from`: a committed checkpoint directory to continue from (see `rl.checkpoint`)."""
         self.config = config = resolve_config(config)  # what needs the runtime, checked and decided
         self.resume_from = resume_from
-        self.state = RunState(**checkpoint.read_run_state(resume_from)) if resume_from else RunState()
+        self.state = RunState(**checkpoint.read(resume_from, checkpoint.RUN_STATE)) if resume_from else RunState()
         self.tasks, self.renderers, self.stop_token_ids = built_tasks(config)
         self.pad_token_id = self.stop_token_ids[0]
         self.stream, self.planned_steps = training_stream(self.tasks, config.run, cursor=self.state.data_cursor)

@@ -102,7 +102,7 @@ def eval_target(
         except (FileNotFoundError, ValueError) as exc:
             raise ConfigError(f"cannot evaluate {target}: {exc}") from None
         config = load_config(checkpoint / "config.toml", overrides)
-        step = checkpoint_store.read_run_state(checkpoint)["step"]
+        step = checkpoint_store.read(checkpoint, checkpoint_store.RUN_STATE)["step"]
         return EvalTarget(config, checkpoint, step, str(checkpoint), run_dir=target)
     if step is not None:
         raise ConfigError("--step picks a checkpoint of a run directory; give the run directory")

@@ -182,7 +182,7 @@ def rewind(controller: Any, checkpoint_dir: Path) -> None:
     per-step watches."""
     config = controller.config
     controller.resume_from = checkpoint_dir
-    controller.state = state = RunState(**checkpoint.read_run_state(checkpoint_dir))
+    controller.state = state = RunState(**checkpoint.read(checkpoint_dir, checkpoint.RUN_STATE))
     controller.stream, controller.planned_steps = training_stream(
         controller.tasks, config.run, cursor=state.data_cursor
     )

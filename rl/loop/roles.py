@@ -340,7 +340,7 @@ class Roles:
         await asyncio.gather(
             save, self.reward.save_rng.fanout(str(path), timeout_s=self.config.services.reward.call_timeout_s)
         )
-        checkpoint.write_service_counters(path, {service.name: service.counters() for service in self.services})
+        checkpoint.write(path, checkpoint.SERVICES, {service.name: service.counters() for service in self.services})
 
     async def load_checkpoint(self, path: Path, service_counters: bool = True) -> None:
         """The roles' part of checkpoint `path`; `service_counters`: also the services' counters (a resume continues
@@ -351,7 +351,7 @@ class Roles:
         )
         if not service_counters:
             return
-        saved = checkpoint.read_service_counters(path)
+        saved = checkpoint.read(path, checkpoint.SERVICES)
         for service in self.services:
             if service.name in saved:
                 service.restore_counters(saved[service.name])

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rl.checkpoint.resume import open_run_dir
 from rl.checkpoint.run_dir import RunDirLock
 from rl.config import Config, dump_toml
 from rl.loop.roles import Roles
-from rl.loop.state import open_run_dir
 from rl.metrics.logger import MetricsLogger
 from rl.metrics.sample_log import SampleLogger
 from rollouts.types import RolloutGroup

@@ -1,4 +1,5 @@
-"""A run's progress and its directory: what a checkpoint saves (`RunState`), when and how it is saved, how rows name their groups."""
+"""A run's progress: what a checkpoint saves (`RunState`), when it is saved and what the roles put in it, how rows name
+their groups. The run on disk (directory, checkpoints, resume) is `rl.checkpoint`'s."""
 
 from __future__ import annotations
 
@@ -10,22 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from rl.checkpoint import store as checkpoint
-from rl.checkpoint.resume import take_over
-from rl.checkpoint.run_dir import RunDirLock, claim_fresh, held_here
 from rl.config import Config, dump_toml
 from rl.loop.roles import Roles
-
-
-def open_run_dir(run_dir: Path, config_toml: str, resume_from: Path | None) -> tuple[Path, RunDirLock | None]:
-    """A resumed run's own directory (`RUN_DIR/checkpoints/step_N` → `RUN_DIR`), else a fresh one claimed
-    (`rl.checkpoint.run_dir`) holding the resolved config; and the lock this call took. `rlmesh train --resume` takes over the
-    directory before the roles start; a resume through the Python API (`Controller(config, resume_from=...)`) does here."""
-    if resume_from is not None:
-        resumed = resume_from.parent.parent
-        return resumed, None if held_here(resumed) else take_over(resumed, resume_from)
-    run_dir, lock = claim_fresh(run_dir)
-    (run_dir / "config.toml").write_text(config_toml)
-    return run_dir, lock
 
 
 def train_group_id(row_index: int) -> str:
@@ -88,14 +75,12 @@ async def save_checkpoint(
     tmp = checkpoint.begin(run_dir, state.step)
     await roles.save_checkpoint(tmp, weights_only)
     if weights_only:
-        (tmp / checkpoint.WEIGHTS_ONLY).write_text(
-            "checkpoint.final = 'weights': the model's weights, no optimizer state; export or evaluate it, it cannot be resumed\n"
-        )
+        checkpoint.write(tmp, checkpoint.WEIGHTS_ONLY)
     if record is not None:
-        checkpoint.write_step_record(tmp, *record)
-    checkpoint.save_rng(tmp, "controller")
-    checkpoint.write_run_state(tmp, state)
-    (tmp / "config.toml").write_text(dump_toml(config))
+        checkpoint.write(tmp, checkpoint.STEP_RECORD, *record)
+    checkpoint.write(tmp, checkpoint.RNG, "controller")
+    checkpoint.write(tmp, checkpoint.RUN_STATE, state)
+    checkpoint.write(tmp, checkpoint.CONFIG, dump_toml(config))
     # hashing and fsyncing every file takes minutes at 8B with AdamW: off the event loop, so pings and generation go on
     await asyncio.to_thread(checkpoint.commit, run_dir, tmp, state.step, keep=config.checkpoint.keep)
     return time.perf_counter() - start

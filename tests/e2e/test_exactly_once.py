@@ -64,7 +64,7 @@ def test_every_row_is_trained_exactly_once_across_two_kills_at_staleness_budget_
             launch.process.send_signal(signal.SIGKILL)
             launch.process.wait(timeout=30)
             launch.kill_everything()
-            resumed_from = checkpoint.read_run_state(checkpoint.newest_checkpoint(run_dir))["step"]
+            resumed_from = checkpoint.read(checkpoint.newest_checkpoint(run_dir), checkpoint.RUN_STATE)["step"]
             print(f"killed {launch.output()[-200:]!r}; resuming from step {resumed_from}")
             launches.append(Launch(tmp_path, resume=run_dir))
         assert launches[-1].wait_for_exit(timeout=900) == 0, launches[-1].output()
@@ -80,7 +80,7 @@ def test_every_row_is_trained_exactly_once_across_two_kills_at_staleness_budget_
         "reward_1.pt",
     }
     assert checkpoint.damage(newest) is None
-    committed_metrics, _ = checkpoint.read_step_record(newest)
+    committed_metrics, _ = checkpoint.read(newest, checkpoint.STEP_RECORD)
     logged = next(record for record in read_jsonl(run_dir / "metrics.jsonl") if record["step"] == STEPS)
     assert {"step": STEPS, **committed_metrics} == {
         key: value for key, value in logged.items() if key not in ("time/step_s", "time/checkpoint_s")

@@ -55,7 +55,7 @@ def assert_every_row_trained_once(run_dir: Path) -> None:
         steps_of_row.setdefault(row_index_of(record["rollout"]["group_id"]), set()).add(record["step"])
     assert all(len(steps) == 1 for steps in steps_of_row.values())
     assert Counter(step for steps in steps_of_row.values() for step in steps) == {1: 2, 2: 2, 3: 2}
-    state = checkpoint.read_run_state(checkpoint.newest_checkpoint(run_dir))
+    state = checkpoint.read(checkpoint.newest_checkpoint(run_dir), checkpoint.RUN_STATE)
     assert state["step"] == 3 and state["rows_done_ahead"] == []
     assert sorted(steps_of_row) == list(range(state["data_cursor"]))
 

@@ -84,7 +84,7 @@ def test_a_sharded_checkpoint_round_trips_through_dcp(group, tmp_path, record):
     train_step(
         root, optimizer, scheduler, _batch(), ALGORITHM, max_grad_norm=1.0, horizon=64, device="cuda", ranks=group
     )
-    checkpoint.save_trainer(tmp_path, model, optimizer, scheduler)
+    checkpoint.write(tmp_path, checkpoint.TRAINER, model, optimizer, scheduler)
     fresh = random_qwen3(seed=2).cuda()
     fresh_root = distributed.shard(fresh, device="cuda", param_dtype=torch.bfloat16)
     fresh_optimizer = torch.optim.AdamW(fresh_root.parameters(), lr=1e-3)

@@ -31,7 +31,7 @@ def fake_run(
             json.dumps({"step": step, "policy_version": step, "data_cursor": 2 * step, "rows_done_ahead": []})
         )
         dcp.save({"model": {"w": torch.arange(4096.0)}}, checkpoint_id=tmp / "trainer")
-        checkpoint.save_rng(tmp, "controller")
+        checkpoint.write(tmp, checkpoint.RNG, "controller")
         if damage_before_commit is not None and step == steps_with_checkpoints[-1]:
             damage_before_commit(tmp)
         if committed:
@@ -56,7 +56,7 @@ def assert_rows_trained_once(run_dir: Path, steps: int, groups_per_step: int, gr
     assert Counter(step for row_steps in steps_of_row.values() for step in row_steps) == {
         step: groups_per_step for step in range(1, steps + 1)
     }
-    state = checkpoint.read_run_state(checkpoint.newest_checkpoint(run_dir))
+    state = checkpoint.read(checkpoint.newest_checkpoint(run_dir), checkpoint.RUN_STATE)
     assert state["step"] == steps
     consumed = set(range(state["data_cursor"])) | set(state["rows_done_ahead"])
     metrics = [record for record in read_jsonl(run_dir / "metrics.jsonl") if record["step"] > 0]

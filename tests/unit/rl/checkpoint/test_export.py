@@ -1,7 +1,7 @@
 """`rlmesh export`: a committed checkpoint of the trainer's state becomes a Hugging Face folder that transformers
 loads with no rlmesh import and that computes what the trained model computed.
 
-The checkpoint here is written by the trainer's own writer (`store.save_trainer`, 1 rank) from the tiny Qwen3
+The checkpoint here is written by the trainer's own writer (`store.write(path, store.TRAINER, ...)`, 1 rank) from the tiny Qwen3
 after one AdamW step; 2-rank checkpoints and the sampler's logprobs are checked end to end
 (tests/e2e/test_sharded_trainer.py, tests/e2e/test_main_loop.py).
 """
@@ -40,7 +40,7 @@ def trained(tmp_path_factory):
     model(ids, labels=ids).loss.backward()
     optimizer.step()
     tmp = store.begin(run_dir, 3)
-    store.save_trainer(tmp, model, optimizer, scheduler)
+    store.write(tmp, store.TRAINER, model, optimizer, scheduler)
     (tmp / "run_state.json").write_text(json.dumps({"step": 3}))
     (tmp / "config.toml").write_text('[model]\npath = "tiny-qwen3"\n')
     store.commit(run_dir, tmp, 3, keep=2)

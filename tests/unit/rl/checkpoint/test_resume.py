@@ -105,7 +105,7 @@ def _truncate_trainer_data(tmp: Path) -> None:
         ),
         (
             lambda tmp: (tmp / "rng" / "controller.pt").write_bytes(b"not a tensor file"),
-            "rng/controller.pt does not load",
+            "rng/ does not load: ValueError: controller.pt: ",
         ),
         (lambda tmp: (tmp / "run_state.json").write_text('{"step": '), "run_state.json does not load"),
         (lambda tmp: (tmp / "trainer" / ".metadata").unlink(), "trainer/ does not load"),
@@ -182,7 +182,7 @@ def test_a_commit_removes_only_its_own_or_dead_writers_temporaries(tmp_path):
 
 def test_rng_states_round_trip_through_a_weights_only_load(tmp_path):
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
-    checkpoint.save_rng(tmp_path, "reward_0")
+    checkpoint.write(tmp_path, checkpoint.RNG, "reward_0")
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
     torch.load(
         tmp_path / "rng" / "reward_0.pt", weights_only=True
@@ -198,7 +198,7 @@ def test_a_resume_logs_the_checkpoints_step_record_when_the_run_stopped_before_l
     (tmp / "run_state.json").write_text(
         json.dumps({"step": 3, "policy_version": 3, "data_cursor": 6, "rows_done_ahead": []})
     )
-    checkpoint.write_step_record(tmp, {"loss": 0.25, "policy_version": 3}, {"train": [{"reward": 1.0}]})
+    checkpoint.write(tmp, checkpoint.STEP_RECORD, {"loss": 0.25, "policy_version": 3}, {"train": [{"reward": 1.0}]})
     final = checkpoint.commit(run_dir, tmp, 3, keep=1)  # ... and the launcher was killed here, before logging step 3
     restore_logs(run_dir, final)
     restore_logs(run_dir, final)  # a second resume from the same checkpoint does not log it twice

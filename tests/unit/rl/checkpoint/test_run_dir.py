@@ -10,7 +10,7 @@ import pytest
 
 from rl.checkpoint import run_dir
 from rl.checkpoint import store as checkpoint
-from rl.loop.state import open_run_dir
+from rl.checkpoint.resume import open_run_dir
 from tests.support.paths import REPO
 from tests.support.runs import fake_run
 

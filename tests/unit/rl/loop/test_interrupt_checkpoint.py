@@ -110,7 +110,10 @@ async def test_ctrl_c_while_the_next_batch_generates_commits_the_last_step(tmp_p
     report = controller.checkpoints.report
     run_dir = report.run_dir
     assert (report.step, report.error) == (2, None) and report.checkpoint == checkpoint.newest_checkpoint(run_dir)
-    assert checkpoint.read_run_state(report.checkpoint)["step"] == 2 and (report.checkpoint / "trainer_saved").exists()
+    assert (
+        checkpoint.read(report.checkpoint, checkpoint.RUN_STATE)["step"] == 2
+        and (report.checkpoint / "trainer_saved").exists()
+    )
     assert logged_steps(run_dir) == [1, 2]
     assert report.message() == (
         f"rlmesh: interrupted after step 2; it is saved in {report.checkpoint}\n"
@@ -123,7 +126,7 @@ async def test_a_train_step_in_flight_finishes_and_is_committed_with_its_record(
     await run.interrupt(run.in_flight.is_set, then=run.release.set)  # the trainer finishes after the Ctrl-C
     report = run.controller.checkpoints.report
     assert (report.step, report.error) == (3, None) and report.checkpoint.name == "step_00000003"
-    metrics, _samples = checkpoint.read_step_record(report.checkpoint)
+    metrics, _samples = checkpoint.read(report.checkpoint, checkpoint.STEP_RECORD)
     assert metrics["policy_version"] == 3 and metrics["reward/mean"] == 0.5
     assert logged_steps(report.run_dir) == [1, 2, 3]
 
