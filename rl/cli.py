@@ -15,7 +15,7 @@ from rl.checkpoint import export
 from rl.components import import_object
 from rl.config import Config, ConfigError, dump_toml, load_config
 from rl.config.algorithm import bypass_origin, correction_origin, correction_warnings
-from rl.processes.preflight import cluster_warnings, launcher_address_problem
+from rl.processes.preflight import launcher_address_problem
 from tasks.build import build_task
 
 if TYPE_CHECKING:
@@ -209,8 +209,15 @@ def main(argv: list[str] | None = None) -> int:
         address_problem = launcher_address_problem(config)
         if address_problem is not None and args.command == "train":
             raise ConfigError(address_problem)
-        for warning in cluster_warnings(config) + ([address_problem] if address_problem else []):
+        from rl.loop.footprint import footprint_lines, run_footprint, slurm_memory_warning
+
+        run_size = run_footprint(config)
+        memory_warning = slurm_memory_warning(config, run_size)
+        for warning in [problem for problem in (memory_warning, address_problem) if problem]:
             print(f"rlmesh: warning: {warning}", file=sys.stderr)
+        if args.command == "validate" and run_size is not None:
+            for line in footprint_lines(run_size, config):
+                print(f"rlmesh: estimate: {line}", file=sys.stderr)
         from rl.weights.sync import check_shared_memory
 
         check_shared_memory(config)

@@ -1,0 +1,188 @@
+"""What a run will hold on each of its hosts, estimated from the config and the model's sizes before anything starts
+(`rlmesh validate` prints it; a Slurm job without `mem`/`cpus_per_task` is warned with it).
+
+With P parameters (tied weights once), S state-dict elements (tied weights once per name) and b bytes per element:
+- **trainer rank, host RAM**: `from_pretrained` loads the whole model in `trainer.param_dtype` (P x b; these are
+  the master weights AdamW updates, fp32 unless `pure_low_precision`) before FSDP2 keeps 1/W of it (W ranks in all);
+  a KL reference is loaded whole after that (P/W x b + P x b). Training then holds 1/W of the weights, their
+  gradients and AdamW's two moments (4 x P/W x b, + P/W x b for a reference) on `trainer.device`. The compute dtype
+  (`trainer.dtype`) adds transient copies and activations, not counted.
+- **torchstore volume** (the launcher's process, `weight_sync.transport = "torchstore"`): every key of a version in
+  the generators' dtype (S elements: a tied weight is put under each name), 2 versions kept and a third while a push
+  lands; "shared_memory" puts only a handle there.
+- **/dev/shm**: "shared_memory" keeps two slot files of P elements in the generators' dtype on rank 0's host;
+  "torchstore" stages each generator replica's pull in one file of P elements on its own host.
+- **checkpoints** (`rl.checkpoint.estimate`): each trainer host writes its ranks' share of every checkpoint; the run
+  directory's filesystem holds `checkpoint.keep` + 1 full ones while a regular one commits.
+Hosts of their own for the reward actors or frozen models hold none of the policy's bytes and are not listed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from rl.checkpoint.estimate import ModelSize, checkpoint_bytes, model_size
+from rl.config import Config
+from rl.precision import TORCH_DTYPES
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """One trainer rank's memory."""
+
+    load_peak_bytes: int
+    """Host RAM while the model (and a KL reference) load, before sharding."""
+    training_bytes: int
+    """Its shard of weights, gradients and AdamW moments (and of a reference), on `trainer.device`."""
+    device: str
+
+
+@dataclass(frozen=True)
+class HostFootprint:
+    """One kind of host of the run (`count` alike) and what it holds."""
+
+    name: str
+    count: int
+    roles: list[str]
+    trainer_ranks: int
+    """Trainer ranks on each such host (each holds `Footprint.rank`)."""
+    store_bytes: int
+    """Resident in the torchstore volume, at its peak."""
+    shm_bytes: int
+    """Weight files in /dev/shm."""
+    checkpoint_write_bytes: int
+    """Bytes of each full checkpoint its ranks write."""
+
+
+@dataclass(frozen=True)
+class Footprint:
+    model: ModelSize
+    rank: RankMemory
+    hosts: list[HostFootprint]
+    checkpoint_bytes: int
+    """One checkpoint of `checkpoint.final`'s kind, or a full one when regular ones are on."""
+    checkpoint_disk_bytes: int
+    """Most bytes of checkpoints on the run directory's filesystem at once."""
+
+
+def rank_memory(config: Config, size: ModelSize) -> RankMemory:
+    """One trainer rank: the whole model while loading (and its shard beside a whole reference), then its shard of
+    weights, gradients and two AdamW moments (and of a reference)."""
+    trainer = config.trainer
+    itemsize = TORCH_DTYPES[trainer.param_dtype].itemsize
+    whole = size.parameters * itemsize
+    shard = math.ceil(size.parameters / trainer.ranks) * itemsize
+    reference = config.algorithm.kl_coef > 0
+    load_peak = whole + (shard if reference else 0)  # the reference loads whole after the policy is sharded
+    return RankMemory(load_peak, 4 * shard + (shard if reference else 0), trainer.device)
+
+
+def footprint(config: Config, size: ModelSize) -> Footprint:
+    """The run's footprint per host for a model of `size` (`config` resolved: `generator.dtype` is not "auto")."""
+    hosts_of = config.cluster.hosts
+    wire = TORCH_DTYPES[config.generator.dtype].itemsize
+    torchstore = config.weight_sync.transport == "torchstore"
+    store = 3 * size.state_elements * wire if torchstore else 0
+    staging = size.parameters * wire
+    full = checkpoint_bytes(size, config.trainer.param_dtype, "full")
+    regular = config.checkpoint.every_steps > 0
+    one = full if regular else checkpoint_bytes(size, config.trainer.param_dtype, config.checkpoint.final)
+    disk = (config.checkpoint.keep + 1) * full if regular else one
+
+    def host(name: str, count: int, roles: list[str]) -> HostFootprint:
+        ranks = config.trainer.num_procs if "trainer" in roles else 0
+        replicas = config.generator.num_replicas // max(1, hosts_of.generator) if "generator" in roles else 0
+        shm = 0
+        if not torchstore and "trainer" in roles:
+            shm = 2 * staging  # rank 0's two slots (one trainer host: shared_memory works on one host only)
+        elif torchstore:
+            shm = replicas * staging
+        trainer_hosts = max(1, hosts_of.trainer)
+        return HostFootprint(
+            name,
+            count,
+            roles,
+            ranks,
+            store if name == "launcher" else 0,
+            shm,
+            full // trainer_hosts if ranks else 0,
+        )
+
+    launcher = ["controller", "torchstore"]
+    launcher += [role for role in ("trainer", "generator", "reward") if getattr(hosts_of, role) == 0]
+    hosts = [host("launcher", 1, launcher)]
+    for role in ("trainer", "generator"):
+        if getattr(hosts_of, role):
+            hosts.append(host(f"{role} host", getattr(hosts_of, role), [role]))
+    return Footprint(size, rank_memory(config, size), hosts, one, disk)
+
+
+def run_footprint(config: Config) -> Footprint | None:
+    """`footprint` of the config's model, or None when its files are not on this machine (a hub id not cached)."""
+    from transformers import AutoConfig
+
+    from rl.assets import BUILTIN_MODELS
+
+    path = config.model.path
+    try:
+        if path not in BUILTIN_MODELS and not Path(path).is_dir():
+            AutoConfig.from_pretrained(path, local_files_only=True)  # a hub id: sized only when already cached
+        size = model_size(path)
+    except (OSError, ValueError):
+        return None
+    return footprint(config, size)
+
+
+def _gib(nbytes: int) -> str:
+    """`nbytes` in GiB, or in MiB below one GiB."""
+    return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"
+
+
+def footprint_lines(found: Footprint, config: Config) -> list[str]:
+    """One line per kind of host, then the checkpoints' line."""
+    rank, lines = found.rank, []
+    for host in found.hosts:
+        parts = [f"{host.name}{f' (x{host.count})' if host.count > 1 else ''} [{', '.join(host.roles)}]:"]
+        if host.trainer_ranks:
+            parts.append(
+                f"{host.trainer_ranks} trainer rank(s), each {_gib(rank.load_peak_bytes)} host RAM while loading "
+                f"then {_gib(rank.training_bytes)} on {rank.device} (its 1/{config.trainer.ranks} of weights, "
+                f"gradients and AdamW moments in {config.trainer.param_dtype});"
+            )
+        if host.store_bytes:
+            parts.append(f"torchstore volume up to {_gib(host.store_bytes)} (3 versions in {config.generator.dtype});")
+        parts.append(f"/dev/shm {_gib(host.shm_bytes)};")
+        if host.checkpoint_write_bytes:
+            parts.append(f"writes {_gib(host.checkpoint_write_bytes)} of each full checkpoint")
+        lines.append(" ".join(parts).rstrip(";"))
+    lines.append(
+        f"checkpoints: {_gib(found.checkpoint_bytes)} each, up to {_gib(found.checkpoint_disk_bytes)} in the run "
+        "directory at once"
+    )
+    return lines
+
+
+def slurm_memory_warning(config: Config, found: Footprint | None) -> str | None:
+    """A Slurm job that leaves `mem` or `cpus_per_task` to the partition's defaults, with what each trainer rank
+    will load; None when both are set or no trainer host is allocated."""
+    cluster = config.cluster
+    if cluster.scheduler != "slurm" or cluster.hosts.trainer == 0:
+        return None
+    missing = " and ".join(key for key in ("mem", "cpus_per_task") if getattr(cluster.slurm, key) is None)
+    if not missing:
+        return None
+    if found is None:
+        load = f"the whole model ({config.model.path} is not on this machine to size it)"
+    else:
+        rank = found.rank
+        load = (
+            f"the whole model in {config.trainer.param_dtype} ({_gib(rank.load_peak_bytes)}: "
+            f"{found.model.parameters / 1e6:.1f}M parameters), then keeps {_gib(rank.training_bytes)} of weights, "
+            f"gradients and AdamW moments on {rank.device}"
+        )
+    return (
+        f"cluster.slurm sets no {missing}: the job gets the partition's defaults, while each of the "
+        f"{config.trainer.num_procs} trainer rank(s) per host first loads {load}"
+    )

@@ -1,0 +1,104 @@
+"""Per-host estimates of `rlmesh validate` against values computed by hand from the models' architectures, and the
+Slurm warning that names what each trainer rank loads.
+
+tiny-qwen3 (its config.json: vocab 151669, hidden 64, 2 layers, 4 heads and 2 KV heads of 32, MLP 128, tied):
+  a layer: q 64x128 + k 64x64 + v 64x64 + o 128x64 = 24576, q/k norms 2x32, MLP 3 x 64x128 = 24576, 2 norms of 64
+  = 49344; 2 layers 98688 + embedding 151669x64 = 9706816 + final norm 64: P = 9805568, S = P + 9706816 (lm_head).
+SmolLM2-135M (vocab 49152, hidden 576, 30 layers, 9 heads and 3 KV heads of 64, MLP 1536, tied):
+  a layer: 2 x 576x576 + 2 x 576x192 + 3 x 576x1536 + 2 x 576 = 3540096; x30 = 106202880 + embedding 49152x576 =
+  28311552 + 576: P = 134515008, S = P + 28311552.
+"""
+
+from rl.cli import main
+from rl.config import load_config
+from rl.loop.footprint import footprint, footprint_lines, run_footprint, slurm_memory_warning
+from rl.loop.resolve import resolve_config
+from tests.support.paths import CONFIGS, E2E_CONFIGS, TINY
+
+TINY_P, TINY_S = 9_805_568, 9_805_568 + 9_706_816
+SMOLLM2_P, SMOLLM2_S = 134_515_008, 134_515_008 + 28_311_552
+PROCESS_2HOSTS = E2E_CONFIGS / "tiny_qwen3_process_2hosts.toml"
+
+
+def mib(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+def test_the_models_are_counted_as_by_hand():
+    tiny = run_footprint(resolve_config(load_config(TINY))).model
+    assert (tiny.parameters, tiny.state_elements) == (TINY_P, TINY_S)
+    smollm2 = run_footprint(resolve_config(load_config(CONFIGS / "sum_digits_smollm2_cpu.toml"))).model
+    assert (smollm2.parameters, smollm2.state_elements) == (SMOLLM2_P, SMOLLM2_S)
+
+
+def test_a_two_rank_trainer_and_a_generator_on_hosts_of_their_own():
+    """tiny_qwen3_process_2hosts: 2 fp32 ranks on the trainer host, 1 fp32 generator on its own, torchstore."""
+    config = resolve_config(load_config(PROCESS_2HOSTS))
+    found = run_footprint(config)
+    launcher, trainer_host, generator_host = found.hosts
+    assert found.rank.load_peak_bytes == TINY_P * 4  # the whole model in fp32 before FSDP2 shards it
+    assert found.rank.training_bytes == 4 * (TINY_P // 2) * 4  # half of weights, grads, 2 moments (P is even)
+    assert launcher.store_bytes == 3 * TINY_S * 4  # 2 versions kept, a 3rd while a push lands; lm_head put too
+    assert (launcher.shm_bytes, trainer_host.shm_bytes, generator_host.shm_bytes) == (0, 0, TINY_P * 4)
+    assert (trainer_host.trainer_ranks, generator_host.trainer_ranks, launcher.trainer_ranks) == (2, 0, 0)
+    full = TINY_S * 4 + 2 * TINY_P * 4  # the state dict + AdamW's two moments
+    assert found.checkpoint_bytes == found.checkpoint_disk_bytes == trainer_host.checkpoint_write_bytes == full
+    assert full == 156_494_080
+
+
+def test_everything_on_one_host_through_shared_memory():
+    """The main job: SmolLM2-135M, fp32 trainer and sampler on the launcher's host, shared-memory weights."""
+    config = resolve_config(load_config(CONFIGS / "sum_digits_smollm2_cpu.toml", {"checkpoint.every_steps": "5"}))
+    found = run_footprint(config)
+    [launcher] = found.hosts
+    assert launcher.roles == ["controller", "torchstore", "trainer", "generator", "reward"]
+    assert launcher.store_bytes == 0  # only handles go through the store
+    assert launcher.shm_bytes == 2 * SMOLLM2_P * 4 == 1_076_120_064  # the trainer's two slots
+    assert found.rank.training_bytes == 4 * SMOLLM2_P * 4
+    assert found.checkpoint_bytes == 1_727_426_304  # (S + 2P) x 4: the 1.73 GB of rl.checkpoint.estimate
+    assert found.checkpoint_disk_bytes == 3 * 1_727_426_304  # keep = 2, and the one committing
+
+
+def test_a_kl_reference_is_loaded_whole_after_the_policy_is_sharded():
+    config = resolve_config(load_config(PROCESS_2HOSTS, {"algorithm.kl_coef": "0.01"}))
+    found = run_footprint(config)
+    shard = TINY_P // 2 * 4
+    assert found.rank.load_peak_bytes == shard + TINY_P * 4
+    assert found.rank.training_bytes == 5 * shard
+
+
+def test_slurm_without_memory_is_warned_with_what_each_rank_loads():
+    config = resolve_config(
+        load_config(
+            TINY,
+            {
+                "cluster.scheduler": "slurm",
+                "cluster.hosts.trainer": "2",
+                "trainer.num_hosts": "2",
+                "trainer.num_procs": "2",
+                "weight_sync.transport": "torchstore",
+            },
+        )
+    )
+    found = footprint(config, run_footprint(config).model)
+    warning = slurm_memory_warning(config, found)
+    assert "no mem and cpus_per_task" in warning and "each of the 2 trainer rank(s) per host" in warning
+    assert f"the whole model in float32 ({mib(TINY_P * 4)}: 9.8M parameters)" in warning
+    assert f"keeps {mib(4 * (TINY_P // 4) * 4)} of weights" in warning  # 4 ranks in all
+    assert "(3 versions in float32)" in "\n".join(footprint_lines(found, config))
+    config.cluster.slurm.mem, config.cluster.slurm.cpus_per_task = "64G", 8
+    assert slurm_memory_warning(config, found) is None
+    config.cluster.slurm.mem = None
+    assert "(tiny-qwen3 is not on this machine to size it)" in slurm_memory_warning(config, None)
+    assert "sets no mem:" in slurm_memory_warning(config, None)
+
+
+def test_validate_prints_the_estimates(capsys):
+    assert main(["validate", "--config", str(PROCESS_2HOSTS)]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"rlmesh: estimate: launcher [controller, torchstore, reward]: torchstore volume up to {mib(3 * TINY_S * 4)}"
+        in err
+    )
+    assert "rlmesh: estimate: trainer host [trainer]: 2 trainer rank(s)" in err
+    assert f"rlmesh: estimate: checkpoints: {mib(156_494_080)} each" in err
