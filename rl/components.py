@@ -18,6 +18,7 @@ TASKS: dict[str, str] = {
     "calculator_tool": "tasks.calculator_tool:CalculatorToolTask",
     "alphabet_sort": "tasks.alphabet_sort:AlphabetSortTask",
     "reasoning_gym": "tasks.reasoning_gym:ReasoningGymTask",
+    "verifiers": "tasks.verifiers_env:VerifiersTask",
     "agent": "tasks.agent:AgentTask",
 }
 

