@@ -19,6 +19,7 @@ TASKS: dict[str, str] = {
     "alphabet_sort": "tasks.alphabet_sort:AlphabetSortTask",
     "reasoning_gym": "tasks.reasoning_gym:ReasoningGymTask",
     "verifiers": "tasks.verifiers_env:VerifiersTask",
+    "openenv": "tasks.openenv_env:OpenEnvTask",
     "agent": "tasks.agent:AgentTask",
 }
 
