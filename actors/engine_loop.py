@@ -40,6 +40,8 @@ class EngineLoop:
     def __init__(self, engine: Any, version: int = 0):
         self.engine = engine
         self.version = version
+        self.lora_request: Any = None
+        """The LoRA adapter of `version` that every request is (re)submitted with (None: the engine's own weights)."""
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-engine")
         self._ids = itertools.count()
         self._requests: dict[str, _Request] = {}  # engine request id -> request, until it finishes
@@ -72,7 +74,9 @@ class EngineLoop:
         self._requests[request_id] = request
         self._idle.clear()
         try:
-            await self.call(self.engine.add_request, request_id, request.prompt, request.params)
+            await self.call(
+                self.engine.add_request, request_id, request.prompt, request.params, lora_request=self.lora_request
+            )
         except Exception as exc:
             del self._requests[request_id]
             request.output.set_exception(exc)
@@ -106,18 +110,18 @@ class EngineLoop:
             await asyncio.sleep(0)  # let new callers add their requests between steps
 
     @asynccontextmanager
-    async def pause(self, mode: OnWeightUpdate, new_version: int) -> AsyncIterator[None]:
+    async def pause(self, mode: OnWeightUpdate, new_version: int, lora_request: Any = None) -> AsyncIterator[None]:
         """Inside the block no request runs on the engine and `version` is already `new_version` (what requests are
-        stamped with from then on); after it the engine serves `new_version`. A block that raises (a failed load,
-        weights that did not prove the version) leaves the engine `refused`: requests waiting or aborted by the
-        pause never run on it."""
+        stamped with from then on); after it the engine serves `new_version`, through the adapter `lora_request` when
+        the policy is a LoRA adapter (loaded inside the block). A block that raises (a failed load, weights that did
+        not prove the version) leaves the engine `refused`: requests waiting or aborted by the pause never run on it."""
         self._open.clear()
         resubmit: list[_Request] = []
         try:
             if mode == "finish":
                 await self._idle.wait()
                 async with self._stepping:
-                    self.version = new_version
+                    self.version, self.lora_request = new_version, lora_request
                     yield
             else:
                 async with self._stepping:
@@ -125,7 +129,7 @@ class EngineLoop:
                     await self.call(self.engine.abort_request, list(self._requests))
                     self._requests.clear()
                     self._idle.set()
-                    self.version = new_version
+                    self.version, self.lora_request = new_version, lora_request
                     yield
         except BaseException:
             self.refused = True

@@ -18,6 +18,7 @@ import gc
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -25,6 +26,7 @@ from monarch.actor import concurrent_endpoint
 
 from actors.engine_loop import EngineLoop
 from rl.assets import resolve_model_path
+from rl.config.lora import LoraConfig
 from rl.config.roles import GeneratorConfig, SamplingConfig
 from rl.metrics.actor import MetricsActor
 from rl.processes.affinity import pin_process
@@ -37,8 +39,9 @@ from rl.processes.titles import name_process
 from rl.services.replica import ReplicaId, ServiceReplica, test_only_hang
 from rl.weights import sync as weight_sync
 from rl.weights import vllm_worker
+from rl.weights.adapter import AdapterFolders, lora_request_id
 from rl.weights.attestation import Fingerprints, Piece, Verdict, check
-from rl.weights.shared_file import SharedWeights
+from rl.weights.shared_file import MappedFiles, SharedWeights
 from rollouts.types import Completion, GenerationFailed, GenerationRequest
 
 
@@ -62,6 +65,19 @@ def engine_args(generator_config: GeneratorConfig) -> dict[str, Any]:
         use_fp64_gumbel=generator_config.fp64_sampling_noise,
         worker_extension_cls=vllm_worker.QUALNAME,
     )
+
+
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts as `max_lora_rank`."""
+
+
+def lora_engine_args(lora: LoraConfig | None) -> dict[str, Any]:
+    """vLLM's LoRA settings for a policy trained as adapters (none without): the smallest `max_lora_rank` that holds
+    `lora.rank`, and room for two adapters (the one served and the next version's, loaded before the old goes)."""
+    if lora is None:
+        return {}
+    max_rank = next(rank for rank in VLLM_LORA_RANKS if rank >= lora.rank)
+    return dict(enable_lora=True, max_lora_rank=max_rank, max_loras=2, max_cpu_loras=2)
 
 
 def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> dict[str, str]:
@@ -113,6 +129,25 @@ async def attest_loaded(engine: EngineLoop, llm: Any, expected: Fingerprints, pr
     return verdict
 
 
+def measure_adapter(llm: Any, expected: Fingerprints, lora_int_id: int, scaling: float) -> list[Piece]:
+    """Fingerprint pieces of adapter `lora_int_id` as every vLLM worker of `llm` holds it in its LoRA layers' slots
+    (`rl.weights.vllm_attest.adapter_pieces`)."""
+    replies = llm.collective_rpc("fingerprint_adapter", args=(expected.to_message(), lora_int_id, scaling))
+    return [Piece.from_message(message) for reply in replies for message in reply]
+
+
+async def attest_adapter(
+    engine: EngineLoop, llm: Any, expected: Fingerprints, previous_version: int, lora_int_id: int, scaling: float
+) -> Verdict:
+    """Whether the adapter vLLM holds under `lora_int_id` and the version `engine` stamps are `expected` (a LoRA
+    sync's attestation; run while the engine is paused)."""
+    start = time.perf_counter()
+    pieces = await engine.call(measure_adapter, llm, expected, lora_int_id, scaling)
+    verdict = check(expected, pieces, served_version=engine.version, previous_version=previous_version)
+    verdict.seconds = time.perf_counter() - start
+    return verdict
+
+
 class AttestationFailed(RuntimeError):
     """Raised inside the engine's pause so that the engine stays closed (`EngineLoop.refused`)."""
 
@@ -152,8 +187,10 @@ class Generator(MetricsActor, ServiceReplica):
         weight_transport: str,
         stop_token_ids: list[int],
         replica: ReplicaId | None = None,
+        lora: LoraConfig | None = None,
     ):
-        """`model_path`: the policy's (or a frozen model's) weights; `weight_transport`: `weight_sync.transport`."""
+        """`model_path`: the policy's (or a frozen model's) weights; `weight_transport`: `weight_sync.transport`;
+        `lora`: the policy is `model_path` plus adapters (`trainer.lora`), and each sync carries only the adapters."""
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         if generator_config.device == "cpu":
             no_shared_onednn_primitive_cache()  # the reloaded layers' own caches are the ones used (see rl.processes.heap)
@@ -167,7 +204,10 @@ class Generator(MetricsActor, ServiceReplica):
 
         self.stop_token_ids = stop_token_ids
         self.policy_version = 0
-        self.llm = LLM(model=resolve_model_path(model_path), **engine_args(generator_config))
+        base = resolve_model_path(model_path)
+        self.llm = LLM(model=base, **engine_args(generator_config), **lora_engine_args(lora))
+        self.adapters = AdapterFolders(lora, base) if lora is not None else None
+        """Set for a LoRA policy: versions arrive as adapters, served through vLLM's LoRA support."""
         self.engine = EngineLoop(self.llm.llm_engine)
         self.on_weight_update = generator_config.on_weight_update
         self.weights = weight_sync.WeightReceiver(weight_transport)
@@ -217,18 +257,51 @@ class Generator(MetricsActor, ServiceReplica):
         start = time.perf_counter()
         handle = await self.weights.pull(policy_version)
         previous_version, verdict = self.engine.version, None
+        adapter = await self._write_adapter(policy_version, handle) if self.adapters is not None else None
         try:
-            async with self.engine.pause(self.on_weight_update, policy_version):
-                await self.engine.call(load_weights, self.llm, handle)
-                if expected is not None:
-                    verdict = await attest_loaded(self.engine, self.llm, expected, previous_version)
-                    if not verdict.attested:
-                        raise AttestationFailed(verdict.summary())
+            async with self.engine.pause(self.on_weight_update, policy_version, lora_request=adapter):
+                if adapter is None:
+                    await self.engine.call(load_weights, self.llm, handle)
+                    if expected is not None:
+                        verdict = await attest_loaded(self.engine, self.llm, expected, previous_version)
+                else:
+                    await self._load_adapter(adapter)
+                    if expected is not None:
+                        scaling = self.adapters.scaling
+                        verdict = await attest_adapter(
+                            self.engine, self.llm, expected, previous_version, adapter.lora_int_id, scaling
+                        )
+                if verdict is not None and not verdict.attested:
+                    raise AttestationFailed(verdict.summary())
         except AttestationFailed:
             return WeightUpdate(time.perf_counter() - start, verdict)
+        if adapter is not None:
+            self.adapters.keep_only(Path(adapter.lora_path))
         return_free_heap_pages()
         self.policy_version = policy_version
         return WeightUpdate(time.perf_counter() - start, verdict)
+
+    async def _write_adapter(self, policy_version: int, handle: SharedWeights) -> Any:
+        """The `LoRARequest` of `policy_version`: the adapter `handle` names, written as the PEFT folder vLLM loads,
+        under an id no other version has (vLLM caches adapters by id)."""
+        from vllm.lora.request import LoRARequest
+
+        state_dict = MappedFiles().state_dict(handle)
+        folder = await asyncio.to_thread(self.adapters.write, policy_version, state_dict)
+        return LoRARequest(f"policy-v{policy_version}", lora_request_id(policy_version), str(folder))
+
+    async def _load_adapter(self, request: Any) -> None:
+        """Inside the engine's pause: load adapter `request` (every request after the pause runs with it) and drop
+        the previous version's. An adapter vLLM does not list as loaded raises: the sync fails loudly instead of the
+        engine sampling an older policy."""
+        engine = self.llm.llm_engine
+        await self.engine.call(engine.add_lora, request)
+        loaded = await self.engine.call(engine.list_loras)
+        if request.lora_int_id not in loaded:
+            raise RuntimeError(f"vLLM did not load the adapter of policy version {self.engine.version} ({request})")
+        for stale in loaded - {request.lora_int_id}:
+            await self.engine.call(engine.remove_lora, stale)
+        await self.engine.call(self.llm.reset_prefix_cache)
 
     @concurrent_endpoint
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
@@ -252,6 +325,8 @@ class Generator(MetricsActor, ServiceReplica):
         await self.engine.close()
         self.llm.llm_engine.engine_core.shutdown()
         self.weights.close()
+        if self.adapters is not None:
+            self.adapters.close()
         del self.llm
         gc.collect()
         if torch.cuda.is_available():

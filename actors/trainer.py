@@ -32,7 +32,7 @@ from rl.precision import TORCH_DTYPES, compute_context
 from rl.processes.affinity import pin_process
 from rl.processes.titles import name_process
 from rl.services.replica import ServiceReplica
-from rl.training import distributed
+from rl.training import distributed, lora
 from rl.training.logprobs import token_logprobs
 from rl.training.train_step import train_step
 from rl.weights import sync as weight_sync
@@ -101,18 +101,23 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
             )  # generators may share the GPU
         self.ranks = distributed.init_process_group(trainer_config.device) if world > 1 else distributed.Ranks.single()
         self.lm = load_causal_lm(model_path, trainer_config)
-        """The transformers model (sharded in place when there are several ranks): its state dict is the policy's."""
+        """The transformers model (sharded in place when there are several ranks), or with `trainer.lora` the peft model
+        around it: the trainable part of its state dict is the policy's."""
+        adapters = trainer_config.lora.enabled
         if trainer_config.gradient_checkpointing:
+            reentrant = world == 1 and not adapters  # a reentrant checkpoint of frozen inputs gives no gradient
             self.lm.gradient_checkpointing_enable(
-                **({"gradient_checkpointing_kwargs": {"use_reentrant": False}} if world > 1 else {})
+                **({} if reentrant else {"gradient_checkpointing_kwargs": {"use_reentrant": False}})
             )
+        if adapters:
+            self.lm = lora.with_adapters(self.lm, trainer_config.lora)
         self.lm.train()
         self.model = self.shard(self.lm)
         self.reference = None
         if algorithm.kl_coef > 0:
             self.reference = self.shard(load_causal_lm(model_path, trainer_config).eval().requires_grad_(False))
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
+            [parameter for parameter in self.model.parameters() if parameter.requires_grad],  # LoRA: the adapters
             lr=trainer_config.lr,
             betas=trainer_config.betas,
             weight_decay=trainer_config.weight_decay,
@@ -173,9 +178,10 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         """Publish the current weights as `policy_version`; with `fingerprint`, return the version's fingerprints
         (`rl.weights.attestation`: what each generator must then prove it serves)."""
         # sent in the generators' dtype: half the bytes when they run bf16
-        state_dict = self.lm.state_dict(
-            keep_vars=self.ranks.world > 1
-        )  # sharded: the DTensor parameters themselves (ties by identity)
+        if self.trainer_config.lora.enabled:
+            state_dict = lora.adapter_state_dict(self.lm)  # the adapters alone; the generators hold the base
+        else:  # sharded: the DTensor parameters themselves (ties by identity)
+            state_dict = self.lm.state_dict(keep_vars=self.ranks.world > 1)
         fingerprints = await self.publisher.publish(
             state_dict, policy_version, self.wire_dtype, self.ranks, fingerprint=fingerprint
         )
@@ -211,5 +217,9 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
             return None
         input_ids = torch.tensor([token_ids], device=self.device)
         position_ids = torch.arange(len(token_ids), device=self.device).unsqueeze(0)
-        with torch.no_grad(), self.compute():
-            return token_logprobs(model, input_ids, position_ids)[0].tolist()
+        model.eval()  # no dropout (LoRA's): the policy's own logprobs
+        try:
+            with torch.no_grad(), self.compute():
+                return token_logprobs(model, input_ids, position_ids)[0].tolist()
+        finally:
+            model.train(model is self.model)

@@ -264,7 +264,7 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
     from rl.checkpoint.estimate import checkpoint_line
     from rl.loop.controller import Controller
     from rl.loop.recovery import TrainerLost
-    from rl.loop.roles import DeadlineMissed
+    from rl.loop.roles import AdapterNotServed, DeadlineMissed
     from rl.processes.interrupts import EXIT_INTERRUPTED
 
     try:
@@ -286,7 +286,7 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
         failures = [_resume_hint_if_any(message, controller) for message in controller.actor_failures]
         print("rlmesh: run stopped:\n" + "\n".join(failures), file=sys.stderr)
         return 1
-    except (DeadlineMissed, TrainerLost) as exc:
+    except (DeadlineMissed, TrainerLost, AdapterNotServed) as exc:
         print(f"rlmesh: run stopped: {_resume_hint_if_any(str(exc), controller)}", file=sys.stderr)
         return 1
     print(json.dumps(summary, indent=2))

@@ -20,10 +20,8 @@ FLOORS = [  # the ground first; a folder of `rl/` and a module directly in `rl/`
     {"rollouts"},  # the records of a rollout and how one is driven and fanned out
     {"tools", "rubrics", "rl/services", "rl/algorithms"},
     {"rl/metrics", "rl/processes", "tasks"},
-    {
-        "rl/training",
-        "rl/checkpoint",
-    },  # the trainer's step statistics are the metrics system's; a resume repairs the logs
+    {"rl/training"},  # the trainer's step statistics are the metrics system's
+    {"rl/checkpoint"},  # a resume repairs the logs; the export of a LoRA run rebuilds the trainer's adapters
     {"rl/weights"},
     {"actors"},
     {"rl/loop"},

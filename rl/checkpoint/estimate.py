@@ -3,7 +3,8 @@
 A checkpoint's model part is the model's state dict in `trainer.param_dtype`, where tied weights appear under each of
 their names (torch.distributed.checkpoint writes each: SmolLM2-135M's 28M-parameter embedding twice); a full
 checkpoint adds AdamW's two moment tensors per parameter (once each), same dtype, plus RNG states and small records.
-SmolLM2-135M in fp32: (162.8M + 2 x 134.5M) x 4 B = 1.73 GB full, 0.65 GB weights only.
+SmolLM2-135M in fp32: (162.8M + 2 x 134.5M) x 4 B = 1.73 GB full, 0.65 GB weights only. A `trainer.lora` run's
+checkpoint holds the adapters alone: rank x (in + out) elements per adapted linear layer, and their moments.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from rl.assets import resolve_model_path
 from rl.config import Config
+from rl.config.lora import LoraConfig
 
 
 @dataclass(frozen=True)
@@ -24,13 +26,21 @@ class ModelSize:
     """Elements of the state dict a checkpoint writes: tied weights once per name, persistent buffers too."""
 
 
-def model_size(model_path: str) -> ModelSize:
-    """The model's sizes, counted on the meta device: nothing is read or allocated."""
+def model_size(model_path: str, lora: LoraConfig | None = None) -> ModelSize:
+    """The model's sizes, counted on the meta device: nothing is read or allocated; with an enabled `lora`, the
+    adapters' (A: rank x in, B: out x rank on every linear layer named in `target_modules`)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(resolve_model_path(model_path))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
+    if lora is not None and lora.enabled:
+        adapters = sum(
+            lora.rank * (module.in_features + module.out_features)
+            for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in lora.target_modules
+        )
+        return ModelSize(parameters=adapters, state_elements=adapters)
     return ModelSize(
         parameters=sum(parameter.numel() for parameter in model.parameters()),
         state_elements=sum(tensor.numel() for tensor in model.state_dict().values()),
@@ -46,14 +56,15 @@ def checkpoint_bytes(size: ModelSize, param_dtype: str, kind: str) -> int:
 
 def checkpoint_line(config: Config) -> str:
     """One console line: the final checkpoint's kind and estimated size, the alternatives, and any regular ones."""
-    sizes = model_size(config.model.path)
+    sizes = model_size(config.model.path, config.trainer.lora)
     dtype, chosen = config.trainer.param_dtype, config.checkpoint.final
 
     def size(kind: str) -> str:
         return f"{checkpoint_bytes(sizes, dtype, kind) / 1e9:.2g} GB"
 
+    trained = "adapter parameters" if config.trainer.lora.enabled else "parameters"
     described = {
-        "full": f"full (resumable), about {size('full')}: {sizes.parameters / 1e6:.1f}M {dtype} parameters + AdamW",
+        "full": f"full (resumable), about {size('full')}: {sizes.parameters / 1e6:.1f}M {dtype} {trained} + AdamW",
         "weights": f"weights only (export/eval, not resumable), about {size('weights')}",
         "none": "none",
     }

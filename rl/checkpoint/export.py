@@ -6,9 +6,13 @@ no optimizer state), puts them into the base model's architecture (the run's `mo
 
     DIR/model.safetensors (or shards with an index)   config.json   generation_config.json
     DIR/tokenizer.json, tokenizer_config.json, chat_template.jinja (the base model's tokenizer and chat template)
+    DIR/adapter/adapter_config.json, adapter_model.safetensors   (a `trainer.lora` run: its PEFT adapter, always
+                                                                  fp32; DIR is then the base with the adapter merged)
 
 which transformers (`AutoModelForCausalLM.from_pretrained(DIR)`) and vLLM (`LLM(model=DIR, dtype="float32")`; vLLM's
-"auto" serves a float32 folder in bf16) load with no rlmesh import. The folder is written beside DIR and renamed into place when complete: a failed export leaves no folder.
+"auto" serves a float32 folder in bf16) load with no rlmesh import; the adapter loads with
+`peft.PeftModel.from_pretrained(base, DIR/adapter)` or vLLM's `LoRARequest`. A LoRA checkpoint holds the adapters
+alone: the base weights are read from the run's `model.path`. The folder is written beside DIR and renamed into place when complete: a failed export leaves no folder.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from rl.assets import resolve_model_path
 
 if TYPE_CHECKING:
     import torch
+
+    from rl.config.lora import LoraConfig
 
 EXPORT_DTYPES = ("float32", "bfloat16")
 """Weights dtypes an export can be written in (the CLI imports this module before torch: names, not torch dtypes)."""
@@ -67,11 +73,19 @@ def checkpoint_model_path(checkpoint: Path) -> str:
     return config.get("model", {}).get("path", "smollm2-135m-instruct")
 
 
+def checkpoint_lora(checkpoint: Path) -> LoraConfig:
+    """The run's `[trainer.lora]`, from the config the checkpoint was written with."""
+    from rl.config.lora import LoraConfig
+
+    config = tomllib.loads((checkpoint / "config.toml").read_text())
+    return LoraConfig.model_validate(config.get("trainer", {}).get("lora", {}))
+
+
 def export_checkpoint(checkpoint: Path, out: Path, dtype: str = "float32", model_path: str | None = None) -> Exported:
     """Write the policy of `checkpoint` as a Hugging Face folder `out` in `dtype`; `model_path`: the base model
     (default: the checkpoint's own config's), whose architecture, tokenizer and generation config the folder gets."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer, GenerationConfig
 
     start = time.perf_counter()
     if dtype not in EXPORT_DTYPES:
@@ -79,24 +93,20 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str = "float32", model
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty folder; choose another --out")
     base = resolve_model_path(model_path or checkpoint_model_path(checkpoint))
-    state = read_model_state(checkpoint)
-    config = AutoConfig.from_pretrained(base)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    expected = set(model.state_dict())
-    if missing := sorted(expected - set(state)):
-        raise ValueError(f"{checkpoint} is not a checkpoint of {base}: it lacks {missing[:3]} ({len(missing)} in all)")
-    if unexpected := sorted(set(state) - expected):
-        raise ValueError(f"{checkpoint} has tensors {base} does not: {unexpected[:3]} ({len(unexpected)} in all)")
-    model.load_state_dict(state)  # copies into the model's own parameters: tied weights stay tied
-    model.to(getattr(torch, dtype))
-    model.config.dtype = getattr(torch, dtype)
-    try:
-        model.generation_config = GenerationConfig.from_pretrained(base)
-    except OSError:  # the base has no generation_config.json: keep the one derived from its config
-        pass
+    model = trained_model(checkpoint, base)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
+        if hasattr(model, "merge_and_unload"):  # a LoRA run: the PEFT adapter, then the base with it merged
+            model.peft_config["default"].base_model_name_or_path = base
+            model.save_pretrained(tmp / "adapter")
+            model = model.merge_and_unload()  # W + (alpha / rank) B A, in fp32
+        model.to(getattr(torch, dtype))
+        model.config.dtype = getattr(torch, dtype)
+        try:
+            model.generation_config = GenerationConfig.from_pretrained(base)
+        except OSError:  # the base has no generation_config.json: keep the one derived from its config
+            pass
         model.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(base).save_pretrained(tmp)
         tmp.chmod(0o755)
@@ -107,6 +117,30 @@ def export_checkpoint(checkpoint: Path, out: Path, dtype: str = "float32", model
         shutil.rmtree(tmp, ignore_errors=True)
     size = sum(file.stat().st_size for file in out.rglob("*") if file.is_file())
     return Exported(out=out, checkpoint=checkpoint, bytes=size, seconds=time.perf_counter() - start)
+
+
+def trained_model(checkpoint: Path, base: str) -> torch.nn.Module:
+    """The base architecture (fp32) holding the checkpoint's model state: all of it after full training; for a LoRA
+    run, the base model's own weights wrapped with the run's adapters (a peft model) holding the checkpoint's."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    state = read_model_state(checkpoint)
+    lora = checkpoint_lora(checkpoint)
+    if lora.enabled:
+        from rl.training.lora import with_adapters
+
+        model = with_adapters(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), lora)
+        expected = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    else:
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(base), dtype=torch.float32)
+        expected = set(model.state_dict())
+    if missing := sorted(expected - set(state)):
+        raise ValueError(f"{checkpoint} is not a checkpoint of {base}: it lacks {missing[:3]} ({len(missing)} in all)")
+    if unexpected := sorted(set(state) - expected):
+        raise ValueError(f"{checkpoint} has tensors {base} does not: {unexpected[:3]} ({len(unexpected)} in all)")
+    model.load_state_dict(state, strict=not lora.enabled)  # copies into the model's parameters: ties stay tied
+    return model
 
 
 def run_checkpoint(run_dir: Path, step: int | None) -> Path:
@@ -142,5 +176,10 @@ def export_command(args: argparse.Namespace) -> int:
         f"exported {exported.checkpoint} to {exported.out} ({exported.bytes / 1e6:.1f} MB, {exported.seconds:.1f} s);"
         f" load it with transformers.AutoModelForCausalLM.from_pretrained({str(exported.out)!r})"
         f" or serve it with `vllm serve {exported.out} --dtype {args.dtype}`"
+        + (
+            f"; its LoRA adapter alone: peft.PeftModel.from_pretrained(base, {str(exported.out / 'adapter')!r})"
+            if (exported.out / "adapter").is_dir()
+            else ""
+        )
     )
     return 0

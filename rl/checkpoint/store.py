@@ -259,27 +259,43 @@ def load_rng(path: Path, process: str) -> None:
 
 def load_trainer(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+    model_state, optimizer_state = _trained_state(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()}
-    dcp.load(state, checkpoint_id=path / TRAINER)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    dcp.load(state, checkpoint_id=path / TRAINER)  # fails on any trainable tensor the checkpoint lacks
+    set_state_dict(  # not strict: the frozen weights stay the model's own
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optimizer"],
+        options=StateDictOptions(ignore_frozen_params=True, strict=False),
+    )
     scheduler.load_state_dict(state["scheduler"])
+
+
+def _trained_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The model state a checkpoint holds, and the optimizer's: every frozen parameter is left out (a LoRA run's base
+    comes from the model's files), a tied alias of one too (`ignore_frozen_params` alone keeps those)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=StateDictOptions(ignore_frozen_params=True))
+    frozen = {name for name, parameter in model.named_parameters(remove_duplicate=False) if not parameter.requires_grad}
+    return {name: value for name, value in model_state.items() if name not in frozen}, optimizer_state
 
 
 def _write_trainer(
     target: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, weights_only: bool = False
 ) -> None:
-    """Model, optimizer and LR schedule through torch.distributed.checkpoint (valid for one rank or many);
-    `weights_only`: the model alone (a third of an fp32 AdamW checkpoint), which `rl.checkpoint.export` reads."""
+    """The model's trainable parameters (a LoRA run's adapters; frozen weights are the base model's files), optimizer
+    and LR schedule through torch.distributed.checkpoint (valid for one rank or many); `weights_only`: the model's
+    part alone (a third of an fp32 AdamW checkpoint), which `rl.checkpoint.export` reads."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
+    model_state, optimizer_state = _trained_state(model, optimizer)
     if weights_only:
-        dcp.save({"model": get_model_state_dict(model)}, checkpoint_id=target)
+        dcp.save({"model": model_state}, checkpoint_id=target)
         return
-    model_state, optimizer_state = get_state_dict(model, optimizer)
     dcp.save(
         {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()}, checkpoint_id=target
     )

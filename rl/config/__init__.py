@@ -2,6 +2,7 @@
 
     section    the base of every section, and the words they share (device, dtype)
     roles      [model], [generator], [trainer], [weight_sync]
+    lora       [trainer.lora]
     algorithm  [algorithm] (credit, loss, rollout correction), [models.<name>], the bypass rule
     tasks      [[tasks]] with their data, rubric, renderer and rollout limits
     services   [services]

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from rl.config.lora import LoraConfig
 from rl.config.section import Device, DType, Section
 
 
@@ -130,6 +131,8 @@ class TrainerConfig(Section):
     gpu_memory_fraction: float | None = Field(None, gt=0, le=1)
     """CUDA only: the most of its GPU's memory each trainer process's allocator takes
     (`torch.cuda.set_per_process_memory_fraction`); None = no limit. Needed when generators share its GPU."""
+    lora: LoraConfig = LoraConfig()
+    """`[trainer.lora]`: low-rank adapters on the frozen base instead of full fine-tuning (off by default)."""
     call_timeout_s: float = Field(1800.0, gt=0)
     """Deadline of every trainer call but the weight push (`run.weight_sync_timeout_s`): a train step, logprobs,
     a checkpoint's save or load. A missed one stops the run (resume from the last checkpoint), as the trainer's death does."""
@@ -146,4 +149,7 @@ class WeightSyncConfig(Section):
     "torchstore": every tensor through the store (needed when trainer and generators are on different hosts)."""
     attest: bool = True
     """After every sync each generator replica proves, before it takes traffic, that the weights vLLM holds and the
-    version it stamps are the trainer's (`rl.weights.attestation`); a replica that cannot is replaced."""
+    version it stamps are the trainer's (`rl.weights.attestation`); a replica that cannot is replaced. With
+    `trainer.lora` a sync's attestation is the adapter's: the trainer fingerprints the adapter tensors it publishes and
+    each replica measures the adapter in the LoRA slot vLLM serves that version from (then the probe-logprob check,
+    `trainer.lora.sync_check_tolerance`, proves it end to end through vLLM's LoRA kernels)."""

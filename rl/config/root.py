@@ -72,6 +72,17 @@ class Config(Section):
         if self.generator.device != self.trainer.device:
             raise ValueError("generator.device and trainer.device must match on one machine")
         self._check_precision()
+        if self.trainer.lora.enabled and self.trainer.ranks > 1:
+            raise ValueError(
+                f"trainer.lora.enabled with {self.trainer.ranks} trainer ranks (FSDP2) is not supported yet: "
+                "set trainer.num_procs = 1 and trainer.num_hosts = 1"
+            )
+        if self.trainer.lora.enabled and self.weight_sync.attest and self.generator.tensor_parallel_size > 1:
+            raise ValueError(
+                f"trainer.lora.enabled with generator.tensor_parallel_size = {self.generator.tensor_parallel_size}: "
+                "attesting an adapter split across tensor-parallel workers is not supported yet; set "
+                "generator.tensor_parallel_size = 1 (or weight_sync.attest = false)"
+            )
         if self.run.eval_samples_per_row > 1 and self.generator.eval_sampling.temperature == 0:
             raise ValueError(
                 f"run.eval_samples_per_row = {self.run.eval_samples_per_row} samples greedily would give the same "

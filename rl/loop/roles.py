@@ -46,6 +46,14 @@ from rollouts.types import Completion, GenerationFailed, GenerationRequest, Roll
 RESUME_HINT = "resume from the last checkpoint with `rlmesh train --resume RUN_DIR`"
 
 
+class AdapterNotServed(RuntimeError):
+    """After a LoRA sync a generator's logprobs differ from the trainer's: the adapter did not reach it or is not applied."""
+
+
+SYNC_PROBE = list(range(100, 164))
+"""Token ids whose logprobs the trainer and every generator compare after an adapter sync (any vocabulary has them)."""
+
+
 class DeadlineMissed(RuntimeError):
     """A trainer call or the end-of-step metric gathering missed its deadline: the run stops, as on the trainer's death."""
 
@@ -145,7 +153,7 @@ class Roles:
         self.generators = Service(
             "generator",
             Generator,
-            lambda replica: (*generator_args, replica),
+            lambda replica: (*generator_args, replica, config.trainer.lora if config.trainer.lora.enabled else None),
             replicas=config.generator.num_replicas,
             config=config.services.generator,
             on_fatal=self.stop_run,
@@ -304,6 +312,24 @@ class Roles:
             push, f"trainer weight push (policy version {policy_version})", "run.weight_sync_timeout_s", timeout_s
         )
         return self.published
+
+    async def check_adapter_served(self, policy_version: int) -> None:
+        """After an adapter sync: every generator's logprobs of `SYNC_PROBE` are the trainer's (within
+        `trainer.lora.sync_check_tolerance`), else `AdapterNotServed`. An adapter that did not reach a generator, or
+        reached it and is not applied, then stops the run instead of the rollouts sampling an older policy."""
+        trainer = await self.trainer_call(self.trainer.logprobs.call_one(SYNC_PROBE), "probe logprobs")
+        served = await self.generators.prompt_logprobs.fanout(
+            SYNC_PROBE, timeout_s=self.config.run.weight_sync_timeout_s
+        )
+        tolerance = self.config.trainer.lora.sync_check_tolerance
+        for index, logprobs in enumerate(served):
+            gap = max(abs(a - b) for a, b in zip(trainer, logprobs))
+            if not gap <= tolerance:  # a NaN fails too
+                raise AdapterNotServed(
+                    f"generator replica {index} does not serve the adapter of policy version {policy_version}: its "
+                    f"logprobs of a probe differ from the trainer's by {gap:.3g} (trainer.lora.sync_check_tolerance = "
+                    f"{tolerance}); {RESUME_HINT}"
+                )
 
     def trainer_call(self, call: Awaitable[Any], what: str) -> Awaitable[Any]:
         """A trainer call (not the weight push) within `trainer.call_timeout_s`."""

@@ -15,7 +15,8 @@ async def sync_policy(
 ) -> dict[str, float]:
     """The trainer publishes its weights as `policy_version`; every generator reloads them and, when the run
     attests its syncs, proves it serves them before it takes traffic (a replica that cannot is replaced like a dead
-    one); admission moves on. Returns `weight_sync/attested` (1 when every replica proved it) and
+    one); with `trainer.lora` every generator's probe logprobs must then be the trainer's (`AdapterNotServed`
+    otherwise); admission moves on. Returns `weight_sync/attested` (1 when every replica proved it) and
     `time/attestation_s` (the trainer's fingerprints plus the slowest replica's measurement). `rewind`: an older
     version on purpose (a trainer recovery), which the attestation accepts."""
     generators, timeout_s = roles.generators, roles.config.run.weight_sync_timeout_s
@@ -24,6 +25,8 @@ async def sync_policy(
         expected = replace(expected, rewind=True) if expected is not None and rewind else expected
         replicas = len(generators.healthy)
         updates = await generators.update_weights.fanout(policy_version, expected, timeout_s=timeout_s, refuse=refusal)
+        if roles.config.trainer.lora.enabled:
+            await roles.check_adapter_served(policy_version)  # end to end, through vLLM's LoRA kernels
         state.policy_version = policy_version
     await admission.set_policy_version(policy_version)
     if expected is None:

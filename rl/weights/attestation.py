@@ -23,7 +23,7 @@ the load to 16-bit precision only.
 
 Nothing here is specific to the full policy: an adapter-only sync (LoRA) is attested the same way, with the trainer
 fingerprinting the adapter's tensors (`fingerprint_state_dict`) and the generator measuring the adapter vLLM loaded
-(a walker over its LoRA layers' slots beside `rl.weights.vllm_attest.loaded_pieces`, which walks the base weights).
+in its LoRA layers' slot (`rl.weights.vllm_attest.adapter_pieces`, beside `loaded_pieces`, which walks the base weights).
 
 Importing torch alone: vLLM's worker processes import this module.
 """

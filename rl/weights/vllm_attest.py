@@ -8,6 +8,9 @@ tensor and rows/columns it came from, and measures its share (`rl.weights.attest
   - from the parameter's bytes when vLLM keeps them as a tensor of the layer's shape (GPU, embeddings, norms);
   - through the layer's own kernel (`quant_method.apply` on the two ±1 probe columns) when vLLM packed them for it
     and left an empty parameter (vLLM on CPU, oneDNN): what the engine computes with is what is measured.
+A LoRA sync publishes adapter tensors only (PEFT's names, `base_model.model.<layer>.lora_A.weight`); `adapter_pieces`
+reads them from the slot vLLM activated the adapter in (the `lora_a_stacked`/`lora_b_stacked` buffers its LoRA
+kernels read), one slice per packed part (q/k/v of `qkv_proj`, gate/up of `gate_up_proj`).
 A published tensor the walk does not reach is reported missing by `check`, so an architecture this mapping does not
 know fails loudly instead of passing.
 
@@ -15,6 +18,9 @@ Runs inside vLLM's workers (`rl.weights.vllm_worker`); imports vLLM.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 import torch
 
@@ -131,3 +137,42 @@ def _embedding_pieces(module_name: str, module, shapes, seed: int) -> list[Piece
     start, end = indices.org_vocab_start_index, indices.org_vocab_end_index
     cols = (0, _whole(shapes[name])[1][1])
     return [exact_piece(name, module.weight[: end - start], shapes[name], (start, end), cols, seed)]
+
+
+def adapter_pieces(
+    manager, lora_int_id: int, shapes: dict[str, tuple[int, ...]], scaling: float, seed: int
+) -> list[Piece]:
+    """Every published adapter tensor (`shapes`) as vLLM's LoRA model `manager` holds adapter `lora_int_id` in its
+    slot: A as `lora_a_stacked[part][slot, 0, :rank, :in]`, B as `lora_b_stacked[part][slot, 0, :out, :rank]`
+    divided by `scaling` (vLLM stores B x alpha / rank). Dividing by a power of two is exact; otherwise the stored
+    product was rounded to the slot's dtype once, which the piece declares ("kernel": that dtype's rounding
+    tolerance). An adapter in no slot gives no pieces (`check` then reports every tensor missing).
+
+    Tensor-parallel slices of adapters are not mapped: a worker with `tp_size > 1` raises."""
+    if lora_int_id not in manager.lora_index_to_id:
+        return []
+    slot = manager.lora_index_to_id.index(lora_int_id)
+    exact_scaling = math.frexp(scaling)[0] == 0.5
+    pieces: list[Piece] = []
+    with torch.no_grad():
+        for module_name, module in manager.modules.items():
+            parts = manager.packed_modules.get(module_name) or [module_name]
+            names = [
+                (f"base_model.model.{part}.lora_A.weight", f"base_model.model.{part}.lora_B.weight") for part in parts
+            ]
+            if not any(a in shapes or b in shapes for a, b in names):
+                continue
+            if getattr(module, "tp_size", 1) > 1:
+                raise NotImplementedError(f"{module_name}: attesting a tensor-parallel adapter is not supported")
+            for index, (a_name, b_name) in enumerate(names):
+                if a_name in shapes:
+                    rank, columns = shapes[a_name]
+                    block = module.lora_a_stacked[index][slot, 0, :rank, :columns]
+                    pieces.append(exact_piece(a_name, block, shapes[a_name], (0, rank), (0, columns), seed))
+                if b_name in shapes:
+                    rows, rank = shapes[b_name]
+                    stored = module.lora_b_stacked[index][slot, 0, :rows, :rank]
+                    piece = exact_piece(b_name, stored.float() / scaling, shapes[b_name], (0, rows), (0, rank), seed)
+                    dtype = str(stored.dtype).removeprefix("torch.")
+                    pieces.append(replace(piece, dtype=dtype, how="exact" if exact_scaling else "kernel"))
+    return pieces

@@ -6,7 +6,8 @@ cross vLLM's multiprocess engine core (msgpack turns them into tuples the loader
 pickle memoryview objects"), which every tensor-parallel engine uses; with a handle, each worker maps the
 file and copies the bytes into its own shard of the model (`reload_weights` copies in place, so CUDA graphs
 stay valid). After a load, `fingerprint_loaded` measures what the worker's model holds
-(`rl.weights.vllm_attest`) so the generator can prove the version it serves.
+(`rl.weights.vllm_attest`) so the generator can prove the version it serves; after a LoRA adapter's load,
+`fingerprint_adapter` measures the adapter in the worker's LoRA layers.
 """
 
 from __future__ import annotations
@@ -34,4 +35,14 @@ class WeightLoader:
 
         shapes = {name: tuple(shape) for name, (shape, _) in message["tensors"].items()}
         pieces = loaded_pieces(self.model_runner.get_model(), shapes, int(message["seed"]))
+        return [piece.to_message() for piece in pieces]
+
+    def fingerprint_adapter(self, message: dict, lora_int_id: int, scaling: float) -> list[list]:
+        """Fingerprint pieces (as plain lists) of the published adapter tensors `message` names, measured in the
+        LoRA slot this worker holds adapter `lora_int_id` in (`scaling`: alpha / rank, folded into B by vLLM)."""
+        from rl.weights.vllm_attest import adapter_pieces
+
+        shapes = {name: tuple(shape) for name, (shape, _) in message["tensors"].items()}
+        manager = self.model_runner.lora_manager._adapter_manager  # vLLM's LoRAModelManager: slots and LoRA layers
+        pieces = adapter_pieces(manager, lora_int_id, shapes, scaling, int(message["seed"]))
         return [piece.to_message() for piece in pieces]

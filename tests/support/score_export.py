@@ -1,10 +1,11 @@
 """Score token sequences with an exported model folder as a user would, in a process where rlmesh cannot be imported.
 
-    python tests/support/score_export.py MODEL_DIR SEQUENCES_JSON ENGINE [ENGINE ...]    (ENGINE: transformers, vllm)
+    python tests/support/score_export.py MODEL_DIR SEQUENCES_JSON ENGINE [ENGINE ...]    (ENGINE: transformers, vllm, peft)
 
 SEQUENCES_JSON holds a list of token-id lists; stdout gets one JSON object {engine: [[logprob of token i given
 tokens < i, for i >= 1], ...]}. The project's packages are blocked (`sys.modules[name] = None`) before anything
-else is imported, so a folder that needs rlmesh code fails there. Tests call `score_in_fresh_process`.
+else is imported, so a folder that needs rlmesh code fails there. "peft" scores the export's PEFT adapter, MODEL_DIR/adapter,
+on the base model its `adapter_config.json` names. Tests call `score_in_fresh_process`.
 """
 
 import json
@@ -34,11 +35,15 @@ def score_in_fresh_process(
 
 
 def transformers_logprobs(model_dir: str, sequences: list[list[int]]) -> list[list[float]]:
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     AutoTokenizer.from_pretrained(model_dir)  # the tokenizer loads too
-    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    return causal_lm_logprobs(AutoModelForCausalLM.from_pretrained(model_dir).eval(), sequences)
+
+
+def causal_lm_logprobs(model, sequences: list[list[int]]) -> list[list[float]]:
+    import torch
+
     scored = []
     with torch.no_grad():
         for ids in sequences:
@@ -46,6 +51,13 @@ def transformers_logprobs(model_dir: str, sequences: list[list[int]]) -> list[li
             logprobs = torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1))
             scored.append(logprobs.squeeze(-1).tolist())
     return scored
+
+
+def peft_logprobs(model_dir: str, sequences: list[list[int]]) -> list[list[float]]:
+    from peft import AutoPeftModelForCausalLM
+
+    model = AutoPeftModelForCausalLM.from_pretrained(os.path.join(model_dir, "adapter")).eval()
+    return causal_lm_logprobs(model, sequences)
 
 
 def vllm_logprobs(model_dir: str, sequences: list[list[int]]) -> list[list[float]]:
@@ -71,7 +83,7 @@ def main() -> None:
     model_dir, sequences_file, *engines = sys.argv[1:]
     with open(sequences_file) as file:
         sequences = json.load(file)
-    score = {"transformers": transformers_logprobs, "vllm": vllm_logprobs}
+    score = {"transformers": transformers_logprobs, "vllm": vllm_logprobs, "peft": peft_logprobs}
     result = {engine: score[engine](model_dir, sequences) for engine in engines}
     print(json.dumps(result))
 

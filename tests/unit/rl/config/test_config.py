@@ -140,6 +140,9 @@ def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
         ({"trainer.param_dtype": "bfloat16"}, "trainer.param_dtype = 'bfloat16'"),
         ({"trainer.dtype": "float16"}, "trainer.dtype = 'float16'"),
         ({"run.eval_samples_per_row": "4"}, "run.eval_samples_per_row = 4 samples greedily"),
+        ({"trainer.lora.enabled": "true", "trainer.num_procs": "2"}, "trainer.lora.enabled with 2 trainer ranks"),
+        ({"trainer.lora.rank": "1024"}, "trainer.lora.rank"),
+        ({"trainer.lora.target_modules": "['q_proj', 'q_proj']"}, "trainer.lora.target_modules: distinct layer names"),
     ],
     ids=[
         "group-size-1",
@@ -149,6 +152,9 @@ def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
         "bf16-params",
         "fp16-compute",
         "greedy-k-samples",
+        "lora-fsdp",
+        "lora-rank-above-vllms",
+        "lora-repeated-layer",
     ],
 )
 def test_contradictory_settings_are_rejected_naming_the_key(overrides, named):
@@ -189,6 +195,22 @@ def test_fp64_sampling_noise_reaches_the_engine_the_generator_builds():
             model=resolve_model_path("tiny-qwen3"), **engine_args(generator_config)
         ).create_model_config()
         assert model_config.use_fp64_gumbel is fp64
+
+
+def test_a_lora_policys_engine_serves_its_rank():
+    from vllm.engine.arg_utils import EngineArgs
+
+    from actors.generator import engine_args, lora_engine_args
+    from rl.assets import resolve_model_path
+
+    generator_config = load_config(CONFIGS / "sum_digits_smollm2_cpu.toml").generator
+    for rank, served in ((1, 1), (12, 16), (16, 16), (300, 320), (512, 512)):
+        lora = load_config(None, {"trainer.lora.enabled": "true", "trainer.lora.rank": str(rank)}).trainer.lora
+        args = EngineArgs(
+            model=resolve_model_path("tiny-qwen3"), **engine_args(generator_config), **lora_engine_args(lora)
+        )
+        assert args.enable_lora and args.max_lora_rank == served
+    assert lora_engine_args(None) == {}
 
 
 def test_hub_ids_and_existing_directories_are_accepted(tmp_path):

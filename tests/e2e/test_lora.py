@@ -1,0 +1,161 @@
+"""LoRA RL on the tiny Qwen3 (fp32), with real Monarch actors and vLLM: the trainer trains adapters only, each sync
+carries only the adapters, the generators serve them through vLLM's LoRA support, and what they sample is the trainer's
+policy, not the base model; every sync is attested on the adapter vLLM holds, a replica holding another adapter is
+refused, and a sync whose adapter does not reach the generators stops the run.
+
+One controller run (3 steps, `trainer.lora` rank 8 on every linear layer, lr 1e-2 so that the adapters move the policy
+visibly) is shared by the tests.
+"""
+
+import asyncio
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+import torch
+from transformers import AutoModelForCausalLM
+
+from actors.generator import WeightUpdate
+from rl import cli
+from rl.assets import resolve_model_path
+from rl.config import load_config
+from rl.loop.controller import Controller
+from rl.loop.roles import AdapterNotServed
+from tests.support.paths import E2E_CONFIGS
+from tests.support.score_export import score_in_fresh_process
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module")]
+
+DEADLINE_S = 600
+RANK = 8
+STEPS = 3
+LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class SilentSync:
+    """A generator endpoint that acknowledges a weight update and loads nothing: the failure under test."""
+
+    async def fanout(self, *args, timeout_s: float, refuse=None) -> list[WeightUpdate]:
+        return [WeightUpdate(0.0)]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def trained(tmp_path_factory):
+    config = load_config(
+        E2E_CONFIGS / "tiny_qwen3_e2e.toml",
+        {
+            "run.output_dir": str(tmp_path_factory.mktemp("runs")),
+            "run.steps": str(STEPS),
+            "run.eval_every": "0",
+            "checkpoint.every_steps": "1",
+            "tasks.0.rubric.reward_fns": "[{fn = 'tests.support.e2e_rewards:even_token_share'}]",  # rewards that vary
+            "trainer.lora.enabled": "true",
+            "trainer.lora.rank": str(RANK),
+            "trainer.lora.alpha": str(2 * RANK),
+            "trainer.lr": "1e-2",
+        },
+    )
+    controller = Controller(config)
+    await asyncio.wait_for(controller.setup(), DEADLINE_S)
+    try:
+        summary = await asyncio.wait_for(controller.train(), DEADLINE_S)
+        run_dir = Path(summary["run_dir"])
+        last = [  # the last step's rollouts, sampled with the adapters of policy version 2
+            record["rollout"]
+            for record in map(json.loads, (run_dir / "rollouts.jsonl").read_text().splitlines())
+            if record["step"] == STEPS
+        ]
+        sequences = [turn["prompt_token_ids"] + turn["completion_token_ids"] for turn in (r["turns"][0] for r in last)]
+        # the trainer goes back to version 2 (step 2's checkpoint), and scores what that version sampled
+        await controller.roles.trainer.load_checkpoint.call_one(str(run_dir / "checkpoints" / "step_00000002"))
+        trainer = [await controller.roles.trainer.logprobs.call_one(ids) for ids in sequences]
+        # the generators serve version 3: a sync that never reaches them must not pass as the trainer's version 2
+        controller.roles.generators.__dict__["update_weights"] = SilentSync()
+        with pytest.raises(AdapterNotServed) as refused:
+            await controller.sync_weights(STEPS + 1)
+        # the trainer's fingerprints of its adapter, one tensor's off by far more than rounding: the replica that
+        # loads that version must not prove it
+        del controller.roles.generators.__dict__["update_weights"]
+        expected = await controller.roles.push_weights(STEPS + 2)
+        tampered = sorted(expected.tensors)[-1]
+        wrong = expected.tensors[tampered]
+        wrong = replace(wrong, projection=wrong.projection + 1e-3 * wrong.norm)
+        lying = replace(expected, tensors={**expected.tensors, tampered: wrong})
+        updates = await controller.roles.generators.update_weights.fanout(STEPS + 2, lying, timeout_s=DEADLINE_S)
+    finally:
+        await controller.shutdown()
+    yield {
+        "run_dir": run_dir,
+        "last": last,
+        "sequences": sequences,
+        "trainer": trainer,
+        "refused": refused.value,
+        "tampered": (tampered, updates),
+    }
+
+
+def step_records(run_dir: Path) -> list[dict]:
+    """The metrics records of steps 1.. (step 0's holds the first evaluation alone)."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [record for record in records if record["step"] >= 1]
+
+
+def base_model() -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-qwen3"), dtype=torch.float32).eval()
+
+
+def logprobs(model: torch.nn.Module, ids: list[int]) -> list[float]:
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1]
+    return torch.log_softmax(logits, dim=-1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1).tolist()
+
+
+async def test_the_generators_sample_the_trainers_adapters_not_the_base(trained):
+    base = base_model()
+    assert trained["last"] and all(r["turns"][0]["policy_version"] == STEPS - 1 for r in trained["last"])
+    moved = 0.0
+    for rollout, ids, trainer in zip(trained["last"], trained["sequences"], trained["trainer"]):
+        sampled = torch.tensor(rollout["turns"][0]["completion_logprobs"])
+        completion = len(sampled)
+        torch.testing.assert_close(sampled, torch.tensor(trainer[-completion:]), rtol=0, atol=1e-4)
+        moved = max(moved, (sampled - torch.tensor(logprobs(base, ids)[-completion:])).abs().max().item())
+    assert moved > 0.05  # the adapters changed the policy: sampling the base model would fail the check above
+    for record in step_records(trained["run_dir"])[1:]:  # steps 2 and 3 sampled with the adapters of versions 1, 2
+        assert record["train/mismatch_k3"] < 1e-6
+
+
+async def test_each_sync_carries_only_the_adapters(trained):
+    base = base_model()
+    linears = [module for name, module in base.named_modules() if name.endswith(LINEAR_LAYERS)]
+    assert len(linears) == len(LINEAR_LAYERS) * base.config.num_hidden_layers
+    adapter_bytes = 4 * RANK * sum(linear.in_features + linear.out_features for linear in linears)  # fp32 A and B
+    full_bytes = 4 * sum(parameter.numel() for parameter in base.parameters())
+    assert [record["weight_sync/bytes"] for record in step_records(trained["run_dir"])] == [adapter_bytes] * STEPS
+    assert adapter_bytes < full_bytes / 10
+
+
+async def test_every_adapter_sync_is_attested_and_a_wrong_adapter_is_refused(trained):
+    for record in step_records(trained["run_dir"]):
+        assert record["weight_sync/attested"] == 1.0
+    tampered, updates = trained["tampered"]
+    [verdict] = [update.verdict for update in updates]
+    layers = base_model().config.num_hidden_layers
+    assert not verdict.attested and verdict.tensors == 2 * len(LINEAR_LAYERS) * layers  # A and B of every adapter
+    assert [failure.split(":")[0] for failure in verdict.failures] == [tampered], verdict.failures
+
+
+async def test_a_sync_whose_adapter_does_not_reach_the_generators_stops_the_run(trained):
+    refused = str(trained["refused"])
+    assert "generator replica 0 does not serve the adapter of policy version 4" in refused
+    assert "trainer.lora.sync_check_tolerance = 0.001" in refused
+
+
+async def test_the_export_is_the_merged_model_and_the_adapter(trained, tmp_path):
+    out = tmp_path / "export"
+    assert cli.main(["export", str(trained["run_dir"]), "--step", str(STEPS - 1), "--out", str(out)]) == 0
+    scored = score_in_fresh_process(out, trained["sequences"][:2], ["transformers", "peft"], tmp_path)
+    for engine in ("transformers", "peft"):
+        for exported, trainer in zip(scored[engine], trained["trainer"]):
+            torch.testing.assert_close(torch.tensor(exported), torch.tensor(trainer[1:]), rtol=0, atol=1e-5)
