@@ -141,6 +141,10 @@ def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
         ({"trainer.dtype": "float16"}, "trainer.dtype = 'float16'"),
         ({"run.eval_samples_per_row": "4"}, "run.eval_samples_per_row = 4 samples greedily"),
         ({"trainer.lora.enabled": "true", "trainer.num_procs": "2"}, "trainer.lora.enabled with 2 trainer ranks"),
+        (
+            {"trainer.lora.enabled": "true", "generator.tensor_parallel_size": "2"},
+            "attesting an adapter split across tensor-parallel workers is not supported yet",
+        ),
         ({"trainer.lora.rank": "1024"}, "trainer.lora.rank"),
         ({"trainer.lora.target_modules": "['q_proj', 'q_proj']"}, "trainer.lora.target_modules: distinct layer names"),
     ],
@@ -153,6 +157,7 @@ def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
         "fp16-compute",
         "greedy-k-samples",
         "lora-fsdp",
+        "lora-tensor-parallel-attested",
         "lora-rank-above-vllms",
         "lora-repeated-layer",
     ],
