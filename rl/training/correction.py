@@ -92,6 +92,40 @@ def correct(
     return weights, keep
 
 
+def apply(
+    micro_batches: list[TensorDict],
+    old_logprobs: list[torch.Tensor],
+    config: RolloutCorrectionConfig,
+    stats: StepStats,
+    sum_over_ranks: Callable[[torch.Tensor], torch.Tensor] = lambda t: t,
+) -> None:
+    """The step's correction, in place, given each micro-batch's π_old from the no-grad pass: the off-policy
+    diagnostics, IS weights and rejection per micro-batch, then the weights normalized over the step (all ranks) and
+    the final weights' metrics. Decoupled mode anchors PPO on π_old; bypass keeps the sampler's logprobs, and under
+    PPO its IS weights are only measured (the ratio already holds π_θ/π_rollout)."""
+    measured: list[torch.Tensor | None] = [None] * len(micro_batches)  # weights computed but not applied (metrics)
+    for position, (micro_batch, old) in enumerate(zip(micro_batches, old_logprobs, strict=True)):
+        sampling = micro_batch["sampling_logprobs"]
+        mask = micro_batch["rl_weights"] != 0
+        index, count = segments(micro_batch)
+        offpolicy_metrics(old, sampling, mask, index, count, stats)
+        weights, keep = correct(old, sampling, mask, index, count, config, stats)
+        micro_batch["rl_weights"] = torch.where(keep, micro_batch["rl_weights"], 0.0)
+        if weights is not None and (not config.bypass or config.use_policy_gradient):
+            micro_batch["is_weights"] = weights
+        else:
+            measured[position] = weights
+        if not config.bypass:
+            micro_batch["old_logprobs"] = old
+    if any("is_weights" in micro_batch for micro_batch in micro_batches) and config.rollout_is_batch_normalize:
+        normalize_is_weights(micro_batches, config.rollout_is, sum_over_ranks)
+    for micro_batch, unapplied in zip(micro_batches, measured, strict=True):
+        final = micro_batch.get("is_weights", unapplied)
+        if final is not None:
+            index, count = segments(micro_batch)
+            record_final_weights(final, micro_batch["rl_weights"] != 0, config.rollout_is, index, count, stats)
+
+
 def record_final_weights(
     weights: torch.Tensor, mask: torch.Tensor, level: str, index: torch.Tensor, count: int, stats: StepStats
 ) -> None:

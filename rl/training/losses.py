@@ -75,6 +75,21 @@ def kl_estimate(
     return torch.clamp(torch.exp(-k1) + k1 - 1, -K3_BOUND, K3_BOUND)
 
 
+def kl_shaped_advantages(micro_batch: TensorDict, algorithm: AlgorithmConfig) -> torch.Tensor:
+    """The advantages [B,L] with -kl_coef·KL(sequence) folded in (`kl_in_reward`): each sequence's KL to the
+    reference, estimated on its rl tokens from the sampler's logprobs, subtracted from every token of it."""
+    mask = micro_batch["rl_weights"] != 0
+    index, count = segments(micro_batch)
+    kl = kl_estimate(
+        micro_batch["sampling_logprobs"],
+        micro_batch["kl_ref_logprobs"],
+        estimator=algorithm.kl_estimator,
+        log_ratio_clamp=algorithm.kl_log_ratio_clamp,
+    )
+    seq_kl = segment_sum(torch.where(mask, kl, 0.0), index, count)  # [S]
+    return micro_batch["advantages"] - algorithm.kl_coef * seq_kl[index]
+
+
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, log_ratio_clamp: float = 20.0) -> torch.Tensor:
     """Unclamped k3 = exp(-k1) + k1 - 1 (k1 clamped to ±log_ratio_clamp): the mismatch diagnostic, not a loss."""
     k1 = torch.clamp(logprobs - ref_logprobs, -log_ratio_clamp, log_ratio_clamp)  # [B,L]

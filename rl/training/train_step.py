@@ -1,4 +1,4 @@
-"""One training step over a batch of packed micro-batches: the trainer's whole algorithm-blind loop.
+"""One training step over a batch of packed micro-batches: the trainer's loop, blind to the algorithms that made them.
 
     sanitize → [no-grad pass: π_old, reference, correction] → K minibatches × (forward, loss, backward) → step
 
@@ -20,11 +20,11 @@ from tensordict import TensorDict
 
 from rl.config.algorithm import AlgorithmConfig
 from rl.metrics.reduce import StepStats, merge_all, step_metrics
-from rl.packing.rows import COMPONENTS, component_counts, segment_sum, segments
+from rl.packing.rows import COMPONENTS, component_counts, segments
 from rl.training import correction
 from rl.training.distributed import Ranks
 from rl.training.logprobs import packed_logprobs
-from rl.training.losses import compute_loss, kl_estimate
+from rl.training.losses import compute_loss, kl_shaped_advantages
 
 SPREAD = ("ratio",)
 """Trainer metrics logged with _mean/_std/_min/_max."""
@@ -76,6 +76,28 @@ def weigh_on_the_fly(
     correction.record_final_weights(weights, mask, rc.rollout_is, index, count, stats)
 
 
+def no_grad_pass(
+    micro_batch: TensorDict,
+    model: torch.nn.Module | None,
+    reference: torch.nn.Module | None,
+    compute: Callable[[], AbstractContextManager],
+) -> torch.Tensor | None:
+    """A micro-batch's logprobs without gradients: the reference's (`kl_ref_logprobs`, in place) and π_old under
+    `model` (returned, and kept as `snapshot_logprobs`: train/ppo_kl measures the drift from it); None without `model`.
+    `old_logprobs`, the PPO anchor, starts as the sampler's (bypass)."""
+    micro_batch["old_logprobs"] = micro_batch["sampling_logprobs"]
+    if model is None and reference is None:
+        return None
+    with torch.no_grad(), compute():
+        trained = trained_positions(micro_batch)
+        if reference is not None:
+            micro_batch["kl_ref_logprobs"] = packed_logprobs(reference, micro_batch, mask=trained)  # [B,L]
+        if model is None:
+            return None
+        micro_batch["snapshot_logprobs"] = old = packed_logprobs(model, micro_batch, mask=trained)  # [B,L] π_old
+    return old
+
+
 def prepare(
     micro_batches: list[TensorDict],
     model: torch.nn.Module,
@@ -86,56 +108,16 @@ def prepare(
     compute: Callable[[], AbstractContextManager],
     ranks: Ranks = Ranks(),
 ) -> bool:
-    """The no-grad pass: π_old, reference logprobs, KL-in-reward, IS weights and rejection, in place.
-
-    Returns whether the off-policy diagnostics were taken here (else the update's first forward takes them).
-    """
-    rc = algorithm.rollout_correction
+    """Everything before the update, in place: π_old and the reference's logprobs, the rollout correction (IS
+    weights, rejection, normalization), KL-in-reward. Returns whether the off-policy diagnostics were taken here
+    (else the update's first forward takes them)."""
     old_pass = needs_old_pass(algorithm, n_minibatches)
-    measured: list[torch.Tensor | None] = [None] * len(micro_batches)  # weights computed but not applied (metrics)
-    for position, micro_batch in enumerate(micro_batches):
-        sampling = micro_batch["sampling_logprobs"]
-        micro_batch["old_logprobs"] = sampling
-        if not old_pass and reference is None:
-            continue
-        with torch.no_grad(), compute():
-            trained = trained_positions(micro_batch)
-            if reference is not None:
-                micro_batch["kl_ref_logprobs"] = packed_logprobs(reference, micro_batch, mask=trained)  # [B,L]
-            if not old_pass:
-                continue
-            old = packed_logprobs(model, micro_batch, mask=trained)  # [B,L] π_old
-        micro_batch["snapshot_logprobs"] = old  # the step-start policy: train/ppo_kl measures the drift from it
-        mask = micro_batch["rl_weights"] != 0
-        index, count = segments(micro_batch)
-        correction.offpolicy_metrics(old, sampling, mask, index, count, stats)
-        weights, keep = correction.correct(old, sampling, mask, index, count, rc, stats)
-        micro_batch["rl_weights"] = torch.where(keep, micro_batch["rl_weights"], 0.0)
-        if weights is not None and (not rc.bypass or rc.use_policy_gradient):
-            micro_batch["is_weights"] = weights  # in bypass + PPO the ratio already holds π_θ/π_rollout
-        elif weights is not None:
-            measured[position] = weights
-        if not rc.bypass:
-            micro_batch["old_logprobs"] = old
+    olds = [no_grad_pass(mb, model if old_pass else None, reference, compute) for mb in micro_batches]
+    if old_pass:
+        correction.apply(micro_batches, olds, algorithm.rollout_correction, stats, ranks.sum)
     if algorithm.kl_in_reward:
         for micro_batch in micro_batches:
-            mask = micro_batch["rl_weights"] != 0
-            index, count = segments(micro_batch)
-            kl = kl_estimate(
-                micro_batch["sampling_logprobs"],
-                micro_batch["kl_ref_logprobs"],
-                estimator=algorithm.kl_estimator,
-                log_ratio_clamp=algorithm.kl_log_ratio_clamp,
-            )
-            seq_kl = segment_sum(torch.where(mask, kl, 0.0), index, count)  # [S]
-            micro_batch["advantages"] = micro_batch["advantages"] - algorithm.kl_coef * seq_kl[index]
-    if any("is_weights" in mb for mb in micro_batches) and rc.rollout_is_batch_normalize:
-        correction.normalize_is_weights(micro_batches, rc.rollout_is, ranks.sum)
-    for micro_batch, unapplied in zip(micro_batches, measured):
-        final = micro_batch.get("is_weights", unapplied)
-        if final is not None:
-            index, count = segments(micro_batch)
-            correction.record_final_weights(final, micro_batch["rl_weights"] != 0, rc.rollout_is, index, count, stats)
+            micro_batch["advantages"] = kl_shaped_advantages(micro_batch, algorithm)
     return old_pass
 
 
