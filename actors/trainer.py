@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from rl.assets import resolve_model_path
 from rl.checkpoint import store as checkpoint
-from rl.config.algorithm import AlgorithmConfig
+from rl.config.loss import LossConfig
 from rl.config.roles import TrainerConfig
 from rl.config.section import DType
 from rl.metrics.actor import MetricsActor
@@ -76,7 +76,7 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
     def __init__(
         self,
         trainer_config: TrainerConfig,
-        algorithm: AlgorithmConfig,
+        loss: LossConfig,
         model_path: str,
         total_steps: int,
         *,
@@ -92,7 +92,7 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         torch.manual_seed(trainer_config.seed)
         name_process(f"trainer/{current_rank().rank}")
         self.trainer_config = trainer_config
-        self.algorithm = algorithm
+        self.loss = loss
         self.wire_dtype = TORCH_DTYPES[wire_dtype]
         self.device = torch.device(trainer_config.device)
         if trainer_config.device == "cuda" and trainer_config.gpu_memory_fraction is not None:
@@ -114,7 +114,7 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         self.lm.train()
         self.model = self.shard(self.lm)
         self.reference = None
-        if algorithm.kl_coef > 0:
+        if loss.kl_coef > 0:
             self.reference = self.shard(load_causal_lm(model_path, trainer_config).eval().requires_grad_(False))
         self.optimizer = torch.optim.AdamW(
             [parameter for parameter in self.model.parameters() if parameter.requires_grad],  # LoRA: the adapters
@@ -163,7 +163,7 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
             self.optimizer,
             self.scheduler,
             micro_batches,
-            self.algorithm,
+            self.loss,
             max_grad_norm=trainer_config.max_grad_norm,
             horizon=trainer_config.seq_len,
             n_minibatches=trainer_config.ppo_n_minibatches,

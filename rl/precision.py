@@ -62,13 +62,13 @@ def known_not_to_learn(trainer_dtype: str, sampler_dtype: str, corrected: bool) 
     return [
         f"generator.dtype = {sampler_dtype} samples below the trainer's {trainer_dtype} without a rollout correction: "
         "the main job learned far less (training reward 0.16 -> 0.23 against 0.91 with an fp32 sampler). Set both "
-        "to the same dtype or [algorithm.rollout_correction] preset = 'decoupled_token_is'"
+        "to the same dtype or [loss.rollout_correction] preset = 'decoupled_token_is'"
     ]
 
 
 def precision_warnings(config: Any) -> list[str]:
     """`known_not_to_learn` of a validated config's resolved pair (`rlmesh validate` and `rlmesh train` print them)."""
-    corrected = config.algorithm.rollout_correction.rollout_is is not None
+    corrected = config.loss.rollout_correction.rollout_is is not None
     return known_not_to_learn(config.trainer.dtype, config.generator.dtype, corrected)
 
 

@@ -3,7 +3,8 @@
     section    the base of every section, and the words they share (device, dtype)
     roles      [model], [generator], [trainer], [weight_sync]
     lora       [trainer.lora]
-    algorithm  [algorithm] (credit, loss, rollout correction), [models.<name>], the bypass rule
+    algorithm  [algorithm] (how scored groups become samples), [models.<name>], the bypass rule
+    loss       [loss] (the policy loss by name or import path, clipping, aggregation, KL, rollout correction)
     tasks      [[tasks]] with their data, rubric, renderer and rollout limits
     services   [services]
     run        [run], [checkpoint]

@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from rl.config.algorithm import POLICY, AlgorithmConfig, FrozenModelConfig, task_algorithm_key
 from rl.config.cluster import ClusterConfig
+from rl.config.loss import LossConfig
 from rl.config.metrics import SampleLoggingConfig, WandbConfig
 from rl.config.roles import GeneratorConfig, ModelConfig, TrainerConfig, WeightSyncConfig
 from rl.config.run import CheckpointConfig, RunConfig
@@ -38,8 +39,10 @@ class Config(Section):
     """The policy's generators: vLLM engines that sample the rollouts and reload the new weights after every step."""
     trainer: TrainerConfig = TrainerConfig()
     """The policy's trainer: its precision, optimizer (AdamW), LR schedule, batch packing and ranks."""
+    loss: LossConfig = LossConfig()
+    """The trainer's loss, for every task alike: policy loss, clipping, aggregation, KL, rollout correction."""
     algorithm: AlgorithmConfig = AlgorithmConfig()
-    """How scored groups become training samples (every task's default) and the trainer-wide loss."""
+    """How scored groups become training samples (every task's default; a task may override the credit)."""
     models: dict[str, FrozenModelConfig] = Field(default_factory=dict)
     """Frozen models by name (teachers, samplers), each served by its own never-updated generators."""
     tasks: list[TaskConfig] = Field(default_factory=lambda: [TaskConfig()], min_length=1)
@@ -96,8 +99,6 @@ class Config(Section):
                 )
             if task.env.max_total_tokens > self.generator.max_model_len:
                 raise ValueError(f"tasks.{index}.env.max_total_tokens exceeds generator.max_model_len")
-        if self.algorithm.kl_in_reward and self.algorithm.kl_coef == 0:
-            raise ValueError("algorithm.kl_in_reward is set but algorithm.kl_coef is 0")
         self._check_models()
         self._check_cluster()
         self._check_services()

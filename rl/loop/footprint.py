@@ -74,7 +74,7 @@ def rank_memory(config: Config, size: ModelSize) -> RankMemory:
     itemsize = TORCH_DTYPES[trainer.param_dtype].itemsize
     whole = size.parameters * itemsize
     shard = math.ceil(size.parameters / trainer.ranks) * itemsize
-    reference = config.algorithm.kl_coef > 0
+    reference = config.loss.kl_coef > 0
     load_peak = whole + (shard if reference else 0)  # the reference loads whole after the policy is sharded
     return RankMemory(load_peak, 4 * shard + (shard if reference else 0), trainer.device)
 

@@ -1,5 +1,5 @@
-"""The one step after loading a config that needs the runtime: checks that import the algorithm classes, the model
-assets, the renderers or torch (prefix sharing against the model's layers, the frozen models' tokenizers), and the
+"""The one step after loading a config that needs the runtime: checks that import the algorithm classes, the policy
+loss (`loss.type`), the model assets, the renderers or torch (prefix sharing against the model's layers, the frozen models' tokenizers), and the
 values the run decides (compute dtype, sampler dtype, bypass mode and the token IS that comes with it).
 
 `rlmesh validate`, `rlmesh train`, `rlmesh bench` and the Python API (`Controller`) all run it, so no path skips it;
@@ -19,6 +19,7 @@ from rl.config import Config, ConfigError
 from rl.config.algorithm import decide_bypass_mode
 from rl.packing.attention_kinds import prefix_sharing_refusal
 from rl.precision import native_bf16, resolve_precision
+from rl.training.losses import policy_loss_fn
 
 
 def resolve_config(config: Config) -> Config:
@@ -29,6 +30,7 @@ def resolve_config(config: Config) -> Config:
     try:
         _check_names(resolved)
         check_algorithms(resolved)
+        _check_loss(resolved)
         _check_prefix_sharing(resolved)
         if mismatches := tokenizer_mismatches(resolved):
             raise ValueError("\n  ".join(mismatches))
@@ -37,6 +39,14 @@ def resolve_config(config: Config) -> Config:
     except ValueError as exc:
         raise ConfigError(f"invalid config:\n  {exc}") from None
     return resolved
+
+
+def _check_loss(config: Config) -> None:
+    """`loss.type` is a registered policy loss or imports as a function (`rl.training.losses.policy_loss_fn`)."""
+    try:
+        policy_loss_fn(config.loss.type)
+    except ValueError as exc:
+        raise ValueError(f"loss.type: {exc}") from None
 
 
 def _check_names(config: Config) -> None:

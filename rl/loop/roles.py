@@ -205,7 +205,7 @@ class Roles:
             config.trainer,
             PolicyTrainer,
             config.trainer,
-            config.algorithm,
+            config.loss,
             config.model.path,
             self._planned_steps,
             mesh_name=self._trainer_meshes[-1],
@@ -289,7 +289,7 @@ class Roles:
             return list(await asyncio.gather(*(one(ids) for ids in sequences)))
 
     def reference_logprobs(self, sequences: list[list[int]]) -> Awaitable[list[list[float]]]:
-        """Each sequence's per-token logprobs under the trainer's reference model (`algorithm.kl_coef` > 0)."""
+        """Each sequence's per-token logprobs under the trainer's reference model (`loss.kl_coef` > 0)."""
         return self.trainer_call(self.trainer.logprobs.call_one(sequences, reference=True), "logprobs")
 
     async def score(self, group: RolloutGroup) -> RolloutGroup:

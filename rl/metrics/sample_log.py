@@ -164,13 +164,13 @@ class SampleLogger:
             targets,
             seed=config.run.seed,
             episodes_per_step=config.run.groups_per_step * config.algorithm.group_size,
-            reference_logprobs=reference_logprobs if config.algorithm.kl_coef > 0 else None,
+            reference_logprobs=reference_logprobs if config.loss.kl_coef > 0 else None,
         )
 
     async def record(self, groups: list[RolloutGroup], step: int, dropped: list[RolloutGroup] = ()) -> None:
         """Record the chosen samples of the batch trained at `step` (episode ids count trained rollouts from 0).
 
-        With `reference_logprobs` (runs with `algorithm.kl_coef > 0`) each chosen sample gets `ref_logprobs`,
+        With `reference_logprobs` (runs with `loss.kl_coef > 0`) each chosen sample gets `ref_logprobs`,
         the mean reference logprob of its sampled tokens: one reference forward per logged sample. Every failed
         rollout of `dropped` (groups the step did not train, e.g. every rollout's reward function raised) is
         logged too, whatever the filters, with no episode id: a failure is never out of sight.

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from tensordict import TensorDict
 
-from rl.config.algorithm import RolloutCorrectionConfig
+from rl.config.loss import RolloutCorrectionConfig
 from rl.metrics.reduce import Reduce, State, StepStats
 from rl.packing.rows import segment_sum, segments
 

@@ -2,7 +2,8 @@
 
     loss = Σ_c agg_c(w_c · ℓ_c) / N_c        c ∈ {rl, ce, ref_kl}
 
-`rl` is the policy loss chosen by `algorithm.loss` (plus the KL to a reference model when `kl_coef > 0`),
+`rl` is the policy loss chosen by `loss.type` (`POLICY_LOSSES`, or a user's by import path; plus the KL to a
+reference model when `kl_coef > 0`),
 `ce` is cross-entropy, `ref_kl` pulls the policy towards a teacher by reverse KL. Each component's
 normalizer N_c counts its tokens (weight != 0) or sequences over the whole step (all micro-batches; all
 ranks once there are several), so the sum of the micro-batch losses is the same however the batch is
@@ -12,10 +13,15 @@ in the step is skipped; when all are, the loss is a graph-attached zero so backw
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import torch
 from tensordict import TensorDict
 
-from rl.config.algorithm import AlgorithmConfig
+from rl.components import import_object
+from rl.config.loss import LossConfig
 from rl.metrics.reduce import StepStats
 from rl.packing.rows import segment_sum, segments
 
@@ -75,7 +81,7 @@ def kl_estimate(
     return torch.clamp(torch.exp(-k1) + k1 - 1, -K3_BOUND, K3_BOUND)
 
 
-def kl_shaped_advantages(micro_batch: TensorDict, algorithm: AlgorithmConfig) -> torch.Tensor:
+def kl_shaped_advantages(micro_batch: TensorDict, config: LossConfig) -> torch.Tensor:
     """The advantages [B,L] with -kl_coef·KL(sequence) folded in (`kl_in_reward`): each sequence's KL to the
     reference, estimated on its rl tokens from the sampler's logprobs, subtracted from every token of it."""
     mask = micro_batch["rl_weights"] != 0
@@ -83,11 +89,11 @@ def kl_shaped_advantages(micro_batch: TensorDict, algorithm: AlgorithmConfig) ->
     kl = kl_estimate(
         micro_batch["sampling_logprobs"],
         micro_batch["kl_ref_logprobs"],
-        estimator=algorithm.kl_estimator,
-        log_ratio_clamp=algorithm.kl_log_ratio_clamp,
+        estimator=config.kl_estimator,
+        log_ratio_clamp=config.kl_log_ratio_clamp,
     )
     seq_kl = segment_sum(torch.where(mask, kl, 0.0), index, count)  # [S]
-    return micro_batch["advantages"] - algorithm.kl_coef * seq_kl[index]
+    return micro_batch["advantages"] - config.kl_coef * seq_kl[index]
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, log_ratio_clamp: float = 20.0) -> torch.Tensor:
@@ -137,42 +143,108 @@ def gspo_log_ratio(
     return seq_mean[index] + logprobs - logprobs.detach()  # [B,L]
 
 
+@dataclass(frozen=True)
+class PolicyLossInputs:
+    """What a policy loss sees of one micro-batch (all [B,L] on the rl tokens' rows; `mask` marks the rl tokens).
+
+    `old_logprobs` is π_old (the sampler's in bypass mode), equal to `logprobs.detach()` off the mask, and
+    `ratio` = exp(logprobs.detach() - old_logprobs). `index`/`count` map tokens to sequences (`segment_sum`)."""
+
+    logprobs: torch.Tensor
+    old_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    ratio: torch.Tensor
+    mask: torch.Tensor
+    index: torch.Tensor
+    count: int
+
+
+PolicyLossFn = Callable[[PolicyLossInputs, LossConfig], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+"""(inputs, `[loss]`) -> (per-token loss [B,L] before the rl weights and aggregation, clipped [B,L] bool, ratio [B,L]
+as logged). A user's loss is `loss.type = "package.module:function"` with this signature."""
+
+
+def ppo_loss(inputs: PolicyLossInputs, config: LossConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's clipped token ratio (DAPO's clip-higher, optional dual clip)."""
+    loss, clipped = ppo_clip_token_loss(
+        inputs.logprobs,
+        inputs.old_logprobs,
+        inputs.advantages,
+        clip_eps_low=config.clip_eps_low,
+        clip_eps_high=config.clip_eps_high,
+        dual_clip_c=config.dual_clip_c,
+    )
+    return loss, clipped, inputs.ratio
+
+
+def gspo_loss(inputs: PolicyLossInputs, config: LossConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GSPO: PPO's clip on the sequence ratio (the geometric mean of its token ratios), logged as the ratio."""
+    log_s = gspo_log_ratio(inputs.logprobs, inputs.old_logprobs, inputs.mask, inputs.index, inputs.count)
+    loss, clipped = ppo_clip_token_loss(
+        log_s,
+        torch.zeros_like(log_s),
+        inputs.advantages,
+        clip_eps_low=config.clip_eps_low,
+        clip_eps_high=config.clip_eps_high,
+    )
+    return loss, clipped, torch.exp(log_s.detach())
+
+
+def cispo_loss(inputs: PolicyLossInputs, config: LossConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """CISPO: a policy gradient weighted by the clipped, detached ratio: no token loses its gradient."""
+    truncated = torch.clamp(inputs.ratio, 1 - config.clip_eps_low, 1 + config.clip_eps_high)
+    return (
+        weighted_pg_token_loss(inputs.logprobs, truncated, inputs.advantages),
+        truncated != inputs.ratio,
+        inputs.ratio,
+    )
+
+
+def pg_loss(inputs: PolicyLossInputs, config: LossConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A plain policy gradient weighted by the (detached) ratio π_θ/π_old."""
+    no_clip = torch.zeros_like(inputs.mask)
+    return weighted_pg_token_loss(inputs.logprobs, inputs.ratio, inputs.advantages), no_clip, inputs.ratio
+
+
+POLICY_LOSSES: dict[str, PolicyLossFn] = {"ppo": ppo_loss, "gspo": gspo_loss, "cispo": cispo_loss, "pg": pg_loss}
+"""The registered policy losses by `loss.type`; any other `type` is an import path `package.module:function`."""
+
+
+@functools.cache
+def policy_loss_fn(name: str) -> PolicyLossFn:
+    """The policy loss `loss.type` names: a registered one, or a user's function by import path."""
+    if name not in POLICY_LOSSES and ":" not in name:
+        raise ValueError(
+            f"{name!r} is neither a registered loss {list(POLICY_LOSSES)} nor an import path 'package.module:function'"
+        )
+    fn = POLICY_LOSSES.get(name) or import_object(name)
+    if not callable(fn):
+        raise ValueError(f"{name!r} resolves to {fn!r}, which is not a function")
+    return fn
+
+
 def rl_token_loss(
     logprobs: torch.Tensor,
     batch: TensorDict,
     mask: torch.Tensor,
     index: torch.Tensor,
     count: int,
-    algorithm: AlgorithmConfig,
+    config: LossConfig,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-token `rl` loss [B,L] before weighting, the clipped flags and the ratio r = π_θ/π_old.
 
-    π_old is `old_logprobs` (the sampler's in bypass mode). `is_weights`, when present, multiply the PPO-family
-    losses (decoupled correction) or are the weights of the plain policy gradient (`use_policy_gradient`).
+    The policy loss is `loss.type`'s (`POLICY_LOSSES` or an import path). `is_weights`, when present, multiply it
+    (decoupled correction), or are the weights of the plain policy gradient (`use_policy_gradient`) instead.
     """
-    correction = algorithm.rollout_correction
     old_logprobs = torch.where(mask, batch["old_logprobs"], logprobs.detach())  # [B,L]; ratio 1 off the mask
     advantages = batch["advantages"]
     ratio = torch.exp(logprobs.detach() - old_logprobs)  # [B,L]
     is_weights = batch.get("is_weights", None)
-    no_clip = torch.zeros_like(mask)
-    if correction.use_policy_gradient:
+    if config.rollout_correction.use_policy_gradient:
         weights = is_weights if is_weights is not None else torch.ones_like(ratio)
-        return weighted_pg_token_loss(logprobs, weights, advantages), no_clip, ratio
-    eps = dict(clip_eps_low=algorithm.clip_eps_low, clip_eps_high=algorithm.clip_eps_high)
-    if algorithm.loss == "ppo":
-        loss, clipped = ppo_clip_token_loss(
-            logprobs, old_logprobs, advantages, dual_clip_c=algorithm.dual_clip_c, **eps
-        )
-    elif algorithm.loss == "gspo":
-        log_s = gspo_log_ratio(logprobs, old_logprobs, mask, index, count)
-        loss, clipped = ppo_clip_token_loss(log_s, torch.zeros_like(log_s), advantages, **eps)
-        ratio = torch.exp(log_s.detach())
-    elif algorithm.loss == "cispo":
-        truncated = torch.clamp(ratio, 1 - algorithm.clip_eps_low, 1 + algorithm.clip_eps_high)
-        loss, clipped = weighted_pg_token_loss(logprobs, truncated, advantages), truncated != ratio
-    else:  # pg
-        loss, clipped = weighted_pg_token_loss(logprobs, ratio, advantages), no_clip
+        return weighted_pg_token_loss(logprobs, weights, advantages), torch.zeros_like(mask), ratio
+    inputs = PolicyLossInputs(logprobs, old_logprobs, advantages, ratio, mask, index, count)
+    loss, clipped, ratio = policy_loss_fn(config.type)(inputs, config)
     if is_weights is not None:
         loss = loss * is_weights.detach()
     return loss, clipped, ratio
@@ -182,7 +254,7 @@ def compute_loss(
     logprobs: torch.Tensor,
     batch: TensorDict,
     counts: torch.Tensor,
-    algorithm: AlgorithmConfig,
+    config: LossConfig,
     stats: StepStats,
     *,
     horizon: int,
@@ -196,37 +268,37 @@ def compute_loss(
     """
     index, count = segments(batch)
     loss = (logprobs * 0.0).sum()  # graph-attached zero: backward runs even when every component is empty
-    agg = dict(mode=algorithm.aggregation, horizon=horizon)  # the policy loss's (and its KL term's) aggregation
+    agg = dict(mode=config.aggregation, horizon=horizon)  # the policy loss's (and its KL term's) aggregation
     token_count = dict(mode="token-mean", horizon=horizon)  # ce and ref_kl: fixed token-count cores (seed 002)
 
     rl_weights = batch["rl_weights"]
     if counts[0, 0] > 0 and bool((rl_weights != 0).any()):
         mask = rl_weights != 0
-        per_token, clipped, ratio = rl_token_loss(logprobs, batch, mask, index, count, algorithm)
+        per_token, clipped, ratio = rl_token_loss(logprobs, batch, mask, index, count, config)
         pg = aggregate(per_token, rl_weights, index, count, counts[0], **agg)
         loss = loss + pg
         stats.add_total("pg_loss", pg)
         advantages = batch["advantages"]
         stats.add("clip_frac_low", (clipped & (advantages < 0))[mask].float())
         stats.add("clip_frac_high", (clipped & (advantages > 0))[mask].float())
-        if algorithm.dual_clip_c is not None:
-            stats.add("dual_clip_frac", ((advantages < 0) & (ratio > algorithm.dual_clip_c))[mask].float())
+        if config.dual_clip_c is not None:
+            stats.add("dual_clip_frac", ((advantages < 0) & (ratio > config.dual_clip_c))[mask].float())
         stats.add("ratio", ratio[mask])
         # KL(π_snapshot‖π_θ) by k3, d = logπ_θ - logπ_snapshot: 0 in the first minibatch, > 0 once the inner loop drifts
         drift = logprobs.detach() - batch.get("snapshot_logprobs", logprobs.detach())  # [B,L]
         stats.add("ppo_kl", (torch.exp(drift) - drift - 1)[mask])
         sampling = torch.where(mask, batch["sampling_logprobs"], logprobs.detach())
         stats.add("mismatch_k3", k3_kl(sampling, logprobs.detach())[mask])
-        if algorithm.kl_coef > 0:
+        if config.kl_coef > 0:
             kl = kl_estimate(
                 logprobs,
                 torch.where(mask, batch["kl_ref_logprobs"], logprobs.detach()),
-                estimator=algorithm.kl_estimator,
-                log_ratio_clamp=algorithm.kl_log_ratio_clamp,
+                estimator=config.kl_estimator,
+                log_ratio_clamp=config.kl_log_ratio_clamp,
             )
             stats.add("kl", kl.detach()[mask])
-            if not algorithm.kl_in_reward:
-                loss = loss + algorithm.kl_coef * aggregate(kl, rl_weights, index, count, counts[0], **agg)
+            if not config.kl_in_reward:
+                loss = loss + config.kl_coef * aggregate(kl, rl_weights, index, count, counts[0], **agg)
 
     ce_weights = batch["ce_weights"]
     if counts[1, 0] > 0 and bool((ce_weights != 0).any()):
@@ -239,9 +311,7 @@ def compute_loss(
         mask = ref_weights != 0
         teacher = torch.where(mask, batch["ref_logprobs"], logprobs.detach())
         # Reverse KL as a policy-gradient signal: reward -(logp - teacher_logp) on each sampled token.
-        log_ratio = torch.clamp(
-            logprobs.detach() - teacher, -algorithm.kl_log_ratio_clamp, algorithm.kl_log_ratio_clamp
-        )
+        log_ratio = torch.clamp(logprobs.detach() - teacher, -config.kl_log_ratio_clamp, config.kl_log_ratio_clamp)
         per_token = torch.exp(logprobs - logprobs.detach()) * log_ratio  # value k1, gradient k1·∇logp
         ref_kl = aggregate(per_token, ref_weights, index, count, counts[2], **token_count)
         loss = loss + ref_kl

@@ -18,7 +18,7 @@ from contextlib import AbstractContextManager
 import torch
 from tensordict import TensorDict
 
-from rl.config.algorithm import AlgorithmConfig
+from rl.config.loss import LossConfig
 from rl.metrics.reduce import StepStats, merge_all, step_metrics
 from rl.packing.rows import COMPONENTS, component_counts, segments
 from rl.training import correction
@@ -47,23 +47,21 @@ def trained_positions(micro_batch: TensorDict) -> torch.Tensor:
     return (micro_batch["rl_weights"] != 0) | (micro_batch["ce_weights"] != 0) | (micro_batch["ref_kl_weights"] != 0)
 
 
-def needs_old_pass(algorithm: AlgorithmConfig, n_minibatches: int) -> bool:
+def needs_old_pass(config: LossConfig, n_minibatches: int) -> bool:
     """Whether π_old must be computed in a no-grad pass before the update. Bypass mode with one minibatch needs it
     only to reject tokens (rejection, veto: the loss's normalizers count what is kept) or to normalize IS weights
     over the step; IS weights alone come from the update's own forward (π_θ = π_old until the one optimizer step)."""
-    rc = algorithm.rollout_correction
+    rc = config.rollout_correction
     rejects = rc.rollout_rs is not None or rc.rollout_token_veto_threshold is not None
     return (
         n_minibatches > 1 or not rc.bypass or rejects or (rc.rollout_is is not None and rc.rollout_is_batch_normalize)
     )
 
 
-def weigh_on_the_fly(
-    logprobs: torch.Tensor, micro_batch: TensorDict, algorithm: AlgorithmConfig, stats: StepStats
-) -> None:
+def weigh_on_the_fly(logprobs: torch.Tensor, micro_batch: TensorDict, config: LossConfig, stats: StepStats) -> None:
     """Bypass mode without the no-grad pass: the off-policy diagnostics and the IS weights from the update forward's
     detached logprobs (`is_weights` for the plain policy gradient; under PPO the ratio already holds them)."""
-    rc = algorithm.rollout_correction
+    rc = config.rollout_correction
     mask = micro_batch["rl_weights"] != 0
     index, count = segments(micro_batch)
     sampling = micro_batch["sampling_logprobs"]
@@ -102,7 +100,7 @@ def prepare(
     micro_batches: list[TensorDict],
     model: torch.nn.Module,
     reference: torch.nn.Module | None,
-    algorithm: AlgorithmConfig,
+    config: LossConfig,
     n_minibatches: int,
     stats: StepStats,
     compute: Callable[[], AbstractContextManager],
@@ -111,13 +109,13 @@ def prepare(
     """Everything before the update, in place: π_old and the reference's logprobs, the rollout correction (IS
     weights, rejection, normalization), KL-in-reward. Returns whether the off-policy diagnostics were taken here
     (else the update's first forward takes them)."""
-    old_pass = needs_old_pass(algorithm, n_minibatches)
+    old_pass = needs_old_pass(config, n_minibatches)
     olds = [no_grad_pass(mb, model if old_pass else None, reference, compute) for mb in micro_batches]
     if old_pass:
-        correction.apply(micro_batches, olds, algorithm.rollout_correction, stats, ranks.sum)
-    if algorithm.kl_in_reward:
+        correction.apply(micro_batches, olds, config.rollout_correction, stats, ranks.sum)
+    if config.kl_in_reward:
         for micro_batch in micro_batches:
-            micro_batch["advantages"] = kl_shaped_advantages(micro_batch, algorithm)
+            micro_batch["advantages"] = kl_shaped_advantages(micro_batch, config)
     return old_pass
 
 
@@ -153,7 +151,7 @@ def train_step(
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     micro_batches: list[TensorDict],
-    algorithm: AlgorithmConfig,
+    config: LossConfig,
     *,
     max_grad_norm: float,
     horizon: int,
@@ -179,7 +177,7 @@ def train_step(
     micro_batches = [micro_batch.to(device).clone() for micro_batch in micro_batches]
     stats = StepStats()
     stats.add_total("nonfinite_logprob_tokens", sum(sanitize(micro_batch) for micro_batch in micro_batches))
-    diagnosed = prepare(micro_batches, model, reference, algorithm, n_minibatches, stats, compute, ranks)
+    diagnosed = prepare(micro_batches, model, reference, config, n_minibatches, stats, compute, ranks)
     counts_all = ranks.sum(component_counts(micro_batches))
     grad_norms, skipped = [], 0
     for minibatch in split_minibatches(micro_batches, n_minibatches):
@@ -194,8 +192,8 @@ def train_step(
             stats.add("ref_kl/entropy", entropy[micro_batch["ref_kl_weights"] != 0])
             stats.add("ce_entropy", entropy[micro_batch["ce_weights"] != 0])
             if not diagnosed:
-                weigh_on_the_fly(logprobs, micro_batch, algorithm, stats)
-            loss = compute_loss(logprobs, micro_batch, counts, algorithm, stats, horizon=horizon)
+                weigh_on_the_fly(logprobs, micro_batch, config, stats)
+            loss = compute_loss(logprobs, micro_batch, counts, config, stats, horizon=horizon)
             loss.backward()
             stats.add_total("loss", loss.detach().double() / n_minibatches)
         grad_norms.append(grad_norm(model, max_grad_norm))

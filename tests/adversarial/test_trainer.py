@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rl.assets import resolve_model_path
-from rl.config.algorithm import AlgorithmConfig
+from rl.config.loss import LossConfig
 from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.precision import NonfiniteSteps
 from rl.training.train_step import train_step
@@ -41,15 +41,13 @@ def test_a_step_with_a_nonfinite_gradient_norm_changes_nothing(model):
     optimizer = torch.optim.AdamW(trained.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     metrics = train_step(
-        trained, optimizer, scheduler, batch(float("inf")), AlgorithmConfig(), max_grad_norm=1.0, horizon=SEQ_LEN
+        trained, optimizer, scheduler, batch(float("inf")), LossConfig(), max_grad_norm=1.0, horizon=SEQ_LEN
     )
     assert metrics["skipped_nonfinite_steps"] == 1.0 and not torch.isfinite(torch.tensor(metrics["grad_norm"]))
     assert all(torch.equal(before, after) for before, after in zip(model.parameters(), trained.parameters()))
     assert optimizer.state == {} and scheduler.last_epoch == 0  # no AdamW moments, no schedule step
     assert all(parameter.grad is None for parameter in trained.parameters())
-    metrics = train_step(
-        trained, optimizer, scheduler, batch(1.0), AlgorithmConfig(), max_grad_norm=1.0, horizon=SEQ_LEN
-    )
+    metrics = train_step(trained, optimizer, scheduler, batch(1.0), LossConfig(), max_grad_norm=1.0, horizon=SEQ_LEN)
     assert metrics["skipped_nonfinite_steps"] == 0.0 and scheduler.last_epoch == 1
     assert all(torch.isfinite(parameter).all() for parameter in trained.parameters())
 

@@ -63,7 +63,7 @@ async def trained(tmp_path_factory):
             "run.output_dir": str(run_root),
             "tasks.0.rubric.reward_fns": "[{fn = 'tests.support.e2e_rewards:even_token_share'}]",
             "run.weight_sync_timeout_s": "120",
-            "algorithm.kl_coef": "0.01",  # loads a reference model: samples get ref_logprobs
+            "loss.kl_coef": "0.01",  # loads a reference model: samples get ref_logprobs
             "run.eval_samples_per_row": "4",  # held-out pass@1 and pass@4 over 4 samples per row
             "generator.eval_sampling.temperature": "1.0",
             "run.eval_pass_threshold": "0.5",  # the share of even tokens: rows pass on some samples, not all

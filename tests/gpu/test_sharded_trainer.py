@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from rl.checkpoint import store as checkpoint
-from rl.config.algorithm import AlgorithmConfig
+from rl.config.loss import LossConfig
 from rl.packing.prefix_tree import pack_trees
 from rl.packing.rows import split_micro_batches
 from rl.training import distributed
@@ -23,7 +23,7 @@ from rl.training.train_step import train_step
 from tests.support.gpu_models import free_port, random_qwen3
 from tests.support.tree_samples import grouped_samples
 
-ALGORITHM = AlgorithmConfig(rollout_correction={"preset": "decoupled_token_is", "rollout_is_batch_normalize": True})
+ALGORITHM = LossConfig(rollout_correction={"preset": "decoupled_token_is", "rollout_is_batch_normalize": True})
 
 
 @pytest.fixture(scope="module")

@@ -409,16 +409,19 @@ def test_task_algorithm_overrides_only_what_it_sets():
             {"models.big.path": "'tiny-qwen3'", "algorithm.type": "opsd", "algorithm.teacher": "'big'"},
             r"algorithm.teacher = 'big' with type 'opsd': its teacher is the live policy",
         ),
-        ({"algorithm.kl_in_reward": "true"}, r"kl_in_reward is set but algorithm.kl_coef is 0"),
+        ({"loss.kl_in_reward": "true"}, r"loss.kl_in_reward is set but loss.kl_coef is 0"),
         (
-            {"algorithm.rollout_correction.rollout_rs": "'token'"},
-            r"algorithm.rollout_correction.*rollout_rs_threshold is not",
+            {"loss.rollout_correction.rollout_rs": "'token'"},
+            r"loss.rollout_correction.*rollout_rs_threshold is not",
         ),
         (
-            {"algorithm.rollout_correction.rollout_is_threshold": "true"},
-            r"algorithm.rollout_correction.rollout_is_threshold",
+            {"loss.rollout_correction.rollout_is_threshold": "true"},
+            r"loss.rollout_correction.rollout_is_threshold",
         ),
-        ({"algorithm.dual_clip_c": "0.5"}, r"algorithm.dual_clip_c"),
+        ({"loss.dual_clip_c": "0.5"}, r"loss.dual_clip_c"),
+        ({"algorithm.kl_coef": "0.1"}, r"algorithm: kl_coef: the trainer-wide loss is its own section \[loss\]"),
+        ({"algorithm.loss": "'gspo'"}, r"algorithm: loss: the trainer-wide loss is its own section \[loss\]"),
+        ({"loss.type": "'dapo'"}, r"loss.type: 'dapo' is neither a registered loss"),
     ],
 )
 def test_bad_algorithm_configs_fail_naming_the_keys(overrides, message):

@@ -32,15 +32,15 @@ from tests.support.paths import REPO
             },
             False,
         ),
-        ({"generator.dtype": "'bfloat16'", "algorithm.rollout_correction.bypass_mode": "true"}, True),  # explicit wins
-        ({"generator.dtype": "'bfloat16'", "algorithm.rollout_correction.use_policy_gradient": "true"}, True),
+        ({"generator.dtype": "'bfloat16'", "loss.rollout_correction.bypass_mode": "true"}, True),  # explicit wins
+        ({"generator.dtype": "'bfloat16'", "loss.rollout_correction.use_policy_gradient": "true"}, True),
     ],
 )
 def test_bypass_mode_is_decided_from_the_run(overrides, bypass):
     if overrides.get("trainer.dtype") == "'bfloat16'" and not NATIVE_BF16:
         pytest.skip(NO_NATIVE_BF16)
     config = resolve_config(load_config(None, {"tasks": "[{name = 'sum_digits'}]", **overrides}))
-    assert config.algorithm.rollout_correction.bypass_mode is bypass
+    assert config.loss.rollout_correction.bypass_mode is bypass
 
 
 def test_validate_prints_the_decided_mode_and_why(capsys):
@@ -58,7 +58,7 @@ def test_validate_prints_the_decided_mode_and_why(capsys):
     )
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith(
-        "# algorithm.rollout_correction.bypass_mode = false, as the run's rule decides: decoupled: the sampler"
+        "# loss.rollout_correction.bypass_mode = false, as the run's rule decides: decoupled: the sampler"
     )
     assert "generator.dtype = bfloat16" in first
 
@@ -69,7 +69,7 @@ def test_validate_prints_the_decided_mode_and_why(capsys):
         ({"run.max_policy_staleness": "2"}, "token", 2.0),  # decoupled over a sampler gap: token IS by default
         ({"trainer.ppo_n_minibatches": "2"}, "token", 2.0),
         ({"generator.dtype": "'bfloat16'"}, "token", 2.0),
-        ({"run.max_policy_staleness": "2", "algorithm.rollout_correction.rollout_is_threshold": "3.0"}, "token", 3.0),
+        ({"run.max_policy_staleness": "2", "loss.rollout_correction.rollout_is_threshold": "3.0"}, "token", 3.0),
         ({"trainer.dtype": "'float32'"}, None, 2.0),  # bypass: π_rollout = π_old
         (
             {
@@ -80,18 +80,18 @@ def test_validate_prints_the_decided_mode_and_why(capsys):
             None,
             2.0,
         ),
-        ({"run.max_policy_staleness": "2", "algorithm.rollout_correction.preset": "'disabled'"}, None, 2.0),  # off
+        ({"run.max_policy_staleness": "2", "loss.rollout_correction.preset": "'disabled'"}, None, 2.0),  # off
         (
-            {"run.max_policy_staleness": "2", "algorithm.rollout_correction.preset": "'decoupled_seq_is'"},
+            {"run.max_policy_staleness": "2", "loss.rollout_correction.preset": "'decoupled_seq_is'"},
             "sequence",
             2.0,
         ),
-        ({"run.max_policy_staleness": "2", "algorithm.rollout_correction.bypass_mode": "false"}, None, 2.0),
+        ({"run.max_policy_staleness": "2", "loss.rollout_correction.bypass_mode": "false"}, None, 2.0),
     ],
 )
 def test_token_is_comes_with_decoupled_mode_over_a_sampler_gap(overrides, rollout_is, threshold):
     config = resolve_config(load_config(None, {"tasks": "[{name = 'sum_digits'}]", **overrides}))
-    correction = config.algorithm.rollout_correction
+    correction = config.loss.rollout_correction
     assert (correction.rollout_is, correction.rollout_is_threshold) == (rollout_is, threshold)
     assert resolve_config(config) == config  # a resolved config resolves to itself
 
@@ -99,27 +99,25 @@ def test_token_is_comes_with_decoupled_mode_over_a_sampler_gap(overrides, rollou
 @pytest.mark.skipif(not NATIVE_BF16, reason=NO_NATIVE_BF16)
 def test_the_bare_default_on_a_bf16_native_machine_gets_token_is():
     config = resolve_config(load_config(None, {"tasks": "[{name = 'sum_digits'}]"}))
-    assert config.algorithm.rollout_correction.rollout_is == "token"
+    assert config.loss.rollout_correction.rollout_is == "token"
 
 
 def test_validate_with_a_staleness_budget_shows_token_is_on_and_why(capsys):
     assert main(["validate", "--run.max_policy_staleness", "2"]) == 0
     captured = capsys.readouterr()
     second = captured.out.splitlines()[1]
-    assert second.startswith("# algorithm.rollout_correction.rollout_is = 'token' (threshold 2.0): IS on")
+    assert second.startswith("# loss.rollout_correction.rollout_is = 'token' (threshold 2.0): IS on")
     assert second.endswith("run.max_policy_staleness = 2 (rollouts of older policies)")
     assert 'rollout_is = "token"' in captured.out and "warning" not in captured.err
-    assert (
-        main(["validate", "--run.max_policy_staleness", "2", "--algorithm.rollout_correction.preset", "disabled"]) == 0
-    )
+    assert main(["validate", "--run.max_policy_staleness", "2", "--loss.rollout_correction.preset", "disabled"]) == 0
     captured = capsys.readouterr()
     assert "rollout_is = " not in captured.out
-    assert "warning: algorithm.rollout_correction: decoupled mode without IS or rejection" in captured.err
+    assert "warning: loss.rollout_correction: decoupled mode without IS or rejection" in captured.err
 
 
 @pytest.mark.parametrize("name", ["sum_digits_smollm2_gpu", "qwen3_8b_slurm_2x8", "qwen3_8b_kubernetes_2x8"])
 def test_bf16_sampler_configs_train_with_decoupled_token_is(name):
-    correction = resolve_config(load_config(REPO / "configs" / f"{name}.toml")).algorithm.rollout_correction
+    correction = resolve_config(load_config(REPO / "configs" / f"{name}.toml")).loss.rollout_correction
     assert (
         correction.preset == "decoupled_token_is"
         and correction.bypass_mode is False
@@ -166,7 +164,7 @@ def test_every_shipped_config_validates_from_the_repo_root(config, monkeypatch, 
 
 def test_validate_warns_about_a_precision_pair_known_not_to_learn(capsys):
     pair = ["validate", "--generator.dtype", "bfloat16", "--trainer.dtype", "float32"]
-    assert main([*pair, "--algorithm.rollout_correction.preset", "disabled"]) == 0  # without the default token IS
+    assert main([*pair, "--loss.rollout_correction.preset", "disabled"]) == 0  # without the default token IS
     assert "rlmesh: warning: generator.dtype = bfloat16 samples below the trainer's float32" in capsys.readouterr().err
     assert main(pair) == 0  # the default token IS corrects it
     assert "warning" not in capsys.readouterr().err

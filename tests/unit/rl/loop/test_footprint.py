@@ -60,7 +60,7 @@ def test_everything_on_one_host_through_shared_memory():
 
 
 def test_a_kl_reference_is_loaded_whole_after_the_policy_is_sharded():
-    config = resolve_config(load_config(PROCESS_2HOSTS, {"algorithm.kl_coef": "0.01"}))
+    config = resolve_config(load_config(PROCESS_2HOSTS, {"loss.kl_coef": "0.01"}))
     found = run_footprint(config)
     shard = TINY_P // 2 * 4
     assert found.rank.load_peak_bytes == shard + TINY_P * 4

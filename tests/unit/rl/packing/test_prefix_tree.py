@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from rl.assets import resolve_model_path
-from rl.config.algorithm import AlgorithmConfig
+from rl.config.loss import LossConfig
 from rl.packing.prefix_tree import check_trees, pack_batch, pack_trees, packing_metrics
 from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.training.distributed import pad_row
@@ -175,7 +175,7 @@ def test_every_forward_of_a_train_step_goes_through_the_tree(model) -> None:
     and the same gradients as the same rows forwarded as independent sequences (the tree batch's own logical layout,
     so that both split into the same minibatches)."""
     samples = grouped_samples(2, seed=2)
-    algorithm = AlgorithmConfig(kl_coef=0.05, rollout_correction=dict(bypass_mode=False, rollout_is="token"))
+    algorithm = LossConfig(kl_coef=0.05, rollout_correction=dict(bypass_mode=False, rollout_is="token"))
 
     def run(batch) -> tuple[dict, list[torch.Tensor]]:
         optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
@@ -236,7 +236,7 @@ def _rank(rank: int, world: int, init_file: str, out: str) -> None:
         optimizer,
         scheduler,
         rank_rows([batch], ranks, 1),
-        AlgorithmConfig(),
+        LossConfig(),
         max_grad_norm=1e9,
         horizon=40,
         ranks=ranks,
@@ -261,7 +261,7 @@ def test_two_ranks_of_tree_rows_give_the_gradient_of_independent_sequences() -> 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     flat = pack_samples(grouped_samples(2, seed=3), seq_len=24, pad_token_id=0)
     metrics = train_step(
-        lm, optimizer, scheduler, split_micro_batches(flat, 1), AlgorithmConfig(), max_grad_norm=1e9, horizon=40
+        lm, optimizer, scheduler, split_micro_batches(flat, 1), LossConfig(), max_grad_norm=1e9, horizon=40
     )
     for key in ("loss", "ratio_mean", "entropy", "grad_norm", "num_loss_tokens"):
         assert sharded["metrics"][key] == pytest.approx(metrics[key], rel=1e-4, abs=1e-6), key

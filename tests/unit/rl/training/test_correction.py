@@ -7,7 +7,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rl.config.algorithm import AlgorithmConfig, RolloutCorrectionConfig
+from rl.config.loss import LossConfig, RolloutCorrectionConfig
 from rl.metrics.reduce import StepStats
 from rl.packing.rows import local_sequences
 from rl.training import correction
@@ -176,7 +176,7 @@ def _step(model=None, **rollout_correction):
     model = model or UnigramLM()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    algorithm = AlgorithmConfig(rollout_correction=rollout_correction)
+    algorithm = LossConfig(rollout_correction=rollout_correction)
     metrics = train_step(model, optimizer, scheduler, [_batch()], algorithm, max_grad_norm=1e9, horizon=6)
     return metrics, model.logits.grad
 
@@ -277,7 +277,7 @@ def test_kl_in_reward_moves_the_sequence_kl_into_the_advantages():
     model = UnigramLM()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    algorithm = AlgorithmConfig(kl_coef=0.1, kl_estimator="k1", kl_in_reward=True)
+    algorithm = LossConfig(kl_coef=0.1, kl_estimator="k1", kl_in_reward=True)
     metrics = train_step(
         model, optimizer, scheduler, [_batch()], algorithm, max_grad_norm=1e9, horizon=6, reference=reference
     )

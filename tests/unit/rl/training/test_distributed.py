@@ -13,7 +13,7 @@ from torch.distributed.distributed_c10d import BackendConfig
 from transformers import AutoModelForCausalLM
 
 from rl.assets import resolve_model_path
-from rl.config.algorithm import AlgorithmConfig
+from rl.config.loss import LossConfig
 from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.training import distributed
 from rl.training.train_step import train_step
@@ -62,9 +62,7 @@ def test_every_tensor_a_gpu_trainers_step_reduces_has_a_backend(monkeypatch, pre
     model = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-qwen3"), dtype=torch.float32).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    algorithm = AlgorithmConfig(
-        rollout_correction={"preset": preset, "rollout_is_batch_normalize": True} if preset else {}
-    )
+    algorithm = LossConfig(rollout_correction={"preset": preset, "rollout_is_batch_normalize": True} if preset else {})
     batch = pack_samples(_samples(), seq_len=32, pad_token_id=0)
     train_step(
         model,

@@ -4,7 +4,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rl.config.algorithm import AlgorithmConfig
+from rl.config.loss import LossConfig
 from rl.metrics.reduce import StepStats, merge_all, step_metrics
 from rl.packing.rows import component_counts
 from rl.training.losses import compute_loss, k3_kl, kl_estimate, ppo_clip_token_loss
@@ -133,7 +133,7 @@ def _hand_batch(**weights) -> tuple[torch.Tensor, TensorDict]:
 
 def _loss(batch, logprobs, **algorithm):
     stats = StepStats()
-    loss = compute_loss(logprobs, batch, component_counts([batch]), AlgorithmConfig(**algorithm), stats, horizon=4)
+    loss = compute_loss(logprobs, batch, component_counts([batch]), LossConfig(**algorithm), stats, horizon=4)
     loss.backward()
     return loss.item(), logprobs.grad[0].tolist(), step_metrics(stats.states(), spread=("ratio",))
 
@@ -157,7 +157,7 @@ def _loss(batch, logprobs, **algorithm):
 )
 def test_policy_losses_hand_computed(loss_type, value, grads) -> None:
     logprobs, batch = _hand_batch()
-    loss, grad, metrics = _loss(batch, logprobs, loss=loss_type)
+    loss, grad, metrics = _loss(batch, logprobs, type=loss_type)
     assert loss == pytest.approx(value, abs=1e-6)
     assert [grad[1], grad[2], grad[4]] == pytest.approx(grads, abs=1e-6)
     assert grad[0] == grad[3] == grad[5] == 0.0
@@ -165,12 +165,12 @@ def test_policy_losses_hand_computed(loss_type, value, grads) -> None:
 
 
 def test_gspo_defaults_to_one_mean_per_sequence_and_warns_on_another_aggregation() -> None:
-    assert AlgorithmConfig(loss="gspo").aggregation == "seq-mean-token-mean"
-    assert AlgorithmConfig().aggregation == "token-mean"
+    assert LossConfig(type="gspo").aggregation == "seq-mean-token-mean"
+    assert LossConfig().aggregation == "token-mean"
     with pytest.warns(UserWarning, match="weight sequences by length"):
-        config = AlgorithmConfig(loss="gspo", aggregation="token-mean")
+        config = LossConfig(type="gspo", aggregation="token-mean")
     logprobs, batch = _hand_batch()
-    loss, _, _ = _loss(batch, logprobs, **config.model_dump(include={"loss", "aggregation"}))
+    loss, _, _ = _loss(batch, logprobs, **config.model_dump(include={"type", "aggregation"}))
     assert loss == pytest.approx((-2 * 1.22474487 + 0.8) / 3, abs=1e-6)  # token-mean: sequence 0 counts twice
 
 
@@ -245,11 +245,11 @@ def test_ce_and_ref_kl_are_token_means_whatever_the_policy_loss_aggregation(aggr
     for loss_type in ("ppo", "gspo"):
         logprobs, batch = _hand_batch(rl=torch.zeros(1, 6), ce=weights)
         extra = {} if loss_type == "gspo" else {"aggregation": aggregation}
-        _, grads, metrics = _loss(batch, logprobs, loss=loss_type, **extra)
+        _, grads, metrics = _loss(batch, logprobs, type=loss_type, **extra)
         assert metrics["ce_loss"] == pytest.approx(1.42922736, abs=1e-6)
         assert grads == pytest.approx([0.0, -1 / 3, -1 / 3, 0.0, -1 / 3, 0.0], abs=1e-6)
         logprobs, batch = _hand_batch(rl=torch.zeros(1, 6), ref_kl=weights)
-        _, grads, metrics = _loss(batch, logprobs, loss=loss_type, **extra)
+        _, grads, metrics = _loss(batch, logprobs, type=loss_type, **extra)
         assert metrics["ref_kl_loss"] == pytest.approx(-1.09589402, abs=1e-6)
         assert grads == pytest.approx([0.0, 0.40546511 / 3, -2 / 3, 0.0, -1.69314718 / 3, 0.0], abs=1e-6)
 
@@ -321,7 +321,7 @@ def _eight_sequences() -> TensorDict:
 @pytest.mark.parametrize("loss_type", ["ppo", "gspo", "cispo", "pg"])
 def test_loss_and_gradient_do_not_depend_on_micro_batches_or_ranks(aggregation, loss_type) -> None:
     batch = _eight_sequences()
-    algorithm = AlgorithmConfig(aggregation=aggregation, loss=loss_type, kl_coef=0.05)
+    algorithm = LossConfig(aggregation=aggregation, type=loss_type, kl_coef=0.05)
     weights = torch.randn(5, generator=torch.Generator().manual_seed(1), requires_grad=True)
 
     def run(ranks: list[list[TensorDict]]) -> tuple[float, torch.Tensor, dict]:

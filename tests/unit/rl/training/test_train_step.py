@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM
 
 from actors.trainer import lr_lambda
 from rl.assets import resolve_model_path
-from rl.config.algorithm import AlgorithmConfig
+from rl.config.loss import LossConfig
 from rl.config.roles import TrainerConfig
 from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.training.logprobs import token_logprobs
@@ -50,7 +50,7 @@ def _sgd(model):
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
 
 
-def _grads(model, samples, micro_batch_size, algorithm=AlgorithmConfig(), max_grad_norm=1e9):
+def _grads(model, samples, micro_batch_size, algorithm=LossConfig(), max_grad_norm=1e9):
     """Gradients left by one train_step (no zero_grad here: train_step must clear the previous call's)."""
     optimizer, scheduler = _sgd(model)
     batch = pack_samples(samples, seq_len=SEQ_LEN, pad_token_id=0)
@@ -69,7 +69,7 @@ def _grads(model, samples, micro_batch_size, algorithm=AlgorithmConfig(), max_gr
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean"])
 def test_gradients_do_not_depend_on_the_micro_batch_size(base_model, aggregation):
     samples = _samples(base_model)
-    algorithm = AlgorithmConfig(aggregation=aggregation)
+    algorithm = LossConfig(aggregation=aggregation)
     grads_1, metrics_1 = _grads(base_model, samples, 1, algorithm)
     grads_4, metrics_4 = _grads(base_model, samples, 4, algorithm)
     assert sum(float(g.abs().sum()) for g in grads_1) > 0
@@ -112,7 +112,7 @@ def test_one_minibatch_reproduces_the_previous_update_exactly(base_model):
     _old_update(old, micro_batches, lr=1e-3, max_grad_norm=1.0)
     optimizer = torch.optim.AdamW(new.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    train_step(new, optimizer, scheduler, micro_batches, AlgorithmConfig(), max_grad_norm=1.0, horizon=SEQ_LEN)
+    train_step(new, optimizer, scheduler, micro_batches, LossConfig(), max_grad_norm=1.0, horizon=SEQ_LEN)
     changed = 0
     for p_old, p_new, p_base in zip(old.parameters(), new.parameters(), base_model.parameters()):
         assert torch.equal(p_old, p_new)
@@ -136,7 +136,7 @@ def test_k_minibatches_are_k_optimizer_steps_and_the_lr_schedule_counts_them(bas
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(trainer_config, total_steps=4))
         for mbs, k in calls:
             metrics = train_step(
-                model, optimizer, scheduler, mbs, AlgorithmConfig(), max_grad_norm=1.0, horizon=SEQ_LEN, n_minibatches=k
+                model, optimizer, scheduler, mbs, LossConfig(), max_grad_norm=1.0, horizon=SEQ_LEN, n_minibatches=k
             )
         results.append(metrics["lr"])
     for p_k2, p_halves in zip(k2.parameters(), halves.parameters()):
@@ -161,7 +161,7 @@ def test_optimizer_steps_count_the_updates_of_a_step_and_of_the_run(base_model):
             optimizer,
             scheduler,
             micro_batches,
-            AlgorithmConfig(),
+            LossConfig(),
             max_grad_norm=1.0,
             horizon=SEQ_LEN,
             n_minibatches=k,
@@ -175,7 +175,7 @@ def test_optimizer_steps_count_the_updates_of_a_step_and_of_the_run(base_model):
 def test_decoupled_mode_anchors_on_old_policy_computed_once(base_model):
     samples = _samples(base_model)
     micro_batches = split_micro_batches(pack_samples(samples, seq_len=SEQ_LEN, pad_token_id=0), 2)
-    algorithm = AlgorithmConfig(rollout_correction={"bypass_mode": False})
+    algorithm = LossConfig(rollout_correction={"bypass_mode": False})
     model = copy.deepcopy(base_model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # weights stay π_old: every ratio is exactly 1
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
@@ -242,9 +242,36 @@ def test_ppo_kl_is_zero_with_one_minibatch_and_positive_once_the_inner_loop_drif
             optimizer,
             scheduler,
             micro_batches,
-            AlgorithmConfig(),
+            LossConfig(),
             max_grad_norm=1e9,
             horizon=SEQ_LEN,
             n_minibatches=k,
         )["ppo_kl"]
     assert kl[1] == 0.0 and kl[2] > 1e-6
+
+
+def advantage_weighted_logprob(inputs, config):
+    """A user's policy loss by import path: -A·log π_θ per token (REINFORCE without a ratio), nothing clipped."""
+    return -inputs.advantages * inputs.logprobs, torch.zeros_like(inputs.mask), inputs.ratio
+
+
+def test_a_custom_policy_loss_by_import_path_trains_its_own_value(base_model):
+    """`loss.type = "package.module:function"`: the step's loss and gradients are that function's, checked against
+    -Σ A·log π_θ / N computed here sample by sample on the unpacked sequences."""
+    samples = _samples(base_model)
+    config = LossConfig(type=f"{__name__}:advantage_weighted_logprob")
+    grads, metrics = _grads(base_model, samples, 3, config)
+    model = copy.deepcopy(base_model)
+    model.zero_grad(set_to_none=True)
+    tokens = sum(sum(sample.loss_mask) for sample in samples)
+    total = 0.0
+    for sample in samples:
+        length = len(sample.input_ids)
+        logprobs = token_logprobs(model, torch.tensor([sample.input_ids]), torch.arange(length)[None])[0]
+        advantages = torch.as_tensor(sample.advantages, dtype=torch.float32)
+        total = total - (advantages * logprobs)[torch.tensor(sample.loss_mask)].sum() / tokens
+    total.backward()
+    assert metrics["loss"] == pytest.approx(float(total.detach()), rel=1e-5, abs=1e-7)
+    assert metrics["clip_frac_low"] == metrics["clip_frac_high"] == 0.0
+    for mine, hand in zip(grads, (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(mine, hand, atol=1e-6, rtol=1e-4)
