@@ -76,7 +76,7 @@ async def start(num_procs: int):
         cfg.trainer,
         PolicyTrainer,
         cfg.trainer,
-        cfg.algorithm,
+        cfg.loss,
         cfg.model.path,
         4,
         weight_transport=cfg.weight_sync.transport,
