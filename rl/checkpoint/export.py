@@ -74,9 +74,12 @@ def checkpoint_model_path(checkpoint: Path) -> str:
 
 
 def checkpoint_lora(checkpoint: Path) -> LoraConfig:
-    """The run's `[trainer.lora]`, from the config the checkpoint was written with."""
+    """The run's `[trainer.lora]`, from the config the checkpoint was written with (off when it has none: a trainer's
+    own checkpoint, written outside a run)."""
     from rl.config.lora import LoraConfig
 
+    if not (checkpoint / "config.toml").is_file():
+        return LoraConfig()
     config = tomllib.loads((checkpoint / "config.toml").read_text())
     return LoraConfig.model_validate(config.get("trainer", {}).get("lora", {}))
 
