@@ -79,7 +79,9 @@ class Launch:
             self._queue.put(line)
         self._queue.put(None)
 
-    def wait_for_line(self, text: str, timeout: float = 240) -> None:
+    def _collect(self, timeout: float, text: str | None = None) -> str:
+        """Collect output lines for up to `timeout` s: "found" at the first line holding `text`, "ended" when the
+        pipe closes, "timeout" otherwise."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
@@ -87,25 +89,24 @@ class Launch:
             except queue.Empty:
                 break
             if line is None:
-                raise AssertionError(f"launcher ended before printing {text!r}:\n{self.output()}")
+                return "ended"
             self.lines.append(line)
-            if text in line:
-                return
-        raise AssertionError(f"no {text!r} within {timeout} s:\n{self.output()}")
+            if text is not None and text in line:
+                return "found"
+        return "timeout"
+
+    def wait_for_line(self, text: str, timeout: float = 240) -> None:
+        outcome = self._collect(timeout, text)
+        if outcome == "ended":
+            raise AssertionError(f"launcher ended before printing {text!r}:\n{self.output()}")
+        if outcome == "timeout":
+            raise AssertionError(f"no {text!r} within {timeout} s:\n{self.output()}")
 
     def wait_for_exit(self, timeout: float, drain_s: float = 30) -> int:
         """The launcher's exit code, and its output read until the pipe closes or `drain_s` after the exit (an actor
         process that outlives the launcher holds the pipe open: `processes_with_marker` finds it, not this)."""
         returncode = self.process.wait(timeout=timeout)
-        deadline = time.monotonic() + drain_s
-        while time.monotonic() < deadline:
-            try:
-                line = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            self.lines.append(line)
+        self._collect(drain_s)
         return returncode
 
     @property
