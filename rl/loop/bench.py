@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,37 +25,10 @@ import torch
 
 from rl.assets import resolve_model_path
 from rl.config import Config
+from rl.loop.peak import matmul_peak_gflops, timed
 from rl.loop.resolve import resolve_config
 from rl.precision import TORCH_DTYPES, native_bf16
 from rl.weights.shared_file import SharedWeights, file_path, map_file, plan_layout, write
-
-
-def matmul_peak_gflops(
-    dtype: torch.dtype, cpus: list[int] | None, size: int = 2048, repeats: int = 5, device: str = "cpu"
-) -> float:
-    """Best GFLOP/s of a square matmul on the trainer's device: its cores (all when unpinned), or its GPU."""
-    saved_affinity, saved_threads = os.sched_getaffinity(0), torch.get_num_threads()
-    if cpus and device == "cpu":
-        os.sched_setaffinity(0, cpus)
-        torch.set_num_threads(len(cpus))
-    try:
-        a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
-        a @ b
-        best = min(_timed(lambda: a @ b, device) for _ in range(repeats))
-    finally:
-        os.sched_setaffinity(0, saved_affinity)
-        torch.set_num_threads(saved_threads)
-    return 2 * size**3 / best / 1e9
-
-
-def _timed(fn: Any, device: str = "cpu") -> float:
-    """Seconds `fn` takes, its GPU work included (CUDA runs asynchronously: synchronized before and after)."""
-    synchronize = torch.cuda.synchronize if device == "cuda" else lambda: None
-    synchronize()
-    start = time.perf_counter()
-    fn()
-    synchronize()
-    return time.perf_counter() - start
 
 
 def weight_sync_floor(config: Config) -> dict[str, float]:
@@ -75,7 +47,7 @@ def weight_sync_floor(config: Config) -> dict[str, float]:
     state_dict = model.state_dict()
     dtype = TORCH_DTYPES[config.generator.dtype]
     cast_s = min(
-        _timed(lambda: {name: tensor.to(dtype) for name, tensor in state_dict.items()}, device) for _ in range(3)
+        timed(lambda: {name: tensor.to(dtype) for name, tensor in state_dict.items()}, device) for _ in range(3)
     )
     cast = {name: tensor.to(dtype) for name, tensor in state_dict.items()}
     layout, nbytes = plan_layout(cast, None)
@@ -88,11 +60,11 @@ def weight_sync_floor(config: Config) -> dict[str, float]:
             write(buffer, layout[name], cast[name])
 
     try:
-        copy_s = min(_timed(copy, device) for _ in range(3))  # the first copy also faults the pages in
+        copy_s = min(timed(copy, device) for _ in range(3))  # the first copy also faults the pages in
         llm = LLM(model=path, **engine_args(config.generator))  # the engine the loop's generators run
         try:
             reload_s = min(
-                _timed(lambda: load_weights(llm, handle)) for _ in range(3)
+                timed(lambda: load_weights(llm, handle)) for _ in range(3)
             )  # the first sets vLLM's reload up
         finally:
             llm.llm_engine.engine_core.shutdown()

@@ -211,7 +211,7 @@ def packing_metrics(batch: TensorDict) -> dict[str, float]:
     real = batch["sequence_ids"] >= 0  # [R,L]
     logical = float(real.sum())
     if "fwd_index" in batch:
-        nodes = torch.zeros(batch["fwd_input_ids"].shape).scatter_reduce(
+        nodes = torch.zeros(batch["fwd_input_ids"].shape, device=batch["fwd_index"].device).scatter_reduce(
             1, batch["fwd_index"], real.float(), "amax"
         )  # [R,F], 1 on used nodes
         forward, positions = float(nodes.sum()), nodes.numel()

@@ -1,5 +1,7 @@
 """Per-token log-probabilities of a causal LM on packed rows of token ids: sequences side by side, or prefix trees."""
 
+import contextlib
+
 import torch
 from tensordict import TensorDict
 from torch.utils.checkpoint import checkpoint
@@ -66,10 +68,12 @@ def token_logprobs(
     columns = torch.arange(input_ids.shape[1], device=input_ids.device)  # [L]
     if parents is None:
         parents = torch.where(position_ids > 0, columns - 1, -1)  # [B,L]
-    tree = {} if subtree_end is None else {"attention_mask": tree_attention_mask(model, subtree_end)}
-    hidden = model.get_decoder()(
-        input_ids=input_ids, position_ids=position_ids, use_cache=False, **tree
-    ).last_hidden_state  # [B,L,H]
+    if subtree_end is None:
+        hidden = model.get_decoder()(
+            input_ids=input_ids, position_ids=position_ids, use_cache=False
+        ).last_hidden_state  # [B,L,H]
+    else:
+        hidden = _tree_forward(model, input_ids, position_ids, subtree_end)  # [B,L,H]
     used = parents >= 0 if mask is None else mask & (parents >= 0)  # [B,L]: tokens whose logprob is computed
     rows = torch.arange(input_ids.shape[0], device=input_ids.device)[:, None].expand_as(parents)  # [B,L]
     picked_hidden = hidden[rows[used], parents[used]]  # [N,H]: token t is predicted by its parent's output
@@ -101,6 +105,40 @@ def token_logprobs(
     if not return_entropy:
         return logprobs
     return logprobs, scatter(entropies)
+
+
+FLEX_WIDTH_MULTIPLE = 128
+"""FlexAttention rows are padded to a multiple of its block size: each width compiles its own kernels, so a run meets
+at most seq_len / 128 widths instead of a new one at almost every step."""
+
+
+def _tree_forward(
+    model: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, subtree_end: torch.Tensor
+) -> torch.Tensor:
+    """The decoder's last hidden state [B,L,H] of prefix-tree rows [B,L].
+
+    With "flex_attention" the rows are padded to `FLEX_WIDTH_MULTIPLE` (a padding column attends to itself alone and
+    no real column attends to it) and FlexAttention is compiled for static shapes: transformers compiles it with
+    automatic dynamic shapes, and torch 2.11's inductor finds no kernel for a dynamic-shape FlexAttention backward
+    (NoValidChoicesError at the second width a trainer meets, seen on an H200: docs/gpus-and-clusters.md).
+    """
+    width = input_ids.shape[1]
+    flex = model.config._attn_implementation == "flex_attention"
+    padding = -width % FLEX_WIDTH_MULTIPLE if flex else 0
+    if padding:
+        columns = torch.arange(width, width + padding, device=input_ids.device).expand(input_ids.shape[0], -1)
+        input_ids = torch.nn.functional.pad(input_ids, (0, padding))
+        position_ids = torch.nn.functional.pad(position_ids, (0, padding))
+        subtree_end = torch.cat([subtree_end, columns + 1], dim=1)  # [B,L+P]
+    static = torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64)
+    with static if flex else contextlib.nullcontext():
+        hidden = model.get_decoder()(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            use_cache=False,
+            attention_mask=tree_attention_mask(model, subtree_end),
+        ).last_hidden_state  # [B,L+P,H]
+    return hidden[:, :width]
 
 
 def tree_attention_mask(model: torch.nn.Module, subtree_end: torch.Tensor) -> torch.Tensor | object:

@@ -62,3 +62,21 @@ def test_flex_tree_rows_give_the_logprobs_and_gradients_of_independent_sequences
     assert logprob_gap < (1e-4 if fp32 else 5e-2), logprob_gap
     assert max(float(g.abs().max()) for g in expected_grads.values()) > 1e-3
     assert grad_gap < (1e-3 if fp32 else 5e-2), grad_gap
+
+
+def test_a_trainer_meets_many_widths_and_compiles_each_width_multiple_once(record):
+    """A run's micro-batches differ in rows and width at almost every step. Transformers compiles FlexAttention with
+    automatic dynamic shapes, and from the second width on torch 2.11's inductor found no kernel for its backward
+    (NoValidChoicesError on an H200); rows are padded to a multiple of 128 and compiled static instead."""
+    model = random_qwen3("flex_attention", seed=3).cuda()
+    seconds = []
+    for seq_len, groups in [(40, 2), (200, 5), (300, 8), (500, 12), (130, 4), (200, 5)]:  # widths 31..426
+        tree = pack_trees(grouped_samples(2, seed=seq_len, groups=groups, vocab=1024), seq_len=seq_len, pad_token_id=0)
+        start = time.perf_counter()
+        logprobs = packed_logprobs(model, tree.to("cuda"), mask=tree["loss_mask"].to("cuda"))  # [R,L]
+        logprobs.sum().backward()
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+        assert torch.isfinite(logprobs).all()
+    record(step_s=seconds)
+    assert seconds[-1] < seconds[0], seconds  # the last width (padded to 128) was compiled before
