@@ -21,20 +21,20 @@ def page_blocks(language: str) -> list[str]:
 
 
 def write_user_package(root: Path) -> None:
-    [task_code] = [block for block in page_blocks("python") if "class CapitalsTask" in block]
-    [rollout_code] = [block for block in page_blocks("python") if "async def skip_long_rows" in block]
+    [task_code] = [block for block in page_blocks("python") if "class LargerTask" in block]
+    [rollout_code] = [block for block in page_blocks("python") if "async def skip_close_pairs" in block]
     (root / "my_tasks").mkdir()
     (root / "my_tasks" / "__init__.py").write_text("")
-    (root / "my_tasks" / "capitals.py").write_text(task_code)
+    (root / "my_tasks" / "larger.py").write_text(task_code)
     (root / "my_tasks" / "rollouts.py").write_text(rollout_code)
 
 
 def test_readme_task_configs_validate_by_import_path(tmp_path):
     write_user_package(tmp_path)
-    task_tomls = [block for block in page_blocks("toml") if "my_tasks.capitals:CapitalsTask" in block]
+    task_tomls = [block for block in page_blocks("toml") if "my_tasks.larger:LargerTask" in block]
     assert len(task_tomls) == 2  # the task, and the task with its own rollout_fn
     for index, task_toml in enumerate(task_tomls):
-        config = tmp_path / f"capitals{index}.toml"
+        config = tmp_path / f"larger{index}.toml"
         config.write_text('[model]\npath = "tiny-qwen3"\n' + task_toml)
         result = subprocess.run(
             [sys.executable, "-m", "rl.cli", "validate", "--config", str(config)],
@@ -44,28 +44,36 @@ def test_readme_task_configs_validate_by_import_path(tmp_path):
             env={"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": ""},
         )
         assert result.returncode == 0, result.stderr
-        assert 'name = "my_tasks.capitals:CapitalsTask"' in result.stdout
-    assert 'rollout_fn = "my_tasks.rollouts:skip_long_rows"' in result.stdout
+        assert 'name = "my_tasks.larger:LargerTask"' in result.stdout
+    assert 'rollout_fn = "my_tasks.rollouts:skip_close_pairs"' in result.stdout
 
 
 async def test_readme_task_rolls_out_and_scores(tmp_path, monkeypatch):
     write_user_package(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    from my_tasks.capitals import CapitalsTask
+    from my_tasks.larger import LargerTask
 
-    task = CapitalsTask()
+    task = LargerTask(num_rows=10, num_validation=1)
     [row] = task.load_dataset("validation")
     renderer = build_renderer(RendererConfig(name="qwen3"), "tiny-qwen3")
-    answer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen3")).encode("Nairobi<|im_end|>")
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen3"))
+    larger, smaller = row["larger"], min(row["a"], row["b"])
 
-    async def generate(request):
-        return Completion(token_ids=answer, logprobs=[-0.1] * len(answer), finish_reason="stop", policy_version=0)
+    async def rewards_of(reply: str) -> list[tuple[RolloutStatus, float]]:
+        answer = tokenizer.encode(reply + "<|im_end|>")
 
-    def context(index):
-        return RolloutContext("g", index, "capitals", task, renderer, RendererEnvConfig(max_new_tokens=16), generate)
+        async def generate(request):
+            return Completion(token_ids=answer, logprobs=[-0.1] * len(answer), finish_reason="stop", policy_version=0)
 
-    group = await rollout_group("g", "capitals", row, 2, task_rollout, context)
-    rewards = await task.build_rubric().score_group(group.rollouts, group.example)
-    for rollout, reward in zip(group.rollouts, rewards):
-        apply_reward(rollout, reward)
-    assert [(r.status, r.reward) for r in group.rollouts] == [(RolloutStatus.COMPLETED, 1.0)] * 2
+        def context(index):
+            return RolloutContext("g", index, "larger", task, renderer, RendererEnvConfig(max_new_tokens=16), generate)
+
+        group = await rollout_group("g", "larger", row, 2, task_rollout, context)
+        for rollout, reward in zip(
+            group.rollouts, await task.build_rubric().score_group(group.rollouts, group.example)
+        ):
+            apply_reward(rollout, reward)
+        return [(r.status, r.reward) for r in group.rollouts]
+
+    assert await rewards_of(f"{larger} is larger than {smaller}.") == [(RolloutStatus.COMPLETED, 1.0)] * 2
+    assert await rewards_of(f"{smaller} is smaller than {larger}.") == [(RolloutStatus.COMPLETED, 0.0)] * 2
