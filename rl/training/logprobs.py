@@ -119,7 +119,7 @@ def _tree_forward(
 
     With "flex_attention" the rows are padded to `FLEX_WIDTH_MULTIPLE` (a padding column attends to itself alone and
     no real column attends to it) and FlexAttention is compiled for static shapes: transformers compiles it with
-    automatic dynamic shapes, and torch 2.11's inductor finds no kernel for a dynamic-shape FlexAttention backward
+    automatic dynamic shapes, and torch 2.11's inductor found no kernel for the dynamic-shape graph
     (NoValidChoicesError at the second width a trainer meets, seen on an H200: docs/gpus-and-clusters.md).
     """
     width = input_ids.shape[1]
