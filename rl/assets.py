@@ -12,11 +12,12 @@ import importlib.util
 import os
 import re
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from rl.console.lines import say
 
 _MARKER = ".rlmesh-complete"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -48,7 +49,7 @@ def _cached(name: str, build: Callable[[Path], None]) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=final.parent))
     start = time.perf_counter()
-    print(f"rlmesh: building the model assets {name} into {final} (first use)", file=sys.stderr, flush=True)
+    say(f"building the model assets {name} into {final} (first use)")
     try:
         build(tmp)
         tmp.chmod(0o755)
@@ -62,7 +63,7 @@ def _cached(name: str, build: Callable[[Path], None]) -> Path:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"rlmesh: built {name} in {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+    say(f"built {name} in {time.perf_counter() - start:.0f} s")
     return final
 
 

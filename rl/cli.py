@@ -15,6 +15,8 @@ from rl.checkpoint import export
 from rl.components import import_object
 from rl.config import Config, ConfigError, dump_toml, load_config
 from rl.config.algorithm import bypass_origin, correction_origin, correction_warnings
+from rl.config.loss import loss_warnings
+from rl.console.lines import say, warn
 from rl.processes.preflight import launcher_address_problem
 from tasks.build import build_task
 
@@ -214,10 +216,10 @@ def main(argv: list[str] | None = None) -> int:
         run_size = run_footprint(config)
         memory_warning = slurm_memory_warning(config, run_size)
         for warning in [problem for problem in (memory_warning, address_problem) if problem]:
-            print(f"rlmesh: warning: {warning}", file=sys.stderr)
+            warn(warning)
         if args.command == "validate" and run_size is not None:
             for line in footprint_lines(run_size, config):
-                print(f"rlmesh: estimate: {line}", file=sys.stderr)
+                say(f"estimate: {line}")
         from rl.weights.sync import check_shared_memory
 
         check_shared_memory(config)
@@ -229,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from rl.precision import precision_warnings
 
-    for warning in precision_warnings(config) + correction_warnings(config):
-        print(f"rlmesh: warning: {warning}", file=sys.stderr)
+    for warning in precision_warnings(config) + correction_warnings(config) + loss_warnings(config.loss):
+        warn(warning)
     if args.command == "validate":
         print(f"# {bypass_origin(config)}")
         if (origin := correction_origin(config)) is not None:
@@ -272,7 +274,7 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
     except (OSError, ValueError) as exc:
         print(f"rlmesh: cannot set up the run: {exc}", file=sys.stderr)
         return 2
-    print(checkpoint_line(config), file=sys.stderr)
+    say(checkpoint_line(config))
     controller.checkpoints.save_on_interrupt = True
     controller.checkpoints.on_save = lambda budget_s: interruptible.extend(budget_s + interruptible.grace_s)
     try:
@@ -330,7 +332,7 @@ def _eval(args: argparse.Namespace, extra: list[str]) -> int:
             build_task(task_config)
         if problems := runtime_problems(chosen.config):
             raise ConfigError("this machine cannot run the config:\n" + "\n".join(f"  {p}" for p in problems))
-        print(f"rlmesh: evaluating {chosen.model} (repeating step {chosen.step}'s validation)", file=sys.stderr)
+        say(f"evaluating {chosen.model} (repeating step {chosen.step}'s validation)")
         result = evaluate(chosen, args.out)
     except (ConfigError, ValueError) as exc:
         print(f"rlmesh: {exc}", file=sys.stderr)

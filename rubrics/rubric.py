@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import logging
 import pickle
 import threading
 import traceback
@@ -26,11 +25,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from rl.components import fn_name
+from rl.console.lines import warn
 from rollouts.reward_value import MAX_ABS_REWARD, InvalidReward, checked_reward
 from rollouts.types import Rollout, RolloutStatus
 from rubrics import workers
-
-logger = logging.getLogger(__name__)
 
 RewardFnType = Callable[[Rollout, dict[str, Any]], "float | Awaitable[float]"]
 GroupRewardFnType = Callable[[list[Rollout], dict[str, Any]], "list[float] | Awaitable[list[float]]"]
@@ -235,11 +233,9 @@ def _warn_thread_fallback(key: str, exc: BaseException) -> None:
     if key in _WARNED:
         return
     _WARNED.add(key)
-    logger.warning(
-        "reward function %r cannot be sent to a worker process (%s); it runs in a thread, where a call "
-        "past its deadline cannot be stopped and holds the event loop while it holds the GIL",
-        key,
-        exc,
+    warn(
+        f"reward function {key!r} cannot be sent to a worker process ({exc}); it runs in a thread, where a call "
+        "past its deadline cannot be stopped and holds the event loop while it holds the GIL"
     )
 
 

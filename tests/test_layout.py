@@ -12,6 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("rl", "actors", "tasks", "rollouts", "rubrics", "env_types", "tools")
 FLOORS = [  # the ground first; a folder of `rl/` and a module directly in `rl/` are each a room
+    {"rl/console"},  # the one channel for warnings and status lines to the user
     {"rl/components.py", "rl/assets.py", "rl/gpus.py"},
     {"rl/precision.py"},
     {"rl/config"},  # the typed config: imports nothing of the project's but itself (test below)

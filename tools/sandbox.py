@@ -44,7 +44,6 @@ import importlib
 import importlib.util
 import io
 import json
-import logging
 import os
 import resource
 import shutil
@@ -58,9 +57,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from rl.console.lines import warn
 from tools import cgroup
-
-logger = logging.getLogger(__name__)
 
 MAX_OUTPUT_BYTES = 1 << 20
 """Stdout a call may write (its result included); past it the tool is killed and the model told."""
@@ -206,7 +204,7 @@ class Sandbox:
                 "to run tools with limits only (no network, file-system, device or IPC isolation)."
             )
         if not isolate:
-            logger.warning(
+            warn(
                 "tool sandbox with isolate=False: tools run as this user with only rlimits, output caps and a timeout; "
                 "they can read and write its files, use the network, devices and shared memory, and (without a cgroup) "
                 "a process that leaves its process group outlives the call"

@@ -55,7 +55,8 @@ def checkpoint_bytes(size: ModelSize, param_dtype: str, kind: str) -> int:
 
 
 def checkpoint_line(config: Config) -> str:
-    """One console line: the final checkpoint's kind and estimated size, the alternatives, and any regular ones."""
+    """One console line (for `rl.console.lines.say`): the final checkpoint's kind and estimated size, the
+    alternatives, and any regular ones."""
     sizes = model_size(config.model.path, config.trainer.lora)
     dtype, chosen = config.trainer.param_dtype, config.checkpoint.final
 
@@ -69,7 +70,7 @@ def checkpoint_line(config: Config) -> str:
         "none": "none",
     }
     others = ", ".join(f"{kind}: {size(kind) if kind != 'none' else 'nothing'}" for kind in described if kind != chosen)
-    line = f"rlmesh: final checkpoint: {described[chosen]} (--checkpoint.final {others})"
+    line = f"final checkpoint: {described[chosen]} (--checkpoint.final {others})"
     if config.checkpoint.every_steps:
         line += f"; and a full one every {config.checkpoint.every_steps} steps (newest {config.checkpoint.keep} kept)"
     return line

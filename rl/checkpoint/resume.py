@@ -10,13 +10,13 @@ with the keys named.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 from rl.checkpoint import run_dir as run_dirs
 from rl.checkpoint import store as checkpoint
 from rl.config import Config, ConfigError, load_config
+from rl.console.lines import warn
 
 RESUMABLE_KEYS = (
     "run.steps",
@@ -103,10 +103,7 @@ def truncate_logs(run_dir: Path, step: int) -> None:
             try:
                 record = json.loads(line)
             except ValueError:
-                print(
-                    f"rlmesh: warning: {path} line {number} is not a whole record (a write cut short): dropped",
-                    file=sys.stderr,
-                )
+                warn(f"{path} line {number} is not a whole record (a write cut short): dropped")
                 continue
             if record["step"] <= step:
                 kept.append(line + "\n")
@@ -140,7 +137,7 @@ def take_over(run_dir: Path, resume_from: Path) -> run_dirs.RunDirLock:
     process writes it), set newer checkpoints aside, and make the logs end at the checkpoint's step."""
     lock = run_dirs.lock(run_dir)
     for moved in checkpoint.set_aside(run_dir, resume_from):
-        print(f"rlmesh: warning: a checkpoint newer than the one resumed is kept aside as {moved}", file=sys.stderr)
+        warn(f"a checkpoint newer than the one resumed is kept aside as {moved}")
     restore_logs(run_dir, resume_from)
     return lock
 

@@ -30,7 +30,6 @@ import random
 import shutil
 import socket
 import stat
-import sys
 import tempfile
 import tomllib
 from collections.abc import Callable
@@ -41,6 +40,8 @@ from typing import Any
 import numpy as np
 import psutil
 import torch
+
+from rl.console.lines import warn
 
 COMMITTED = "COMMITTED"
 MANIFEST = "MANIFEST.json"
@@ -83,16 +84,15 @@ def newest_loadable(run_dir: Path, resumable: bool = False) -> Path:
     for path in reversed(committed_checkpoints(run_dir)):
         if resumable and is_weights_only(path):
             weights_only_skipped = True
-            print(
-                f"rlmesh: warning: skipping checkpoint {path.name}: it holds weights only (checkpoint.final = "
-                "'weights'), no optimizer state to resume (rlmesh export and rlmesh eval read it)",
-                file=sys.stderr,
+            warn(
+                f"skipping checkpoint {path.name}: it holds weights only (checkpoint.final = 'weights'), no optimizer "
+                "state to resume (rlmesh export and rlmesh eval read it)"
             )
             continue
         reason = damage(path)
         if reason is None:
             return path
-        print(f"rlmesh: warning: skipping checkpoint {path.name}: {reason}", file=sys.stderr)
+        warn(f"skipping checkpoint {path.name}: {reason}")
     why = "no committed checkpoint can be resumed" if weights_only_skipped else "every committed checkpoint is damaged"
     raise FileNotFoundError(f"{run_dir}: {why} (see the warnings above); nothing to resume")
 
@@ -249,10 +249,7 @@ def load_rng(path: Path, process: str) -> None:
     """Restore `process`'s RNG; one missing (a replica lost while the checkpoint was written) keeps its own, with a warning."""
     file = path / RNG / f"{process}.pt"
     if not file.is_file():
-        print(
-            f"rlmesh: warning: {path.name} has no RNG state of {process}; it continues from its own seed",
-            file=sys.stderr,
-        )
+        warn(f"{path.name} has no RNG state of {process}; it continues from its own seed")
         return
     set_rng_state(torch.load(file, weights_only=True))
 

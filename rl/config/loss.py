@@ -3,7 +3,6 @@ aggregation, the KL to a reference model, and the rollout correction between sam
 
 from __future__ import annotations
 
-import warnings
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -174,12 +173,16 @@ class LossConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> LossConfig:
-        if self.type == "gspo" and self.aggregation != "seq-mean-token-mean":
-            warnings.warn(
-                f"loss.type = 'gspo' with aggregation = {self.aggregation!r}: GSPO (the paper, verl, SkyRL) takes one "
-                "mean per sequence ('seq-mean-token-mean'); other aggregations weight sequences by length",
-                stacklevel=2,
-            )
         if self.kl_in_reward and self.kl_coef == 0:
             raise ValueError("loss.kl_in_reward is set but loss.kl_coef is 0")
         return self
+
+
+def loss_warnings(loss: LossConfig) -> list[str]:
+    """Settings that run but differ from what the loss's paper and the field use (`rlmesh validate`/`train` warn)."""
+    if loss.type == "gspo" and loss.aggregation != "seq-mean-token-mean":
+        return [
+            f"loss.type = 'gspo' with aggregation = {loss.aggregation!r}: GSPO (the paper, verl, SkyRL) takes one "
+            "mean per sequence ('seq-mean-token-mean'); other aggregations weight sequences by length"
+        ]
+    return []

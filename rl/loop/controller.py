@@ -23,17 +23,15 @@ a lost trainer replaced in the run: `rl.loop.recovery`; a weight sync: `rl.loop.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-from tqdm import tqdm
 
 from rl.algorithms.samples import SampleBuilder
 from rl.checkpoint import store as checkpoint
 from rl.checkpoint.run_dir import RunDirLock
 from rl.config import Config
+from rl.console.lines import say, warn
 from rl.loop.admission import Admission
 from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
@@ -96,7 +94,7 @@ class Controller:
             self._run_task.get_loop().call_soon_threadsafe(self._run_task.cancel)
 
     def _warn(self, warning: str, stop: bool = False) -> None:
-        tqdm.write(f"rlmesh: warning: {warning}", file=sys.stderr)
+        warn(warning)
         if stop:
             self._stop_run(f"{warning}: stopping the run")
 
@@ -113,7 +111,7 @@ class Controller:
         """Start every role; a resumed run then loads its checkpoint into them and this process."""
         await self.roles.start(self.stop_token_ids, self.planned_steps)
         if self.resume_from is not None:  # the generators get the checkpoint's weights through the normal sync
-            tqdm.write(f"rlmesh: loading checkpoint {self.resume_from}", file=sys.stderr)
+            say(f"loading checkpoint {self.resume_from}")
             await self.roles.load_checkpoint(self.resume_from)
             checkpoint.load_rng(self.resume_from, "controller")
             await self.sync_weights(self.state.policy_version)
@@ -129,7 +127,7 @@ class Controller:
         producer = asyncio.create_task(self.produce())
         try:
             if self.state.step == 0 and self.config.run.eval_every > 0:
-                tqdm.write(f"rlmesh: validating on {len(self.validation_rows)} held-out rows (step 0)", file=sys.stderr)
+                say(f"validating on {len(self.validation_rows)} held-out rows (step 0)")
                 summary["eval_start"] = await self.validate()
                 self.logger.log_step(0, {"policy_version": 0, **summary["eval_start"]})
             for _ in self.logger.progress(self.state.step, self.planned_steps):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import tempfile
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from rl.checkpoint import store as checkpoint_store
 from rl.config import Config, ConfigError, load_config
 from rl.config.roles import SamplingConfig
 from rl.config.run import RunConfig
+from rl.console.lines import say
 from rl.loop.resolve import resolve_config
 from rl.loop.roles import Roles
 from rl.loop.scored_groups import ScoredGroups, built_tasks
@@ -30,11 +30,6 @@ from rl.metrics.logger import MetricsLogger
 from rl.metrics.pass_at_k import eval_metrics
 from rollouts.types import RolloutGroup
 from tasks.build import BuiltTask
-
-
-def say(line: str) -> None:
-    """One line on stderr per phase, so the minute before the metrics is not silent."""
-    print(f"rlmesh: {line}", file=sys.stderr, flush=True)
 
 
 def held_out_rows(tasks: dict[str, BuiltTask], eval_groups: int) -> list[tuple[str, dict]]:

@@ -17,17 +17,16 @@ the first committed checkpoint, stops the run with `TrainerLost`.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
-from tqdm import tqdm
 
 from rl.checkpoint import store as checkpoint
 from rl.checkpoint.resume import restore_logs
+from rl.console.lines import say
 from rl.loop.admission import Admission
 from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
@@ -171,7 +170,7 @@ class TrainerRecovery:
 
     def _say(self, line: str) -> None:
         """A line on the console and in the run's log."""
-        tqdm.write(f"rlmesh: {line}", file=sys.stderr)
+        say(line)
         if (run_log := self.controller.roles.run_log) is not None:
             run_log.file.write(f"rlmesh: {line}\n")
 

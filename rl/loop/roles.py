@@ -14,7 +14,6 @@ share the policy's tokenizer: sequences are passed as token ids.
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -22,7 +21,6 @@ from typing import Any
 
 import monarch.actor
 import monarch.config
-from tqdm import tqdm
 
 from actors.generator import Generator, WeightUpdate
 from actors.reward import RewardActor
@@ -31,6 +29,7 @@ from rl.checkpoint import store as checkpoint
 from rl.config import Config
 from rl.config.algorithm import POLICY, FrozenModelConfig
 from rl.config.roles import GeneratorConfig, SamplingConfig
+from rl.console.lines import say, warn
 from rl.metrics.actor import gather_states
 from rl.metrics.run_log import RunLog
 from rl.metrics.timer import timer
@@ -84,7 +83,7 @@ def starting_line(config: Config, trainer: bool = True) -> str:
     parts.append(f"{config.generator.num_replicas} vLLM generator(s) ({config.model.path}, {config.generator.device})")
     parts.append(f"{config.services.reward.replicas} reward replica(s)")
     parts += [f"frozen model {name} ({model.replicas} vLLM)" for name, model in config.models.items()]
-    return f"rlmesh: starting {', '.join(parts)}"
+    return f"starting {', '.join(parts)}"
 
 
 class Roles:
@@ -189,9 +188,9 @@ class Roles:
         trainer_started = self._start_trainer() if trainer else asyncio.sleep(0)
         frozen_started = asyncio.gather(*(service.start() for service in self.frozen.values()))
         start = time.perf_counter()
-        tqdm.write(starting_line(config, trainer), file=sys.stderr)
+        say(starting_line(config, trainer))
         await asyncio.gather(trainer_started, self.generators.start(), self.reward.start(), frozen_started)
-        tqdm.write(f"rlmesh: actors ready in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+        say(f"actors ready in {time.perf_counter() - start:.0f} s")
         for actor in self.reward.actors():
             await self._connect_models(actor)
         self._actors_ready = True
@@ -352,10 +351,9 @@ class Roles:
                 f"(or failed); {RESUME_HINT}"
             )
         if missed:
-            tqdm.write(
-                f"rlmesh: warning: {len(missed)} reward replica(s) did not hand over their metric states within "
-                f"run.metrics_timeout_s; left out of step {step}",
-                file=sys.stderr,
+            warn(
+                f"{len(missed)} reward replica(s) did not hand over their metric states within "
+                f"run.metrics_timeout_s; left out of step {step}"
             )
         return states
 

@@ -8,7 +8,6 @@ backend that raises (disk full, a wandb error) is switched off with one warning;
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from rl.config.metrics import WandbConfig
+from rl.console.lines import warn
 from rl.metrics.backends import Backend, ConsoleBackend, JsonlBackend, WandbBackend
 from rl.metrics.reduce import State, drain_states, reduce_states
 from rollouts.types import RolloutGroup
@@ -89,10 +89,7 @@ class MetricsLogger:
                 getattr(backend, method)(payload, step)
             except Exception as exc:  # a logging failure must not end a training run
                 self.backends.remove(backend)
-                tqdm.write(
-                    f"rlmesh: warning: {backend.name} logging failed and is off for the rest of the run: {exc!r}",
-                    file=sys.stderr,
-                )
+                warn(f"{backend.name} logging failed and is off for the rest of the run: {exc!r}")
 
     def log_rollouts(self, step: int, kind: str, groups: list[RolloutGroup]) -> None:
         if self.rollouts_file is None:
@@ -115,6 +112,6 @@ class MetricsLogger:
             try:
                 backend.close()
             except Exception as exc:
-                tqdm.write(f"rlmesh: warning: closing {backend.name} logging failed: {exc!r}", file=sys.stderr)
+                warn(f"closing {backend.name} logging failed: {exc!r}")
         if self.rollouts_file is not None:
             self.rollouts_file.close()

@@ -23,7 +23,6 @@ import contextlib
 import contextvars
 import itertools
 import re
-import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ import psutil
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 
 from rl.config.services import ServiceConfig
+from rl.console.lines import say, warn
 from rl.services.ledger import Ledger
 from rl.services.replica import ReplicaId, SpawnProcs
 from rl.services.router import Router
@@ -309,7 +309,7 @@ class Service:
         replica.healthy, replica.lost_at = False, time.monotonic()
         replica.lost.set()
         self.losses.append(f"{replica.id}: {reason.strip()[:500]}")
-        print(f"rlmesh: {self.name} replica {replica.id} lost: {reason.strip()[:500]}", file=sys.stderr, flush=True)
+        warn(f"{self.name} replica {replica.id} lost: {reason.strip()[:500]}")
         self._restart_times = [t for t in self._restart_times if replica.lost_at - t < self.config.restart_window_s]
         if len(self._restart_times) >= self.config.max_restarts:
             self._spawn_task(self._stop_procs(replica))
@@ -335,11 +335,9 @@ class Service:
                 self._check_capacity(index, f"{self.name}: replacement of replica {old.id} failed to start: {exc!r}")
                 return
             self.recoveries.append((old.lost_at, time.monotonic()))
-            print(
-                f"rlmesh: {self.name} replica {index} replaced; serving again {time.monotonic() - old.lost_at:.1f} s after the loss "
-                f"(stopping the old one: {stopped_at - old.lost_at:.1f} s)",
-                file=sys.stderr,
-                flush=True,
+            say(
+                f"{self.name} replica {index} replaced; serving again {time.monotonic() - old.lost_at:.1f} s after the loss "
+                f"(stopping the old one: {stopped_at - old.lost_at:.1f} s)"
             )
         finally:
             self.replacing.discard(index)
@@ -347,7 +345,7 @@ class Service:
     def _check_capacity(self, index: int, cause: str) -> None:
         """Slot `index` stays empty: stop the run if too few replicas are left (healthy or being replaced)."""
         alive = len(set(self.healthy) | (self.replacing - {index}))
-        print(f"rlmesh: {cause}", file=sys.stderr, flush=True)
+        warn(cause)
         if alive < self.config.min_healthy_replicas:
             self.on_fatal(
                 f"{cause}; {alive} replicas left, fewer than {self.config_key}.min_healthy_replicas = "

@@ -273,3 +273,19 @@ async def test_task_score_group_defaults_to_its_rubric_and_can_be_overridden():
             return [Reward(total=0.25) for _ in rollouts]
 
     assert [r.total for r in await Constant().score_group([make_rollout("11")], {})] == [0.25]
+
+
+async def test_a_reward_function_that_cannot_go_to_a_worker_runs_in_a_thread_with_one_warning(capsys):
+    offset = 0.25
+
+    def closure_reward(rollout, example):  # a local function does not pickle: no worker process can take it
+        return offset
+
+    rubric = Rubric([RewardFn(closure_reward, name="closure_reward_once")])
+    for _ in range(2):
+        rewards = await rubric.score_group([make_rollout("a", index=0), make_rollout("b", index=1)], {})
+        assert [reward.total for reward in rewards] == [0.25, 0.25]
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlmesh: warning: ")]
+    assert len(warnings) == 1, warnings
+    assert "reward function 'closure_reward_once' cannot be sent to a worker process" in warnings[0]
+    assert "runs in a thread" in warnings[0]

@@ -1,4 +1,5 @@
-"""The sandbox's interpreter path: a venv reached through a symbolic link still runs tools (issue 31 item 10)."""
+"""The sandbox's interpreter path: a venv reached through a symbolic link still runs tools (issue 31 item 10); the
+warning a sandbox without isolation gives."""
 
 import os
 import sys
@@ -32,3 +33,10 @@ async def test_tool_runs_when_the_venv_is_reached_through_a_symlink(tmp_path, mo
     monkeypatch.setattr(sys, "executable", symlinked_interpreter(tmp_path))
     result = await Sandbox(LIMITS).run("tests.support.sandbox_tools:add", {"a": 2, "b": 3})
     assert result == "5"
+
+
+def test_a_sandbox_without_isolation_warns_what_it_does_not_isolate(capsys):
+    Sandbox(LIMITS, isolate=False)
+    err = capsys.readouterr().err
+    assert err.startswith("rlmesh: warning: tool sandbox with isolate=False: tools run as this user"), err
+    assert "use the network" in err and err.count("\n") == 1

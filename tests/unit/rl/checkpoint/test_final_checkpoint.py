@@ -86,9 +86,9 @@ def test_the_start_up_line_states_the_final_checkpoint_its_size_and_the_alternat
     full, weights = (checkpoint_bytes(size, "float32", kind) / 1e9 for kind in ("full", "weights"))
     line = checkpoint_line(load_config(TINY))
     assert line == (
-        f"rlmesh: final checkpoint: full (resumable), about {full:.2g} GB: {size.parameters / 1e6:.1f}M float32 parameters"
+        f"final checkpoint: full (resumable), about {full:.2g} GB: {size.parameters / 1e6:.1f}M float32 parameters"
         f" + AdamW (--checkpoint.final weights: {weights:.2g} GB, none: nothing)"
     )
     line = checkpoint_line(load_config(TINY, {"checkpoint.final": "none", "checkpoint.every_steps": "5"}))
-    assert line.startswith("rlmesh: final checkpoint: none (--checkpoint.final full: ")
+    assert line.startswith("final checkpoint: none (--checkpoint.final full: ")
     assert line.endswith("; and a full one every 5 steps (newest 2 kept)")

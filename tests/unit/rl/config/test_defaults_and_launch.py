@@ -168,6 +168,14 @@ def test_validate_warns_about_a_precision_pair_known_not_to_learn(capsys):
     assert "rlmesh: warning: generator.dtype = bfloat16 samples below the trainer's float32" in capsys.readouterr().err
     assert main(pair) == 0  # the default token IS corrects it
     assert "warning" not in capsys.readouterr().err
+
+
+def test_validate_warns_once_about_gspo_with_a_per_token_aggregation(capsys):
+    assert main(["validate", "--loss.type", "gspo", "--loss.aggregation", "token-mean"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("rlmesh: warning: loss.type = 'gspo' with aggregation = 'token-mean'") == 1, err
+    assert main(["validate", "--loss.type", "gspo"]) == 0  # its default: one mean per sequence
+    assert "warning" not in capsys.readouterr().err
     assert main(["validate"]) == 0  # no [trainer] section: float32 for both, nothing to warn about
     assert "warning" not in capsys.readouterr().err
 

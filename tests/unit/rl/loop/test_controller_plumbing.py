@@ -189,10 +189,7 @@ def test_the_final_checkpoint_is_the_kind_checkpoint_final_asks_for_and_regular_
 def test_the_console_names_what_starts_while_the_actors_start():
     config = load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml")
     assert starting_line(config) == (
-        "rlmesh: starting the trainer (1 process(es): loading tiny-qwen3), 1 vLLM generator(s) (tiny-qwen3, cpu), "
+        "starting the trainer (1 process(es): loading tiny-qwen3), 1 vLLM generator(s) (tiny-qwen3, cpu), "
         "1 reward replica(s)"
     )
-    assert (
-        starting_line(config, trainer=False)
-        == "rlmesh: starting 1 vLLM generator(s) (tiny-qwen3, cpu), 1 reward replica(s)"
-    )
+    assert starting_line(config, trainer=False) == "starting 1 vLLM generator(s) (tiny-qwen3, cpu), 1 reward replica(s)"

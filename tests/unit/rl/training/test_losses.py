@@ -4,7 +4,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rl.config.loss import LossConfig
+from rl.config.loss import LossConfig, loss_warnings
 from rl.metrics.reduce import StepStats, merge_all, step_metrics
 from rl.packing.rows import component_counts
 from rl.training.losses import compute_loss, k3_kl, kl_estimate, ppo_clip_token_loss
@@ -167,8 +167,10 @@ def test_policy_losses_hand_computed(loss_type, value, grads) -> None:
 def test_gspo_defaults_to_one_mean_per_sequence_and_warns_on_another_aggregation() -> None:
     assert LossConfig(type="gspo").aggregation == "seq-mean-token-mean"
     assert LossConfig().aggregation == "token-mean"
-    with pytest.warns(UserWarning, match="weight sequences by length"):
-        config = LossConfig(type="gspo", aggregation="token-mean")
+    config = LossConfig(type="gspo", aggregation="token-mean")
+    [warning] = loss_warnings(config)
+    assert "weight sequences by length" in warning
+    assert loss_warnings(LossConfig(type="gspo")) == loss_warnings(LossConfig(aggregation="seq-mean-token-sum")) == []
     logprobs, batch = _hand_batch()
     loss, _, _ = _loss(batch, logprobs, **config.model_dump(include={"type", "aggregation"}))
     assert loss == pytest.approx((-2 * 1.22474487 + 0.8) / 3, abs=1e-6)  # token-mean: sequence 0 counts twice
