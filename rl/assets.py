@@ -151,11 +151,49 @@ def resolve_model_path(name_or_path: str) -> str:
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
 
 
-def check_model_path(path: str) -> None:
-    """Raise ValueError unless `path` is a built-in model, an existing directory or a hub id like 'org/name'."""
-    if path in BUILTIN_MODELS or Path(path).expanduser().is_dir() or _HUB_ID.fullmatch(path):
+def check_model_path(path: str, *, loaded_here: bool = True) -> None:
+    """Raise ValueError unless `path` is a built-in model, an existing directory or a hub id like 'org/name'.
+
+    A hub id that this machine loads (`loaded_here`) must be in the Hugging Face cache or the hub must answer:
+    otherwise the trainer's download retries for about a minute before it fails (`check_hub_reachable`)."""
+    if path in BUILTIN_MODELS or Path(path).expanduser().is_dir():
+        return
+    if _HUB_ID.fullmatch(path):
+        if loaded_here:
+            check_hub_reachable(path)
         return
     raise ValueError(
         f"{path!r} is neither a built-in model ({', '.join(sorted(BUILTIN_MODELS))}), an existing directory, "
         "nor a hub id like 'org/name'"
     )
+
+
+def check_hub_reachable(hub_id: str, timeout_s: float = 5.0) -> None:
+    """Raise ValueError, at once, when `hub_id` is not in the local Hugging Face cache and the hub cannot be reached
+    (offline mode, no network): what to do instead, rather than the download's retries. A hub that answers with an
+    HTTP error (a gated or private model, a typo) is left to the download, whose message names the cause."""
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(hub_id, "config.json"), str):
+        return
+    advice = (
+        f"download it where the hub is reachable (`hf download {hub_id}`) into this machine's cache "
+        f"({constants.HF_HUB_CACHE}), or set model.path to a local folder"
+    )
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(f"{hub_id!r} is not in the Hugging Face cache and HF_HUB_OFFLINE is set: {advice}")
+    try:
+        urllib.request.urlopen(
+            urllib.request.Request(f"{constants.ENDPOINT}/api/models/{hub_id}", method="HEAD"), timeout=timeout_s
+        ).close()
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise ValueError(
+            f"{hub_id!r} is not in the Hugging Face cache and {constants.ENDPOINT} cannot be reached ({reason}): "
+            f"{advice}"
+        ) from None

@@ -53,9 +53,10 @@ def _check_names(config: Config) -> None:
     """Model paths are built-in assets, directories or hub ids; task names are registered or import paths; renderer
     names are known to `renderers`."""
     paths = {"model.path": config.model.path} | {f"models.{name}.path": m.path for name, m in config.models.items()}
+    loaded_here = config.cluster.hosts.trainer == 0  # hosts of a cluster may have the model in their own cache
     for key, path in paths.items():
         try:
-            check_model_path(path)
+            check_model_path(path, loaded_here=loaded_here)
         except ValueError as exc:
             raise ValueError(f"{key}: {exc}") from None
     for index, task in enumerate(config.tasks):

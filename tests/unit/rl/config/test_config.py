@@ -218,9 +218,39 @@ def test_a_lora_policys_engine_serves_its_rank():
     assert lora_engine_args(None) == {}
 
 
-def test_hub_ids_and_existing_directories_are_accepted(tmp_path):
+@pytest.fixture
+def hub(tmp_path, monkeypatch):
+    """An empty Hugging Face cache and a hub endpoint nobody listens on (connections refused at once)."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    return tmp_path / "hub"
+
+
+def test_cached_hub_ids_and_existing_directories_are_accepted(tmp_path, hub):
+    snapshot = hub / "models--Qwen--Qwen3-0.6B" / "snapshots" / "abc123"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (hub / "models--Qwen--Qwen3-0.6B" / "refs").mkdir()
+    (hub / "models--Qwen--Qwen3-0.6B" / "refs" / "main").write_text("abc123")
     assert resolved(None, {"model.path": "Qwen/Qwen3-0.6B"}).model.path == "Qwen/Qwen3-0.6B"
     assert resolved(None, {"model.path": str(tmp_path)}).model.path == str(tmp_path)
+
+
+def test_a_hub_id_neither_cached_nor_reachable_is_refused_at_once(hub, monkeypatch):
+    """Instead of the trainer's download retrying for about a minute (issue 33): the launcher says what to do."""
+    from huggingface_hub import constants
+
+    with pytest.raises(ConfigError, match=r"model.path: 'Qwen/Qwen3-0.6B' is not in the Hugging Face cache and "
+                       r"http://127.0.0.1:9 cannot be reached .*set model.path to a local folder"):  # fmt: skip
+        resolved(None, {"model.path": "Qwen/Qwen3-0.6B"})
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ConfigError, match="HF_HUB_OFFLINE is set: download it where the hub is reachable"):
+        resolved(None, {"model.path": "Qwen/Qwen3-0.6B"})
+    slurm = resolved(CONFIGS / "qwen3_8b_slurm_2x8.toml")  # its hosts load the model from their own cache
+    assert slurm.model.path == "Qwen/Qwen3-8B"
 
 
 def test_every_entry_point_runs_the_checks_that_need_the_runtime(capsys):
