@@ -58,11 +58,12 @@ class Launcher:
         raise RuntimeError(f"the launcher ended before printing {text!r}")
 
     def kill_trainer(self) -> float:
-        """SIGKILL every trainer rank's process; the monotonic time of the kill."""
+        """SIGKILL every trainer rank's process (the launcher's children named `trainer/<rank>`: Monarch starts actor
+        processes as its direct children, a process a rank forked is not one); the monotonic time of the kill."""
         ranks = []
-        for child in psutil.Process(self.process.pid).children(recursive=True):
+        for child in psutil.Process(self.process.pid).children():
             try:
-                if role_of(child.pid).startswith("trainer/") and role_of(child.ppid()) != role_of(child.pid):
+                if role_of(child.pid).startswith("trainer/") and child.status() != psutil.STATUS_ZOMBIE:
                     ranks.append(child.pid)
             except (psutil.Error, FileNotFoundError):
                 continue

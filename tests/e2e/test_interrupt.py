@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.support.launch import Launch, processes_with_marker, replica_pid
+from tests.support.launch import Launch, processes_with_marker, trainer_pids
 
 STOP_DEADLINE_S = 30
 
@@ -79,7 +79,8 @@ def test_a_trainer_that_dies_past_the_recovery_budget_stops_the_run_with_exit_1_
     launch = Launch(tmp_path, "--checkpoint.every_steps", "1", "--run.max_trainer_recoveries", "0")
     try:
         launch.wait_for_line("step    1 v1")  # step 1 is committed: there is a checkpoint to resume from
-        os.kill(replica_pid(launch.marker, "trainer"), signal.SIGKILL)
+        [rank] = trainer_pids(launch)
+        os.kill(rank, signal.SIGKILL)
         returncode = launch.wait_for_exit(timeout=120)
         assert returncode == 1, launch.output()
         assert "run stopped:" in launch.text and "the trainer was lost" in launch.text, launch.output()

@@ -6,10 +6,7 @@ both are restarted."""
 import os
 import signal
 
-import psutil
-
-from rl.processes.titles import role_of
-from tests.support.launch import Launch, processes_with_marker
+from tests.support.launch import Launch, trainer_pids
 from tests.support.paths import TINY
 from tests.support.runs import EXACT_RUN, assert_rows_trained_once, assert_same_run, read_jsonl, train_to_end
 
@@ -18,24 +15,11 @@ LORA_RUN = (*EXACT_RUN, *LORA, "--trainer.lr", "1e-2", "--checkpoint.every_steps
 """A LoRA run whose adapters move the policy visibly (lr 1e-2), a checkpoint every 2 steps."""
 
 
-def trainer_pids(marker: str) -> list[int]:
-    """The trainer ranks' processes of the launch (named `trainer/<rank>`; a child they forked inherits the name)."""
-    pids = []
-    for process in processes_with_marker(marker):
-        try:
-            role, parent = role_of(process.pid), process.parent()
-            if role.startswith("trainer/") and (parent is None or role_of(parent.pid) != role):
-                pids.append(process.pid)
-        except (psutil.Error, FileNotFoundError):
-            continue
-    return pids
-
-
 def test_a_killed_trainer_is_recovered_in_the_run_to_the_same_metrics_and_tokens(tmp_path, clean_tiny_run):
     launch = Launch(tmp_path, "--checkpoint.every_steps", "2", *EXACT_RUN)
     try:
         launch.wait_for_line("step    3 v3")
-        killed = trainer_pids(launch.marker)
+        killed = trainer_pids(launch)
         assert len(killed) == 1
         os.kill(killed[0], signal.SIGKILL)
         assert launch.wait_for_exit(timeout=600) == 0, launch.output()
@@ -59,7 +43,7 @@ def test_a_killed_lora_trainer_is_recovered_with_its_adapters_to_the_same_metric
     launch = Launch(tmp_path / "recovered", *LORA_RUN)
     try:
         launch.wait_for_line("step    3 v3")
-        killed = trainer_pids(launch.marker)
+        killed = trainer_pids(launch)
         assert len(killed) == 1
         os.kill(killed[0], signal.SIGKILL)
         assert launch.wait_for_exit(timeout=600) == 0, launch.output()
@@ -79,11 +63,11 @@ def test_a_2_rank_trainer_that_loses_one_rank_is_restarted_whole(tmp_path):
     launch = Launch(tmp_path, "--trainer.num_procs", "2", *steps)
     try:
         launch.wait_for_line("step    2 v2")
-        ranks = trainer_pids(launch.marker)
+        ranks = trainer_pids(launch)
         assert len(ranks) == 2
         os.kill(ranks[1], signal.SIGKILL)
         launch.wait_for_line("trainer recovered")
-        new_ranks = trainer_pids(launch.marker)
+        new_ranks = trainer_pids(launch)
         assert len(new_ranks) == 2 and not set(new_ranks) & set(ranks), (ranks, new_ranks)
         assert launch.wait_for_exit(timeout=600) == 0, launch.output()
     finally:

@@ -26,19 +26,37 @@ def processes_with_marker(marker: str) -> list[psutil.Process]:
     return found
 
 
-def replica_pid(marker: str, service: str) -> int:
-    """The pid of a live replica of `service`: the process named `<service>/<index>#<incarnation>` (cut to 15 bytes)
-    whose parent is not (a child it forked inherits the name)."""
-    for process in processes_with_marker(marker):
+def actor_pids(launcher_pid: int, prefix: str) -> dict[str, int]:
+    """The launcher's live actor processes whose name (`rl.processes.titles`) starts with `prefix`, by name.
+
+    Monarch starts every actor process as a direct child of the launcher, so only those count: a process an actor
+    forked inherits its name, and once orphaned its parent is no longer the actor (a lookup by name and parent took
+    such a child for a trainer rank). Two live children with one name fail the lookup instead of picking one."""
+    found: dict[str, int] = {}
+    for child in psutil.Process(launcher_pid).children():
         try:
-            role = role_of(process.pid)
-            parent = process.parent()
-            parent_role = role_of(parent.pid) if parent is not None else None
+            role = role_of(child.pid)
+            alive = child.status() != psutil.STATUS_ZOMBIE
         except (psutil.Error, FileNotFoundError):
             continue
-        if role.startswith(f"{service}/") and parent_role != role:
-            return process.pid
-    raise AssertionError(f"no live {service} replica")
+        if alive and role.startswith(prefix):
+            assert role not in found, f"two live actor processes named {role}: {found[role]} and {child.pid}"
+            found[role] = child.pid
+    return found
+
+
+def replica_pid(launch: "Launch", service: str) -> int:
+    """The pid of a live replica of `service`: the actor process named `<service>/<index>#<incarnation>` (cut to 15
+    bytes)."""
+    replicas = actor_pids(launch.process.pid, f"{service}/")
+    assert replicas, f"no live {service} replica"
+    return next(iter(replicas.values()))
+
+
+def trainer_pids(launch: "Launch") -> list[int]:
+    """The trainer ranks' processes (named `trainer/<rank>`), in rank order."""
+    ranks = actor_pids(launch.process.pid, "trainer/")
+    return [ranks[role] for role in sorted(ranks, key=lambda role: int(role.removeprefix("trainer/")))]
 
 
 class Launch:
