@@ -72,6 +72,8 @@ class TrainerRecovery:
         if not self._training:
             self.controller.roles.stop_run(f"{reason.strip()}\n{RESUME_HINT}")
             return
+        if calls := self.controller.roles.trainer_calls.copy():  # a copy in one step: another thread may change it
+            reason = f"{reason.strip()} (during its {', '.join(sorted(calls))})"
         self.lost, self._lost_at = reason.strip(), time.monotonic()
         if self._train_task is not None:
             self._loop.call_soon_threadsafe(self._train_task.cancel)

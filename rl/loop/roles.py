@@ -117,6 +117,8 @@ class Roles:
         """Told (from any thread) why the trainer's mesh failed, instead of the run stopping: `rl.loop.recovery`."""
         self.trainer_pids: list[int] = []
         """The trainer ranks' process ids (what the recovery watches on this host and kills when it restarts them)."""
+        self.trainer_calls: dict[str, int] = {}
+        """The trainer calls in flight, by name (`train step`, `weight push`, ...): what a lost trainer was doing."""
         self._trainer_procs: Any = None
         self._trainer_meshes: list[str] = []
         """Every trainer mesh's name, oldest first: the last is the live trainer's (a report of an older one is late)."""
@@ -307,8 +309,9 @@ class Roles:
         version's fingerprints when the run attests its syncs (`weight_sync.attest`), kept for replacements too."""
         push = self.trainer.push_weights.call_one(policy_version, self.config.weight_sync.attest)
         timeout_s = self.config.run.weight_sync_timeout_s
-        self.published = await within(
-            push, f"trainer weight push (policy version {policy_version})", "run.weight_sync_timeout_s", timeout_s
+        what = f"trainer weight push (policy version {policy_version})"
+        self.published = await self._in_flight(
+            within(push, what, "run.weight_sync_timeout_s", timeout_s), "weight push"
         )
         return self.published
 
@@ -332,7 +335,18 @@ class Roles:
 
     def trainer_call(self, call: Awaitable[Any], what: str) -> Awaitable[Any]:
         """A trainer call (not the weight push) within `trainer.call_timeout_s`."""
-        return within(call, f"trainer {what}", "trainer.call_timeout_s", self.config.trainer.call_timeout_s)
+        timeout_s = self.config.trainer.call_timeout_s
+        return self._in_flight(within(call, f"trainer {what}", "trainer.call_timeout_s", timeout_s), what)
+
+    async def _in_flight(self, call: Awaitable[Any], what: str) -> Any:
+        """`call`, counted in `trainer_calls` under `what` while it runs."""
+        self.trainer_calls[what] = self.trainer_calls.get(what, 0) + 1
+        try:
+            return await call
+        finally:
+            self.trainer_calls[what] -= 1
+            if not self.trainer_calls[what]:
+                del self.trainer_calls[what]
 
     async def train_step(self, micro_batches: list[Any]) -> dict[str, float]:
         """One optimizer step on the trainer within `trainer.call_timeout_s`; its metrics as the run logs them (`loss`

@@ -16,6 +16,7 @@ class StandInRoles:
     def __init__(self):
         self.on_trainer_lost = None
         self.trainer_pids: list[int] = []
+        self.trainer_calls: dict[str, int] = {}
         self.run_log = None
         self.stopped: list[str] = []
 
@@ -81,6 +82,22 @@ def test_a_loss_reported_from_another_thread_stops_the_training_at_once():
         await asyncio.wait_for(recovery.train(), 10)
 
     with pytest.raises(TrainerLost, match="the trainer was lost: rank 0 died"):
+        asyncio.run(run())
+
+
+def test_a_loss_names_the_trainer_calls_in_flight():
+    async def trains_forever():
+        await asyncio.Event().wait()
+
+    controller = StandInController(0, trains_forever)
+    controller.roles.trainer_calls = {"train step": 1, "checkpoint save": 1}
+    recovery = TrainerRecovery(controller)
+
+    async def run():
+        asyncio.get_running_loop().call_later(0.1, recovery.lose, "the trainer's process(es) [7] exited")
+        await asyncio.wait_for(recovery.train(), 10)
+
+    with pytest.raises(TrainerLost, match=r"\[7\] exited \(during its checkpoint save, train step\)"):
         asyncio.run(run())
 
 

@@ -1,8 +1,11 @@
-"""Teacher scoring (opd, opsd; seed 002): a concurrency bound and its seconds in `time/scoring_s`."""
+"""Teacher scoring (opd, opsd; seed 002): a concurrency bound and its seconds in `time/scoring_s`. The trainer calls in
+flight, which a trainer recovery names."""
 
 import asyncio
 import time
 from types import SimpleNamespace
+
+import pytest
 
 from rl.config import load_config
 from rl.loop.roles import Roles
@@ -39,3 +42,35 @@ async def test_teacher_scoring_is_bounded_and_timed():
     assert teacher.most == 3  # 10 sequences, at most 3 at once: 4 waves of 50 ms
     metrics, _ = reduce_states([drain_states()])
     assert 4 * 0.05 <= metrics["time/scoring_s"] <= elapsed
+
+
+class PausedTrainer:
+    """Stands in for the trainer's actor: `train_step` answers when `release` is set, `save_checkpoint` fails."""
+
+    def __init__(self):
+        self.release = asyncio.Event()
+        self.train_step = SimpleNamespace(call_one=self.step)
+        self.save_checkpoint = SimpleNamespace(call_one=self.fail)
+
+    async def step(self, micro_batches):
+        await self.release.wait()
+        return {"loss": 0.5}
+
+    async def fail(self, path, weights_only):
+        raise RuntimeError("the rank died")
+
+
+async def test_the_trainer_calls_in_flight_are_counted_until_they_end_or_fail():
+    roles = Roles(
+        load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml"), stop_run=lambda message: None, policy_version=lambda: 0
+    )
+    roles.trainer = trainer = PausedTrainer()
+    steps = [asyncio.create_task(roles.train_step([])) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    assert roles.trainer_calls == {"train step": 2}
+    trainer.release.set()
+    assert await asyncio.gather(*steps) == [{"loss": 0.5}, {"loss": 0.5}]
+    assert roles.trainer_calls == {}
+    with pytest.raises(RuntimeError, match="the rank died"):
+        await roles.trainer_call(trainer.save_checkpoint.call_one("ckpt", False), "checkpoint save")
+    assert roles.trainer_calls == {}
