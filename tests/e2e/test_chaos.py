@@ -1,10 +1,13 @@
-"""Chaos: a 24-step run of the tiny model while a helper SIGKILLs a generator replica, a reward replica and a
-frozen-model (judge) replica at random moments. The run completes, each row is trained once, every
-rollout was scored (no error), each service counts its restart and its replacement serves, and no
-process outlives the run.
+"""Chaos: a 24-step run of the tiny model while a helper SIGKILLs a generator replica, a reward replica, a
+frozen-model (judge) replica and, twice, the trainer at random moments. The run completes with exit 0, each row is
+trained once and every step logged once, every rollout was scored (no error), each service counts its restart and its
+replacement serves, the trainer is recovered in the run each time (its policy versions go on increasing, the
+generators sample the trainer's own weights again: attested syncs, `train/mismatch_k3` ~0), and no process outlives the
+run.
 
-Processes are found by their names (`rl.processes.titles`: `generator/0#0`, ...). The seconds from each
-kill's loss to its replacement serving (the services' "serving again" lines) are printed (`pytest -s`).
+Processes are found by their names (`rl.processes.titles`: `generator/0#0`, `trainer/0`, ...) among the launcher's
+children. The seconds from each replica's loss to its replacement serving (the services' "serving again" lines) and
+what the trainer was doing when it was killed (the recovery's "trainer lost" lines) are printed (`pytest -s`).
 """
 
 import json
@@ -14,13 +17,22 @@ import re
 import signal
 import time
 
-from tests.support.launch import Launch, processes_with_marker, replica_pid
+import psutil
+
+from tests.support.launch import Launch, processes_with_marker, replica_pid, trainer_pids
 from tests.support.runs import assert_rows_trained_once, read_jsonl
 
 STEPS, GROUPS_PER_STEP, GROUP_SIZE = 24, 2, 4
 LAST_KILL_STEP = 5
-"""Kills land after steps 1..5: a replacement (a vLLM start) served 6-27 s after its loss here, 3-14 steps (three
+"""Replica kills land after steps 1..5: a replacement (a vLLM start) served 6-27 s after its loss here, 3-14 steps (three
 replacing at once on 2 cores, steps of ~2 s when the machine is quiet), well before the last step."""
+TRAINER_KILL_STEPS = range(2, 11)
+"""The trainer is killed twice, after two of steps 2..10 (a checkpoint every 2 steps: step 2's is the first to recover
+from): once at a random moment (its rank may be idle, waiting for rollouts), once at the first moment after a random
+delay that its process is busy (a train step, a weight push, a checkpoint save)."""
+TRAINER_KILLS = 2
+BUSY_CPU_S = 0.02
+"""CPU seconds a rank spends in a 50 ms window when it is working (an idle actor process spends ~0)."""
 JUDGE = "{fn = 'judge', args = { model = 'judge', parser = 'tests.support.e2e_rewards:judge_reply_length', max_new_tokens = 4, timeout_s = 120 }}"
 OVERRIDES = [
     "--run.steps",
@@ -30,7 +42,9 @@ OVERRIDES = [
     "--sample_logging.enabled",
     "false",
     "--checkpoint.every_steps",
-    "0",
+    "2",
+    "--run.max_trainer_recoveries",
+    str(TRAINER_KILLS + 1),  # one spare: an extra recovery fails the count below, not the run
     "--generator.num_replicas",
     "2",
     "--services.reward.replicas",
@@ -43,20 +57,43 @@ OVERRIDES = [
     f"[{{fn = 'tests.support.e2e_rewards:by_sample_index'}}, {JUDGE}]",
 ]
 SERVING_AGAIN = re.compile(r"rlmesh: (\S+) replica \d+ replaced; serving again ([\d.]+) s after the loss")
+TRAINER_LOST = re.compile(r"rlmesh: (trainer lost after step \d+: .*)")
 
 
-def test_a_run_survives_sigkills_of_a_generator_a_reward_and_a_judge_replica(tmp_path):
+def kill_trainer_when_busy(launch: Launch, timeout: float = 30) -> None:
+    """SIGKILL the trainer's rank as soon as it spends `BUSY_CPU_S` of CPU in 50 ms (or after `timeout` s)."""
+    [pid] = trainer_pids(launch)
+    rank = psutil.Process(pid)
+    deadline, spent = time.monotonic() + timeout, sum(rank.cpu_times()[:2])
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        spent, before = sum(rank.cpu_times()[:2]), spent
+        if spent - before >= BUSY_CPU_S:
+            break
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_a_run_survives_sigkills_of_a_generator_a_reward_and_a_judge_replica_and_the_trainer(tmp_path):
     seed = int(os.environ.get("RLMESH_TEST_SEED") or random.randrange(2**32))  # set it to replay a failure
     rng = random.Random(seed)
     victims = rng.sample(["generator", "reward", "frozen_judge"], 3)
-    kill_steps = sorted(rng.sample(range(1, LAST_KILL_STEP + 1), 3))
-    print(f"seed {seed}: killing {victims} after steps {kill_steps}")
+    kills = list(zip(sorted(rng.sample(range(1, LAST_KILL_STEP + 1), 3)), victims))
+    kills += zip(sorted(rng.sample(TRAINER_KILL_STEPS, TRAINER_KILLS)), ["trainer", "busy trainer"])
+    kills.sort(key=lambda kill: kill[0])
+    print(f"seed {seed}: killing (after step, what) {kills}")
     launch = Launch(tmp_path, *OVERRIDES)
     try:
-        for service, step in zip(victims, kill_steps):
-            launch.wait_for_line(f"step {step:>4} v", timeout=600)
+        waited = 0
+        for step, victim in kills:
+            if step > waited:  # once per step: a step trained again after a recovery prints again, others do not
+                launch.wait_for_line(f"step {step:>4} v", timeout=600)
+                waited = step
             time.sleep(rng.uniform(0.0, 2.0))
-            os.kill(replica_pid(launch.marker, service), signal.SIGKILL)
+            if victim == "busy trainer":
+                kill_trainer_when_busy(launch)
+            else:
+                [pid] = trainer_pids(launch) if victim == "trainer" else [replica_pid(launch, victim)]
+                os.kill(pid, signal.SIGKILL)
         assert launch.wait_for_exit(timeout=900) == 0, launch.output()
         deadline = time.monotonic() + 10
         while processes_with_marker(launch.marker) and time.monotonic() < deadline:
@@ -71,14 +108,27 @@ def test_a_run_survives_sigkills_of_a_generator_a_reward_and_a_judge_replica(tmp
         elif match := SERVING_AGAIN.search(line):
             serving_again.append((match[1], float(match[2]), step))
     print(f"loss -> replacement serving (service, s, after step): {serving_again}")
-    assert sorted(service for service, _, _ in serving_again) == sorted(victims), "".join(launch.lines)
+    trainer_lost = [match[1] for line in launch.lines if (match := TRAINER_LOST.search(line))]
+    print("\n".join(trainer_lost))
+    assert sorted(service for service, _, _ in serving_again) == sorted(victims), launch.text
+    assert len(trainer_lost) == TRAINER_KILLS and launch.text.count("rlmesh: trainer recovered") == TRAINER_KILLS
+
     run_dir = tmp_path / "tiny_qwen3_e2e"
-    assert_rows_trained_once(run_dir, STEPS, GROUPS_PER_STEP, GROUP_SIZE)
-    train = [record["rollout"] for record in read_jsonl(run_dir / "rollouts.jsonl") if record["kind"] == "train"]
-    assert all(rollout["status"] != "error" for rollout in train), [
-        rollout["error"] for rollout in train if rollout["status"] == "error"
+    assert_rows_trained_once(run_dir, STEPS, GROUPS_PER_STEP, GROUP_SIZE)  # every step logged once, in order
+    train = [record for record in read_jsonl(run_dir / "rollouts.jsonl") if record["kind"] == "train"]
+    assert all(record["rollout"]["status"] != "error" for record in train), [
+        record["rollout"]["error"] for record in train if record["rollout"]["status"] == "error"
     ]
-    last = read_jsonl(run_dir / "metrics.jsonl")[-1]
+    # at staleness 0 each step's rollouts are sampled from the version the step before published, the replayed
+    # steps' too: the recovered generators serve the checkpoint's version, not the lost trainer's newer one
+    assert all(turn["policy_version"] == record["step"] - 1 for record in train for turn in record["rollout"]["turns"])
+    records = [record for record in read_jsonl(run_dir / "metrics.jsonl") if record["step"] > 0]
+    assert [record["policy_version"] for record in records] == list(range(1, STEPS + 1))
+    assert all(record["weight_sync/attested"] == 1.0 for record in records), [r["step"] for r in records]
+    assert max(abs(record["train/mismatch_k3"]) for record in records) < 1e-6  # fp32 sampler = trainer
+    recoveries = [record["recovery/trainer_count"] for record in records if "recovery/trainer_count" in record]
+    assert recoveries and max(recoveries) == TRAINER_KILLS, recoveries  # a later rewind may drop an earlier record
+    last = records[-1]
     counted = {
         service: (last[f"services/{service}/restarts"], last[f"services/{service}/healthy_replicas"])
         for service in victims
