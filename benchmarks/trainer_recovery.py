@@ -90,6 +90,7 @@ def in_run(args: argparse.Namespace, run_args: list[str]) -> list[float]:
         launcher.wait_for(step_line(2 * kill))
         killed_at = launcher.kill_trainer()
         seconds.append(launcher.wait_for(step_line(2 * kill + 1)) - killed_at)
+        print(f"in-run, kill {kill}: next step logged {seconds[-1]:.1f} s after the kill", flush=True)
     if (code := launcher.finish()) != 0:
         raise RuntimeError(f"the in-run launch exited {code}")
     return seconds
@@ -105,6 +106,7 @@ def relaunch(args: argparse.Namespace, run_args: list[str], run_dir: Path) -> li
             raise RuntimeError(f"the launcher exited {code} after its trainer's death (1 expected)")
         launcher = Launcher("--resume", str(run_dir))
         seconds.append(launcher.wait_for(step_line(2 * kill + 1)) - killed_at)
+        print(f"relaunch, kill {kill}: next step logged {seconds[-1]:.1f} s after the kill", flush=True)
     if (code := launcher.finish()) != 0:
         raise RuntimeError(f"the last resume exited {code}")
     return seconds
