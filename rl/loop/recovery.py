@@ -32,6 +32,7 @@ from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
 from rl.loop.roles import RESUME_HINT, DeadlineMissed
 from rl.loop.state import RunState
+from rl.loop.sync import sync_policy
 from rl.metrics.actor import gather_states
 from rl.metrics.generation import GenerationStats
 from rl.metrics.reduce import Reduce, drain_states, record_metric
@@ -153,17 +154,27 @@ class TrainerRecovery:
                 "checkpoint.every_steps = N keeps one every N steps"
             ) from exc
         self._say(f"recovery {self.count} of {self.budget}: a new trainer loads checkpoint {newest.name}")
-        await controller.roles.restart_trainer()
-        self.lost = None  # the new trainer's own loss counts from here
-        drain_states()  # the cancelled step's records in this process, and in the reward replicas:
-        await gather_states(controller.roles.reward.actors(), controller.config.run.metrics_timeout_s)
-        for moved in checkpoint.set_aside(run_dir, newest):
-            self._say(f"a checkpoint newer than the one recovered is kept aside as {moved}")
-        restore_logs(run_dir, newest)
-        rewind(controller, newest)
-        await controller.roles.load_checkpoint(newest, service_counters=False)
-        checkpoint.load_rng(newest, "controller")
-        await controller.sync_weights(controller.state.policy_version, rewind=True)
+        # no replacement generator loads a version while the trainer is replaced: the lost trainer's weight files are
+        # removed, and the version it would load is rewound; it loads the recovered one after this sync
+        async with controller.roles.generators.updating():
+            await controller.roles.restart_trainer()
+            self.lost = None  # the new trainer's own loss counts from here
+            drain_states()  # the cancelled step's records in this process, and in the reward replicas:
+            await gather_states(controller.roles.reward.actors(), controller.config.run.metrics_timeout_s)
+            for moved in checkpoint.set_aside(run_dir, newest):
+                self._say(f"a checkpoint newer than the one recovered is kept aside as {moved}")
+            restore_logs(run_dir, newest)
+            rewind(controller, newest)
+            await controller.roles.load_checkpoint(newest, service_counters=False)
+            checkpoint.load_rng(newest, "controller")
+            await sync_policy(
+                controller.roles,
+                controller.state,
+                controller.admission,
+                controller.state.policy_version,
+                rewind=True,
+                updating_held=True,
+            )
         seconds, replayed = time.monotonic() - self._lost_at, lost_step - controller.state.step
         record_metric("recovery/trainer_count", self.count, Reduce.MAX)
         record_metric("recovery/trainer_s", seconds, Reduce.SUM)

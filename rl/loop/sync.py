@@ -3,6 +3,7 @@ the run attests its syncs, proves it serves it), then admission moves on to that
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import replace
 
 from rl.loop.admission import Admission
@@ -11,16 +12,23 @@ from rl.loop.state import RunState
 
 
 async def sync_policy(
-    roles: Roles, state: RunState, admission: Admission, policy_version: int, rewind: bool = False
+    roles: Roles,
+    state: RunState,
+    admission: Admission,
+    policy_version: int,
+    rewind: bool = False,
+    updating_held: bool = False,
 ) -> dict[str, float]:
     """The trainer publishes its weights as `policy_version`; every generator reloads them and, when the run
     attests its syncs, proves it serves them before it takes traffic (a replica that cannot is replaced like a dead
     one); with `trainer.lora` every generator's probe logprobs must then be the trainer's (`AdapterNotServed`
     otherwise); admission moves on. Returns `weight_sync/attested` (1 when every replica proved it) and
     `time/attestation_s` (the trainer's fingerprints plus the slowest replica's measurement). `rewind`: an older
-    version on purpose (a trainer recovery), which the attestation accepts."""
+    version on purpose (a trainer recovery), which the attestation accepts. `updating_held`: the caller holds
+    `generators.updating()` already (the recovery, for the whole trainer replacement)."""
     generators, timeout_s = roles.generators, roles.config.run.weight_sync_timeout_s
-    async with generators.updating():  # a replacement generator loads the version before or after, never half-way
+    # a replacement generator loads the version before or after, never half-way
+    async with nullcontext() if updating_held else generators.updating():
         expected = await roles.push_weights(policy_version)
         expected = replace(expected, rewind=True) if expected is not None and rewind else expected
         replicas = len(generators.healthy)
