@@ -1,9 +1,10 @@
 """Chaos: a 24-step run of the tiny model while a helper SIGKILLs a generator replica, a reward replica, a
 frozen-model (judge) replica and, twice, the trainer at random moments. The run completes with exit 0, each row is
 trained once and every step logged once, every rollout was scored (no error), each service counts its restart and its
-replacement serves, the trainer is recovered in the run each time (its policy versions go on increasing, the
-generators sample the trainer's own weights again: attested syncs, `train/mismatch_k3` ~0), and no process outlives the
-run.
+replacement serves (a generator replaced while the trainer is recovered too: it loads the recovered version), the
+trainer is recovered in the run each time (its policy versions go on increasing; the generators sample the trainer's own
+weights again: each step's rollouts from the version before it, `train/mismatch_k3` ~0), and no process outlives the
+run. (`weight_sync/attested` is not checked: a generator killed during a sync leaves that step's at 0.)
 
 Processes are found by their names (`rl.processes.titles`: `generator/0#0`, `trainer/0`, ...) among the launcher's
 children. The seconds from each replica's loss to its replacement serving (the services' "serving again" lines) and
@@ -124,7 +125,6 @@ def test_a_run_survives_sigkills_of_a_generator_a_reward_and_a_judge_replica_and
     assert all(turn["policy_version"] == record["step"] - 1 for record in train for turn in record["rollout"]["turns"])
     records = [record for record in read_jsonl(run_dir / "metrics.jsonl") if record["step"] > 0]
     assert [record["policy_version"] for record in records] == list(range(1, STEPS + 1))
-    assert all(record["weight_sync/attested"] == 1.0 for record in records), [r["step"] for r in records]
     assert max(abs(record["train/mismatch_k3"]) for record in records) < 1e-6  # fp32 sampler = trainer
     recoveries = [record["recovery/trainer_count"] for record in records if "recovery/trainer_count" in record]
     assert recoveries and max(recoveries) == TRAINER_KILLS, recoveries  # a later rewind may drop an earlier record
