@@ -1,5 +1,6 @@
 """`rlmesh train --config FILE [--section.key value ...]`, `rlmesh train --resume RUN_DIR [...]`, `rlmesh validate ...`,
-`rlmesh bench ...`, `rlmesh eval [RUN_DIR | MODEL_DIR] ...`, `rlmesh new-task NAME`, `rlmesh report RUN_DIR [RUN_DIR ...]`, `rlmesh export RUN_DIR --out DIR`."""
+`rlmesh bench ...`, `rlmesh eval [RUN_DIR | MODEL_DIR] ...`, `rlmesh new-task NAME`, `rlmesh report RUN_DIR [RUN_DIR ...]`, `rlmesh export RUN_DIR --out DIR`,
+`rlmesh worker --address tcp://HOST:PORT`."""
 
 from __future__ import annotations
 
@@ -166,8 +167,20 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--config", help="TOML config: its tasks (and, with no RUN_DIR or MODEL_DIR, its model)")
     evaluate.add_argument("--step", type=int, help="RUN_DIR's checkpoint of this step (default: the newest)")
     evaluate.add_argument("--out", type=Path, help="also write DIR/eval.json, DIR/rollouts.jsonl and DIR/run.log")
+    worker = commands.add_parser(
+        "worker",
+        help="serve this host to runs whose [cluster] attaches to it (scheduler = 'attach'), until stopped",
+        description="Start one per host; list its address under cluster.workers of the run's config. Processes of a "
+        "run start inside it with its environment: start it where the run's Python, checkout and model cache are.",
+    )
+    worker.add_argument("--address", required=True, help="where to listen, e.g. tcp://0.0.0.0:26600")
     export.add_parser(commands)
     args, extra = parser.parse_known_args(argv)
+    if args.command == "worker":
+        from rl.processes.attach import run_worker
+
+        run_worker(args.address)
+        return 0
     if args.command == "eval":
         return _eval(args, extra)
     if args.command == "export":

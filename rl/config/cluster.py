@@ -1,4 +1,5 @@
-"""Where the roles run: one host, local processes, Slurm or Kubernetes, and how many hosts each role gets."""
+"""Where the roles run: one host, local processes, workers already running, Slurm or Kubernetes, and how many hosts each
+role gets."""
 
 from __future__ import annotations
 
@@ -73,11 +74,15 @@ class ClusterHosts(Section):
 class ClusterConfig(Section):
     """Where the roles run. `local`: all on this host. Otherwise `hosts` are allocated per role from the scheduler."""
 
-    scheduler: Literal["local", "process", "slurm", "kubernetes"] = "local"
-    """"local": everything on this host; "process": simulated hosts as local processes; "slurm", "kubernetes": hosts
-    allocated through `monarch.job`."""
+    scheduler: Literal["local", "process", "attach", "slurm", "kubernetes"] = "local"
+    """"local": everything on this host; "process": simulated hosts as local processes; "attach": hosts whose workers
+    already run (`rlmesh worker`, addresses in `workers`); "slurm", "kubernetes": hosts allocated through `monarch.job`."""
     hosts: ClusterHosts = ClusterHosts()
     """Hosts per role, e.g. { trainer = 1, generator = 1 }; a role left out runs on the launcher's host."""
+    workers: dict[str, list[str]] = Field(default_factory=dict)
+    """With `scheduler = "attach"`: per role, the address of each host's worker, started there with
+    `rlmesh worker --address tcp://0.0.0.0:PORT`, e.g. { generator = ["tcp://gpu-node-3:26600"] }; as many as
+    `hosts` gives the role."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment of every process on an allocated host (they do not inherit the launcher's), e.g. HF_HOME."""
     slurm: SlurmOptions = SlurmOptions()

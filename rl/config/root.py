@@ -142,12 +142,21 @@ class Config(Section):
             role, count = next(iter(many.items()))
             raise ValueError(
                 f"cluster.hosts.{role} = {count}, but cluster.scheduler = 'local' has one host; "
-                "use 'process', 'slurm' or 'kubernetes' for more"
+                "use 'process', 'attach', 'slurm' or 'kubernetes' for more"
             )
         if self.generator.num_replicas % max(1, cluster.hosts.generator):
             raise ValueError(
                 f"generator.num_replicas ({self.generator.num_replicas}) must be a multiple of cluster.hosts.generator"
             )
+        if cluster.scheduler == "attach":
+            counts = {role: len(addresses) for role, addresses in cluster.workers.items()}
+            if counts != cluster.hosts.allocated():
+                raise ValueError(
+                    f"cluster.scheduler = 'attach': cluster.workers lists {counts} worker address(es) per role, "
+                    f"cluster.hosts gives {cluster.hosts.allocated()}; list one address per host of each role"
+                )
+        elif cluster.workers:
+            raise ValueError(f"cluster.workers is for scheduler 'attach', not {cluster.scheduler!r}")
         if cluster.scheduler == "kubernetes" and cluster.kubernetes is None:
             raise ValueError("cluster.scheduler = 'kubernetes' needs a [cluster.kubernetes] section (image, namespace)")
         self._check_colocation()

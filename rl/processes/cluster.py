@@ -2,6 +2,7 @@
 
     local       every role on the launcher's host (`this_host()`), nothing allocated
     process     each role's hosts are local worker processes (monarch `ProcessJob`): multi-host on one machine
+    attach      each role's hosts are workers already running at `cluster.workers` (rl/processes/attach.py), over TCP
     slurm       `SlurmJob` (rl/processes/slurm.py reads older Slurm's squeue): one sbatch allocation, a host mesh per role
     kubernetes  `KubernetesJob`: a MonarchMesh of pods per role (the MonarchMesh operator provisions them)
 
@@ -51,6 +52,10 @@ def make_job(cluster: ClusterConfig) -> Any:
         from monarch.job import ProcessJob
 
         return ProcessJob(meshes, env=cluster.env or None)
+    if cluster.scheduler == "attach":
+        from rl.processes.attach import AttachedWorkers
+
+        return AttachedWorkers(cluster.workers)
     if cluster.scheduler == "slurm":
         from rl.processes.slurm import RlmeshSlurmJob
 

@@ -263,3 +263,19 @@ def test_every_entry_point_runs_the_checks_that_need_the_runtime(capsys):
     argv = ["validate", "--config", str(E2E_CONFIGS / "tiny_qwen3_e2e.toml"), "--algorithm.group_size", "1"]
     assert main(argv) == 2  # `train` takes the same path (a missing model: test_train_with_a_missing_model_...)
     assert "is group-relative but algorithm.group_size = 1" in capsys.readouterr().err
+
+
+def test_attached_workers_are_one_address_per_host_of_each_role():
+    attach = {
+        "cluster.scheduler": "attach",
+        "cluster.hosts": "{ generator = 1 }",
+        "weight_sync.transport": "torchstore",
+        "cluster.workers": '{ generator = ["tcp://node-3:26600"] }',
+    }
+    assert load_config(None, attach).cluster.workers == {"generator": ["tcp://node-3:26600"]}
+    with pytest.raises(
+        ConfigError, match=r"lists \{'generator': 2\} worker address\(es\) per role, cluster.hosts gives"
+    ):
+        load_config(None, {**attach, "cluster.workers": '{ generator = ["tcp://a:1", "tcp://b:1"] }'})
+    with pytest.raises(ConfigError, match="cluster.workers is for scheduler 'attach', not 'process'"):
+        load_config(None, {**attach, "cluster.scheduler": "process"})
