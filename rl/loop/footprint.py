@@ -7,9 +7,10 @@ With P parameters (tied weights once), S state-dict elements (tied weights once 
   a KL reference is loaded whole after that (P/W x b + P x b). Training then holds 1/W of the weights, their
   gradients and AdamW's two moments (4 x P/W x b, + P/W x b for a reference) on `trainer.device`. The compute dtype
   (`trainer.dtype`) adds transient copies and activations, not counted.
-- **torchstore volume** (the launcher's process, `weight_sync.transport = "torchstore"`): every key of a version in
-  the generators' dtype (S elements: a tied weight is put under each name), 2 versions kept and a third while a push
-  lands; "shared_memory" puts only a handle there.
+- **torchstore volumes** (`weight_sync.transport = "torchstore"`): every key of a version in the generators' dtype
+  (S elements: a tied weight is put under each name), 2 versions kept and a third while a push lands, held where the
+  trainer runs (`rl.weights.sync`): in the launcher's process when the trainer is on its host, else split over the
+  trainer hosts (each holds its ranks' shards: 1/H of it). "shared_memory" puts only a handle there.
 - **/dev/shm**: "shared_memory" keeps two slot files of P elements in the generators' dtype on rank 0's host;
   "torchstore" stages each generator replica's pull in one file of P elements on its own host.
 - **checkpoints** (`rl.checkpoint.estimate`): each trainer host writes its ranks' share of every checkpoint; the run
@@ -105,17 +106,17 @@ def footprint(config: Config, size: ModelSize) -> Footprint:
             count,
             roles,
             ranks,
-            store if name == "launcher" else 0,
+            math.ceil(store / trainer_hosts) if "torchstore" in roles else 0,
             shm,
             full // trainer_hosts if ranks else 0,
         )
 
-    launcher = ["controller", "torchstore"]
+    launcher = ["controller"] + (["torchstore"] if hosts_of.trainer == 0 else [])
     launcher += [role for role in ("trainer", "generator", "reward") if getattr(hosts_of, role) == 0]
     hosts = [host("launcher", 1, launcher)]
-    for role in ("trainer", "generator"):
+    for role, roles in (("trainer", ["trainer", "torchstore"]), ("generator", ["generator"])):
         if getattr(hosts_of, role):
-            hosts.append(host(f"{role} host", getattr(hosts_of, role), [role]))
+            hosts.append(host(f"{role} host", getattr(hosts_of, role), roles))
     return Footprint(size, rank_memory(config, size), hosts, one, disk)
 
 
@@ -152,7 +153,10 @@ def footprint_lines(found: Footprint, config: Config) -> list[str]:
                 f"gradients and AdamW moments in {config.trainer.param_dtype});"
             )
         if host.store_bytes:
-            parts.append(f"torchstore volume up to {_gib(host.store_bytes)} (3 versions in {config.generator.dtype});")
+            share = "its ranks' share of " if host.trainer_ranks and config.cluster.hosts.trainer > 1 else ""
+            parts.append(
+                f"torchstore volume up to {_gib(host.store_bytes)} ({share}3 versions in {config.generator.dtype});"
+            )
         parts.append(f"/dev/shm {_gib(host.shm_bytes)};")
         if host.checkpoint_write_bytes:
             parts.append(f"writes {_gib(host.checkpoint_write_bytes)} of each full checkpoint")

@@ -125,6 +125,8 @@ class Roles:
         self._planned_steps = 0
         self._proc_meshes: list[Any] = []
         self._store_started = False
+        self._store_procs: Any = None
+        """The weight store's processes on the trainer hosts (None: the store is in the launcher's process)."""
         self._shutting_down = False
         self._actors_ready = False
         self._previous_fault_hook: Callable[[Any], None] | None = None
@@ -145,9 +147,9 @@ class Roles:
         self.run_log = RunLog(config.run.output_dir)
         if trainer:
             weight_sync.check_shared_memory(config)  # removes dead runs' weight files first
-            await weight_sync.initialize_store()
-            self._store_started = True
         await asyncio.to_thread(self.placement.allocate)  # the [cluster] hosts of each role
+        if trainer:
+            await self._start_store()
         self._planned_steps = planned_steps
         transport = config.weight_sync.transport
         generator_args = (config.generator, config.model.path, transport, stop_token_ids)
@@ -196,6 +198,23 @@ class Roles:
         for actor in self.reward.actors():
             await self._connect_models(actor)
         self._actors_ready = True
+
+    async def _start_store(self) -> None:
+        """The weight store: its tensors on the trainer's own hosts when it has some (one process per host), so the
+        launcher holds no weight bytes; else in the launcher's process (`rl.weights.sync`)."""
+        if "trainer" in self.placement.hosts:
+            self._store_procs = self.placement.spawn_procs("trainer", per_host={"procs": 1})
+        await weight_sync.initialize_store(self._store_procs)
+        self._store_started = True
+
+    async def _stop_store(self) -> None:
+        """Drop the store's data and metadata, then stop the volumes' processes (a lost host's may not answer)."""
+        if self._store_started:
+            self._store_started = False
+            await asyncio.gather(weight_sync.shutdown_store(), return_exceptions=True)
+        if self._store_procs is not None:
+            procs, self._store_procs = self._store_procs, None
+            await asyncio.gather(asyncio.wait_for(procs.stop(), 8), return_exceptions=True)
 
     async def _start_trainer(self) -> None:
         """Spawn the trainer's mesh (every rank, a new mesh name each time) and wait until it has loaded the model."""
@@ -404,10 +423,8 @@ class Roles:
         await asyncio.to_thread(reap, actor_processes, 5)  # a stopped mesh's processes may still be exiting
         self._proc_meshes = []
         self._actors_ready = False
+        await self._stop_store()
         await asyncio.to_thread(self.placement.release)
-        if self._store_started:
-            self._store_started = False
-            await weight_sync.shutdown_store()
         if self.gateway is not None:
             self.gateway.close()
         if self.run_log is not None:

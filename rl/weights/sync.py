@@ -1,12 +1,16 @@
 """Versioned policy weights in torchstore: the trainer pushes, generators pull.
 
-Topology (as torchforge does it): ``initialize_store()`` runs once in the launcher with
-``ControllerStorageVolumes``. torchstore's ``Controller`` (metadata) and its single ``StorageVolume``
-(the tensors) are then named singletons ("TorchStore", "storage_volume_controller") spawned in the
-launcher's process by monarch's ``_ControllerController``: no extra process to start or stop, at the
-cost of the launcher holding one copy of the weights. Every actor spawned from the launcher (directly
-or transitively) inherits that ``_ControllerController`` handle, so ``push_state_dict`` /
-``pull_state_dict`` find the store by name from any process, without passing handles around.
+Topology: ``initialize_store()`` runs once in the launcher. torchstore's ``Controller`` (metadata only) is a
+named singleton ("TorchStore") spawned in the launcher's process by monarch's ``_ControllerController``; every
+actor spawned from the launcher (directly or transitively) inherits that handle, so ``push_state_dict`` /
+``pull_state_dict`` find the store by name from any process, without passing handles around. The tensors live in
+``StorageVolume`` actors, and where depends on where the trainer runs:
+- trainer on the launcher's host: one volume in the launcher's process (``ControllerStorageVolumes``, as
+  torchforge does it): no extra process to start or stop;
+- trainer on hosts of its own (a cluster): one volume per trainer host, in a process of its own there
+  (``TrainerHostVolumes``). Each rank puts its shards into its own host's volume and generators read them from
+  the trainer hosts, so the launcher (on Slurm, the login node) holds no weight bytes and carries none over
+  its network.
 Modules defining such actors must import this module (or ``rl.weights.torchstore_compat``) at top level so
 the compat patch also runs in their process.
 
@@ -29,7 +33,7 @@ import dataclasses
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -62,14 +66,42 @@ def policy_key(policy_version: int) -> str:
     return f"{KEY_PREFIX}{policy_version}"
 
 
-async def initialize_store() -> None:
-    """Start the store; call once, from the launcher, before any actor pushes or pulls."""
-    await ts.initialize(strategy=ts.ControllerStorageVolumes())
+class TrainerHostVolumes(ts.TorchStoreStrategy):
+    """One storage volume per trainer host; a trainer rank puts into its own host's volume.
+
+    The volumes are spawned on a mesh of one process per trainer host, so a volume's rank in it is its host's
+    index; a rank's host index is its GROUP_RANK (set by the trainer's rendezvous, `rl.processes.trainer_mesh`;
+    absent for a one-rank trainer, whose one host is 0). Readers find each key's volumes through the controller.
+    """
+
+    @classmethod
+    def get_volume_id(cls) -> str:
+        from monarch.actor import current_rank
+
+        return str(current_rank().rank)
+
+    @classmethod
+    def get_client_id(cls) -> str:
+        return os.environ.get("GROUP_RANK", "0")
 
 
-async def shutdown_store() -> None:
-    """Drop all stored data and metadata (launcher only); ``initialize_store()`` may follow again."""
-    await ts.shutdown()
+async def initialize_store(volume_procs: Any = None) -> None:
+    """Start the store; call once, from the launcher, before any actor pushes or pulls. `volume_procs`: a proc mesh of
+    one process per trainer host to hold the tensors (None: the launcher's process holds them)."""
+    if volume_procs is None:
+        await ts.initialize(strategy=ts.ControllerStorageVolumes())
+    else:
+        hosts = volume_procs.extent["hosts"]
+        await ts.initialize(num_storage_volumes=hosts, strategy=TrainerHostVolumes(), mesh=volume_procs)
+
+
+async def shutdown_store(timeout_s: float = 10) -> None:
+    """Drop all stored data and metadata (launcher only); ``initialize_store()`` may follow again. A volume on a lost
+    host may never answer: after `timeout_s` this process's client is dropped anyway, so a next run builds its own."""
+    try:
+        await asyncio.wait_for(ts.shutdown(), timeout_s)
+    finally:
+        ts.reset_client()
 
 
 async def stored_versions() -> list[int]:

@@ -1,7 +1,8 @@
 """Two simulated hosts on the `process` scheduler: a 2-rank FSDP2 trainer on one, the vLLM generator on the other.
 
-The weights cross "hosts" through torchstore (each rank puts its own shards); after every sync the
-generator's prompt logprobs must equal the trainer's (fp32 on both sides, as in tests/e2e/test_main_loop.py).
+The weights cross "hosts" through torchstore: each rank puts its own shards into the store's volume on its own host
+(the launcher holds none) and the generator reads them from there. After every sync the generator's prompt logprobs
+must equal the trainer's (fp32 on both sides, as in tests/e2e/test_main_loop.py).
 """
 
 import asyncio
@@ -13,6 +14,7 @@ import pytest
 
 from rl.config import load_config
 from rl.loop.controller import Controller
+from rl.weights import sync as weight_sync
 from tests.support.paths import E2E_CONFIGS
 
 pytestmark = [pytest.mark.allocates_job, pytest.mark.asyncio(loop_scope="module")]
@@ -46,6 +48,8 @@ async def test_two_hosts_train_two_steps_and_the_generator_runs_the_trainers_wei
     try:
         await asyncio.wait_for(controller.setup(), DEADLINE_S)
         hosts = dict(controller.roles.placement.hosts)
+        store = (await weight_sync.ts.client()).strategy  # the weights' volumes: one on the trainer host, none here
+        volumes = sorted((await store.storage_volumes.get_id.call()).values())
         trainer_extent = dict(controller.roles.trainer.mesh.extent)
         before = await controller.roles.trainer.logprobs.call_one(probe)
         summary = await asyncio.wait_for(controller.train(), DEADLINE_S)
@@ -56,6 +60,7 @@ async def test_two_hosts_train_two_steps_and_the_generator_runs_the_trainers_wei
     finally:
         await controller.shutdown()
     assert sorted(hosts) == ["generator", "trainer"] and trainer_extent == {"hosts": 1, "procs": 2}
+    assert isinstance(store, weight_sync.TrainerHostVolumes) and volumes == ["0"]
     assert [version for version, _ in parity] == [1, 2] and all(gap < 1e-4 for _, gap in parity), parity
     assert max(abs(a - b) for a, b in zip(before, after)) > 1e-3  # training moved the policy
     records = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]

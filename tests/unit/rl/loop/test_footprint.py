@@ -38,7 +38,9 @@ def test_a_two_rank_trainer_and_a_generator_on_hosts_of_their_own():
     launcher, trainer_host, generator_host = found.hosts
     assert found.rank.load_peak_bytes == TINY_P * 4  # the whole model in fp32 before FSDP2 shards it
     assert found.rank.training_bytes == 4 * (TINY_P // 2) * 4  # half of weights, grads, 2 moments (P is even)
-    assert launcher.store_bytes == 3 * TINY_S * 4  # 2 versions kept, a 3rd while a push lands; lm_head put too
+    assert launcher.store_bytes == 0  # the store's volume is on the trainer host: the launcher holds no weights
+    assert trainer_host.store_bytes == 3 * TINY_S * 4  # 2 versions kept, a 3rd while a push lands; lm_head put too
+    assert launcher.roles == ["controller", "reward"] and trainer_host.roles == ["trainer", "torchstore"]
     assert (launcher.shm_bytes, trainer_host.shm_bytes, generator_host.shm_bytes) == (0, 0, TINY_P * 4)
     assert (trainer_host.trainer_ranks, generator_host.trainer_ranks, launcher.trainer_ranks) == (2, 0, 0)
     full = TINY_S * 4 + 2 * TINY_P * 4  # the state dict + AdamW's two moments
@@ -85,7 +87,9 @@ def test_slurm_without_memory_is_warned_with_what_each_rank_loads():
     assert "no mem and cpus_per_task" in warning and "each of the 2 trainer rank(s) per host" in warning
     assert f"the whole model in float32 ({mib(TINY_P * 4)}: 9.8M parameters)" in warning
     assert f"keeps {mib(4 * (TINY_P // 4) * 4)} of weights" in warning  # 4 ranks in all
-    assert "(3 versions in float32)" in "\n".join(footprint_lines(found, config))
+    lines = "\n".join(footprint_lines(found, config))
+    assert "trainer host (x2) [trainer, torchstore]: 2 trainer rank(s)" in lines and "launcher [controller, " in lines
+    assert f"torchstore volume up to {mib(3 * TINY_S * 4 // 2)} (its ranks' share of 3 versions in float32)" in lines
     config.cluster.slurm.mem, config.cluster.slurm.cpus_per_task = "64G", 8
     assert slurm_memory_warning(config, found) is None
     config.cluster.slurm.mem = None
@@ -96,9 +100,7 @@ def test_slurm_without_memory_is_warned_with_what_each_rank_loads():
 def test_validate_prints_the_estimates(capsys):
     assert main(["validate", "--config", str(PROCESS_2HOSTS)]) == 0
     err = capsys.readouterr().err
-    assert (
-        f"rlmesh: estimate: launcher [controller, torchstore, reward]: torchstore volume up to {mib(3 * TINY_S * 4)}"
-        in err
-    )
-    assert "rlmesh: estimate: trainer host [trainer]: 2 trainer rank(s)" in err
+    assert "rlmesh: estimate: launcher [controller, reward]: /dev/shm 0.0 MiB" in err
+    assert "rlmesh: estimate: trainer host [trainer, torchstore]: 2 trainer rank(s)" in err
+    assert f"torchstore volume up to {mib(3 * TINY_S * 4)} (3 versions in float32)" in err
     assert f"rlmesh: estimate: checkpoints: {mib(156_494_080)} each" in err
