@@ -1,7 +1,9 @@
 """Monarch's Slurm job reads `squeue --json` of Slurm before 24.05 through `RlmeshSlurmJob`.
 
-The fixture is real output: `squeue --job 2 --json` of Slurm 22.05.8 (Debian 12's slurmctld/slurmd, one node "vm",
-a running batch job), captured 2026-11-25. Monarch's own `_wait_for_job_start` parses it, with `squeue` answered
+The fixtures are real output of Slurm 22.05.8 (Debian 12's slurmctld/slurmd): `squeue --job 2 --json` on one node "vm"
+with one running batch job (captured 2026-11-25), and `squeue --job 4 --json` on the two-node cluster of
+tests/support/slurm_cluster.py (nodes node1, node2 in their own network namespaces) while job 4 ran and jobs 1-3 had
+ended (captured 2026-11-26): it lists all four, job 1 first, since 22.05's `--json` ignores `--job`. Monarch's own `_wait_for_job_start` parses it, with `squeue` answered
 from the file; the job objects are made without `__init__`, which would switch this process to TCP transport.
 Importing `monarch.job` imports flask, after which an in-process vLLM engine cannot start in this process
 (tests/conftest.py), so these tests import it themselves and run with the `allocates_job` tests, last.
@@ -16,7 +18,9 @@ from tests.support.paths import REPO
 
 pytestmark = pytest.mark.allocates_job
 
-SQUEUE_22_05 = (REPO / "tests" / "support" / "fixtures" / "squeue" / "slurm-22.05.8.json").read_text()
+SQUEUE = REPO / "tests" / "support" / "fixtures" / "squeue"
+SQUEUE_22_05 = (SQUEUE / "slurm-22.05.8.json").read_text()
+SQUEUE_22_05_JOB_4_OF_4 = (SQUEUE / "slurm-22.05.8-job-4-of-4.json").read_text()
 
 
 def job_answering_squeue_with(cls: type, stdout: str, monkeypatch: pytest.MonkeyPatch):
@@ -96,3 +100,40 @@ def test_a_slurm_23_11_job_is_read(monkeypatch):
         job_answering_squeue_with(SlurmJob, answer, monkeypatch)._wait_for_job_start("11", expected_nodes=2, timeout=5)
     rlmesh_job = job_answering_squeue_with(RlmeshSlurmJob, answer, monkeypatch)
     assert rlmesh_job._wait_for_job_start("11", expected_nodes=2, timeout=5) == ["node1", "node2"]
+
+
+def test_slurm_22_05_lists_every_job_and_monarch_takes_the_first(monkeypatch):
+    """What a real Slurm 22.05 did to a run: its job (4) was running, but Monarch read job 1's COMPLETED, took the run's
+    job for ended and cancelled it."""
+    from monarch.job import SlurmJob
+
+    job = job_answering_squeue_with(SlurmJob, SQUEUE_22_05_JOB_4_OF_4, monkeypatch)
+    job._status, job._slurm_job_id = "running", "4"
+    assert job._get_job_info_json("4")["job_id"] == 1
+    assert not job._jobs_active()
+
+
+def test_the_run_reads_its_own_job_among_all_that_slurm_22_05_lists(monkeypatch):
+    from rl.processes.slurm import RlmeshSlurmJob
+
+    job = job_answering_squeue_with(RlmeshSlurmJob, SQUEUE_22_05_JOB_4_OF_4, monkeypatch)
+    job._status, job._slurm_job_id = "running", "4"
+    assert job._get_job_info_json("4")["job_state"] == ["RUNNING"]
+    assert job._jobs_active()
+    assert job._wait_for_job_start("4", expected_nodes=2, timeout=5) == ["node1", "node2"]
+    assert job._get_job_info_json("3")["job_state"] == ["CANCELLED"]  # an ended job is still read as ended
+    assert job._get_job_info_json("5") is None  # not listed: Monarch stops waiting ("not found in queue")
+
+
+def test_a_failing_squeue_is_no_job_with_a_warning(monkeypatch, capsys):
+    from rl.processes.slurm import RlmeshSlurmJob
+
+    def failing_squeue(args, **kwargs):
+        return subprocess.CompletedProcess(
+            args, 1, stdout="", stderr="squeue: error: Unable to contact slurm controller"
+        )
+
+    monkeypatch.setattr(subprocess, "run", failing_squeue)
+    job = RlmeshSlurmJob.__new__(RlmeshSlurmJob)
+    assert job._get_job_info_json("4") is None
+    assert "Unable to contact slurm controller" in capsys.readouterr().err
