@@ -86,6 +86,13 @@ def starting_line(config: Config, trainer: bool = True) -> str:
     return f"starting {', '.join(parts)}"
 
 
+def hosts_line(trainer_ranks: list[str], services: dict[str, list[str]]) -> str:
+    """The console line naming the host of every trainer rank (in rank order) and every replica of each service."""
+    parts = [f"trainer ranks on {', '.join(trainer_ranks)}"] if trainer_ranks else []
+    parts += [f"{name} on {', '.join(hosts)}" for name, hosts in services.items() if hosts]
+    return f"on hosts: {'; '.join(parts)}"
+
+
 class Roles:
     """The trainer, the generator and reward services and the frozen models' services of one run."""
 
@@ -195,6 +202,8 @@ class Roles:
         say(starting_line(config, trainer))
         await asyncio.gather(trainer_started, self.generators.start(), self.reward.start(), frozen_started)
         say(f"actors ready in {time.perf_counter() - start:.0f} s")
+        if self.placement.hosts:
+            say(await self._hosts_line())
         for actor in self.reward.actors():
             await self._connect_models(actor)
         self._actors_ready = True
@@ -215,6 +224,14 @@ class Roles:
         if self._store_procs is not None:
             procs, self._store_procs = self._store_procs, None
             await asyncio.gather(asyncio.wait_for(procs.stop(), 8), return_exceptions=True)
+
+    async def _hosts_line(self) -> str:
+        """Where each trainer rank and replica runs, by the name its host gives itself (a run on allocated hosts)."""
+        ranks = list((await self.trainer.host.call()).values()) if self.trainer is not None else []
+        services = {
+            service.name: [await actor.host.call_one() for actor in service.actors()] for service in self.services
+        }
+        return hosts_line(ranks, services)
 
     async def _start_trainer(self) -> None:
         """Spawn the trainer's mesh (every rank, a new mesh name each time) and wait until it has loaded the model."""

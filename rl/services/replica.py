@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,11 @@ class ServiceReplica(Actor):
     async def ping(self) -> int:
         """The health probe; answers with the process id (tests kill a replica by it)."""
         return os.getpid()
+
+    @concurrent_endpoint
+    async def host(self) -> str:
+        """The name of the host this actor runs on (as it sees it: the start-up line of a run on allocated hosts)."""
+        return socket.gethostname()
 
 
 async def test_only_hang(replica: ReplicaId | None) -> None:

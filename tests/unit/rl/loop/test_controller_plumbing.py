@@ -6,7 +6,7 @@ import pytest
 from rl.config import load_config
 from rl.config.services import ServiceConfig
 from rl.loop.controller import Controller
-from rl.loop.roles import DeadlineMissed, starting_line
+from rl.loop.roles import DeadlineMissed, hosts_line, starting_line
 from rl.loop.state import RunState, due_after
 from rl.metrics.generation import GenerationStats, batch_metrics
 from rl.services.service import Service
@@ -193,3 +193,9 @@ def test_the_console_names_what_starts_while_the_actors_start():
         "1 reward replica(s)"
     )
     assert starting_line(config, trainer=False) == "starting 1 vLLM generator(s) (tiny-qwen3, cpu), 1 reward replica(s)"
+
+
+def test_a_run_on_allocated_hosts_names_the_host_of_every_rank_and_replica():
+    line = hosts_line(["node1", "node2"], {"generator": ["node3", "node3"], "reward": ["login"], "frozen_judge": []})
+    assert line == "on hosts: trainer ranks on node1, node2; generator on node3, node3; reward on login"
+    assert hosts_line([], {"generator": ["node3"]}) == "on hosts: generator on node3"  # `rlmesh eval`: no trainer
