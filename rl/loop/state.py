@@ -157,12 +157,15 @@ class Checkpoints:
             await asyncio.wait_for(saving(), budget_s)
         except TimeoutError as exc:
             report.error = str(exc) or f"took longer than checkpoint.interrupt_save_s = {budget_s:g} s"
+        except asyncio.CancelledError:
+            report.error = "the run was stopped again before it committed"
+            raise
         except Exception as exc:
             report.error = repr(exc)
         finally:
             if budget_s <= 0:
                 end_step_in_flight.close()
-        report.step, report.committed_step = self.state.step, self.committed_step
-        if report.error is None and self.committed_step:
-            report.checkpoint = checkpoint.committed_checkpoints(run_dir)[-1]
-        self.report = report
+            report.step, report.committed_step = self.state.step, self.committed_step
+            if report.error is None and self.committed_step:
+                report.checkpoint = checkpoint.committed_checkpoints(run_dir)[-1]
+            self.report = report  # also when cancelled: the CLI says where the run stands, never "nothing was trained"

@@ -142,3 +142,24 @@ async def test_a_save_past_its_budget_says_how_many_steps_were_lost(tmp_path):
         "--checkpoint.every_steps N or a larger --checkpoint.interrupt_save_s"
     )
     run.release.set()
+
+
+async def test_a_run_stopped_again_during_the_save_still_reports_where_it_stands(tmp_path):
+    """A second cancel while the Ctrl-C checkpoint is saving (the trainer's step 3 never finishes): the report says
+    step 2 was trained and not saved, not that nothing was trained."""
+    run = StubbedRun(tmp_path, train_step_waits_at=3)
+    task = asyncio.create_task(run.controller.train())
+    while not run.in_flight.is_set():
+        await asyncio.sleep(0.01)
+    task.cancel()  # the first Ctrl-C: the save waits for the step in flight
+    await asyncio.sleep(0.2)
+    task.cancel()  # stopped again before it committed
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    report = run.controller.checkpoints.report
+    assert report is not None and checkpoint.committed_checkpoints(report.run_dir) == []
+    assert report.message().startswith(
+        "rlmesh: interrupted after step 2; its checkpoint could not be saved (the run was stopped again before it "
+        "committed): 2 step(s) lost, nothing is saved."
+    )
+    run.release.set()
