@@ -3,9 +3,10 @@ role gets."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from rl.config.section import Section
 
@@ -16,7 +17,7 @@ class SlurmOptions(Section):
     partition: str | None = None
     """sbatch `--partition`; None = the cluster's default."""
     time: str | None = None
-    """Time limit "HH:MM:SS"; None = the partition's default."""
+    """Time limit "HH:MM:SS" (or any sbatch `--time`, e.g. "2-00:00:00"); None = the partition's default."""
     account: str | None = None
     """sbatch `--account`."""
     qos: str | None = None
@@ -37,6 +38,12 @@ class SlurmOptions(Section):
     """Extra sbatch arguments, e.g. ["--constraint=h100"]."""
     job_start_timeout: int | None = Field(None, ge=1)
     """Seconds to wait in the queue before giving up; None = wait."""
+
+    @field_validator("time", mode="before")
+    @classmethod
+    def _time_of_day_as_limit(cls, value: object) -> object:
+        """`time = 04:00:00` unquoted (or `--cluster.slurm.time 04:00:00`) is a TOML time of day: read it as "04:00:00"."""
+        return value.isoformat() if isinstance(value, datetime.time) else value
 
 
 class KubernetesOptions(Section):
@@ -84,7 +91,9 @@ class ClusterConfig(Section):
     `rlmesh worker --address tcp://0.0.0.0:PORT`, e.g. { generator = ["tcp://gpu-node-3:26600"] }; as many as
     `hosts` gives the role."""
     env: dict[str, str] = Field(default_factory=dict)
-    """Environment of every process on an allocated host (they do not inherit the launcher's), e.g. HF_HOME."""
+    """Environment of every process on an allocated host, e.g. HF_HOME, on top of its worker's: the launcher's with
+    "process" and on Slurm (sbatch passes it, `--export=ALL` by default), the worker's own with "attach", the image's on
+    Kubernetes."""
     slurm: SlurmOptions = SlurmOptions()
     """Used when `scheduler = "slurm"`."""
     kubernetes: KubernetesOptions | None = None

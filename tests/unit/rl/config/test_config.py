@@ -279,3 +279,13 @@ def test_attached_workers_are_one_address_per_host_of_each_role():
         load_config(None, {**attach, "cluster.workers": '{ generator = ["tcp://a:1", "tcp://b:1"] }'})
     with pytest.raises(ConfigError, match="cluster.workers is for scheduler 'attach', not 'process'"):
         load_config(None, {**attach, "cluster.scheduler": "process"})
+
+
+def test_a_slurm_time_limit_written_as_a_toml_time_is_the_limit(tmp_path):
+    """`time = 04:00:00` unquoted in a file, or `--cluster.slurm.time 00:10:00`, is a TOML time of day: sbatch gets the
+    same "HH:MM:SS" as the quoted string (before, the config was refused: "Input should be a valid string")."""
+    from_file = load_config(write(tmp_path, "[cluster.slurm]\ntime = 04:00:00\n"))
+    from_cli = load_config(None, parse_overrides(["--cluster.slurm.time", "00:10:00"]))
+    quoted = load_config(None, parse_overrides(["--cluster.slurm.time", '"2-00:00:00"']))
+    assert (from_file.cluster.slurm.time, from_cli.cluster.slurm.time) == ("04:00:00", "00:10:00")
+    assert quoted.cluster.slurm.time == "2-00:00:00"
