@@ -15,6 +15,16 @@ if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-ge
     { apt-get install -y -q bubblewrap || { apt-get update -q && apt-get install -y -q bubblewrap; }; } >/dev/null 2>&1 \
         || echo "[setup] could not install bubblewrap; the tool sandbox falls back to unshare" >&2
 fi
+# The real-Slurm test (tests/e2e/test_slurm.py) runs Debian's Slurm and munge where they are installed.
+SLURM_PACKAGES=(slurmctld slurmd slurm-client munge)
+if ! (PATH="$PATH:/usr/sbin:/sbin" && command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged) \
+    >/dev/null 2>&1 \
+    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "[setup] installing ${SLURM_PACKAGES[*]} (the real-Slurm test)" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get install -y -q "${SLURM_PACKAGES[@]}" || { apt-get update -q && apt-get install -y -q "${SLURM_PACKAGES[@]}"; }; } \
+        >/dev/null 2>&1 || echo "[setup] could not install Slurm; tests/e2e/test_slurm.py is skipped" >&2
+fi
 if [ ! -x "$VENV/bin/python" ]; then
     python3.11 -m venv "$VENV" 2>/dev/null || python3 -m venv "$VENV"
 fi

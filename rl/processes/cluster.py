@@ -6,9 +6,9 @@
     slurm       `SlurmJob` (rl/processes/slurm.py reads older Slurm's squeue): one sbatch allocation, a host mesh per role
     kubernetes  `KubernetesJob`: a MonarchMesh of pods per role (the MonarchMesh operator provisions them)
 
-A role not listed in `cluster.hosts` runs on the launcher's host. Processes on allocated hosts do not
-inherit the launcher's environment: `cluster.env` (and, on GPU, each process's `CUDA_VISIBLE_DEVICES`)
-goes through the bootstrap command. `Placement.release()` frees the allocation; the controller calls it
+A role not listed in `cluster.hosts` runs on the launcher's host. Processes on allocated hosts inherit their
+worker's environment (on Slurm and "process" the launcher's, on Kubernetes the image's); `cluster.env` (and, on GPU,
+each process's `CUDA_VISIBLE_DEVICES`) goes on top of it through the bootstrap command. `Placement.release()` frees the allocation; the controller calls it
 on every exit path.
 """
 
