@@ -280,6 +280,7 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
     from rl.loop.controller import Controller
     from rl.loop.recovery import TrainerLost
     from rl.loop.roles import AdapterNotServed, DeadlineMissed
+    from rl.processes.cluster import HostsNotAllocated
     from rl.processes.interrupts import EXIT_INTERRUPTED
 
     try:
@@ -304,6 +305,9 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
     except (DeadlineMissed, TrainerLost, AdapterNotServed) as exc:
         print(f"rlmesh: run stopped: {_resume_hint_if_any(str(exc), controller)}", file=sys.stderr)
         return 1
+    except HostsNotAllocated as exc:
+        print(f"rlmesh: cannot get the run's hosts from {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(summary, indent=2))
     return 0
 

@@ -45,6 +45,11 @@ def bootstrap_command(
     return command
 
 
+class HostsNotAllocated(RuntimeError):
+    """The scheduler did not give the run its hosts (sbatch refused the job, it did not start within
+    `job_start_timeout`, ...): the message is the scheduler's reason; nothing stays allocated."""
+
+
 def make_job(cluster: ClusterConfig) -> Any:
     """The monarch job for `cluster` (not yet applied), one host mesh per role in `cluster.hosts`."""
     meshes = cluster.hosts.allocated()
@@ -121,7 +126,7 @@ class Placement:
 
     def allocate(self) -> Placement:
         """Check the launcher's host has the GPUs its roles need, then allocate the hosts (blocks until the scheduler
-        grants them; a no-op for `local`)."""
+        grants them; a no-op for `local`). Raises `HostsNotAllocated` with the scheduler's reason when it does not."""
         if self.local_gpus_needed():
             from rl.gpus import local_gpus
 
@@ -130,6 +135,9 @@ class Placement:
             try:
                 state = self.job.state(cached_path=None)
                 self.hosts = {role: getattr(state, role) for role in self.cluster.hosts.allocated()}
+            except (RuntimeError, TimeoutError) as error:  # how monarch.job reports a scheduler's refusal or timeout
+                self.release()
+                raise HostsNotAllocated(f"{self.cluster.scheduler}: {error}") from error
             except BaseException:
                 self.release()
                 raise

@@ -295,3 +295,35 @@ def test_an_evaluation_on_the_launchers_host_gives_the_generators_the_first_gpus
     assert host.gpus == ["0", "1"]  # with a trainer: "1", "2" (its GPU first)
     assert placement.local_gpus_needed() == {"generator": 2}
     placement.check_local_gpus(present=2)
+
+
+class RefusedJob:
+    """A monarch job whose scheduler refuses it, as `SlurmJob` reports sbatch's refusal (real 22.05 message)."""
+
+    active = True
+
+    def __init__(self):
+        self.killed = 0
+
+    def state(self, cached_path=None):
+        raise RuntimeError(
+            "Failed to submit SLURM job: sbatch: error: Memory specification can not be satisfied\n"
+            "sbatch: error: Batch job submission failed: Requested node configuration is not available"
+        )
+
+    def kill(self):
+        self.killed += 1
+
+
+def test_a_refused_allocation_names_the_scheduler_and_its_reason_and_keeps_nothing():
+    from rl.processes.cluster import HostsNotAllocated
+
+    config = load_config(E2E_CONFIGS / "tiny_qwen3_process_2hosts.toml")
+    placement = Placement(config.cluster, config.trainer, config.generator, config.models)
+    placement.job = job = RefusedJob()
+    with pytest.raises(
+        HostsNotAllocated, match="^process: Failed to submit SLURM job: .*Memory specification"
+    ) as error:
+        placement.allocate()
+    assert isinstance(error.value.__cause__, RuntimeError)
+    assert job.killed == 1 and placement.hosts == {}
