@@ -338,9 +338,10 @@ def eval_arguments(extra: list[str]) -> tuple[Path | None, dict[str, str]]:
 
 
 def _eval(args: argparse.Namespace, extra: list[str]) -> int:
-    """`rlmesh eval`: the metrics as JSON on stdout (exit 0), 2 when the arguments or the config are refused, 1 when
-    an actor failure stopped it."""
+    """`rlmesh eval`: the metrics as JSON on stdout (exit 0), 2 when the arguments or the config are refused or the
+    scheduler gives no hosts, 1 when an actor failure stopped it."""
     from rl.loop.evaluate import EvaluationStopped, eval_target, evaluate
+    from rl.processes.cluster import HostsNotAllocated
 
     try:
         target, overrides = eval_arguments(extra)
@@ -357,6 +358,9 @@ def _eval(args: argparse.Namespace, extra: list[str]) -> int:
     except EvaluationStopped as exc:
         print(f"rlmesh: evaluation stopped: {exc}", file=sys.stderr)
         return 1
+    except HostsNotAllocated as exc:
+        print(f"rlmesh: cannot get the evaluation's hosts from {exc}", file=sys.stderr)
+        return 2
     print(json.dumps(result, indent=2))
     return 0
 
