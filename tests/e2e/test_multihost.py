@@ -5,118 +5,101 @@ cluster with a shared filesystem. The hosts' workers already run (`rlmesh worker
 (`scheduler = "attach"`), weights cross hosts through torchstore over TCP.
 
 It proves: the run trains and samples the trainer's exact policy after every sync (fp32 on both sides); every
-process ran on the host it was placed on and saw that host's name; a checkpoint written by ranks on other hosts
-resumes. It cannot prove anything about GPUs, NCCL, RDMA, real bandwidth or latency, or NFS semantics
+process ran on the host it was placed on and saw that host's name; the launcher holds no weight bytes (its resident
+memory, with its children's, sampled through the syncs) and needs no new connection into it once the actors are ready
+(they are blocked, when nftables is installed); a checkpoint written by ranks on other hosts resumes. It cannot prove anything about GPUs, NCCL, RDMA, real bandwidth or latency, or NFS semantics
 (docs/gpus-and-clusters.md)."""
 
-import json
-import os
-import subprocess
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from rl.assets import cache_dir
 from tests.support import hosts as namespaced
-from tests.support.paths import E2E_CONFIGS, REPO
+from tests.support import multihost
+from tests.support.paths import E2E_CONFIGS
 
 REASON = namespaced.unavailable()
 pytestmark = [pytest.mark.multihost, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
 CONFIG = E2E_CONFIGS / "tiny_qwen3_multihost.toml"
-WORKER_PORT = 26600  # every host has its own ports
-HOSTS = {"trainer": ["trainer0", "trainer1"], "generator": ["generator0"]}
 RUN_DEADLINE_S = 600
-WORKER_ENV = ("PATH", "HOME", "LANG", "RLMESH_CACHE")
+STEPS = 2  # run.steps of CONFIG
+ONE_VERSION_BYTES = 19_512_384 * 4
+"""One version of the tiny model's state dict in float32 (S elements, the tied lm_head counted: docs/gpus-and-clusters.md),
+what a torchstore volume in the launcher's process would grow by at each sync (it keeps two)."""
 
 
-class Cluster:
-    def __init__(self, network: namespaced.Network, output_dir: Path):
-        self.network = network
-        self.output_dir = output_dir
-        self.env = {**os.environ, "PYTHONPATH": str(REPO)}
-        # a worker started on its host (over SSH, by a service manager) has a login's environment, not the launcher's
-        self.worker_env = {key: os.environ[key] for key in WORKER_ENV if key in os.environ} | {"PYTHONPATH": str(REPO)}
-        self.workers = {}
+@dataclass
+class FirstRun:
+    run_dir: Path
+    output: str
+    rss: list[tuple[float, int, int]]
+    """(monotonic time, the launcher's resident bytes, with its children's), every 0.2 s from the actors' readiness,
+    before the first sync, to the last step's line, printed after its sync."""
+    blocked: bool
+    """Whether new connections into the launcher's host were blocked from the actors' readiness to the last step's
+    line."""
 
-    def start_worker(self, name: str) -> None:
-        host = self.network[name]
-        self.workers[name] = host.popen(
-            [sys.executable, "-m", "rl.cli", "worker", "--address", f"tcp://{host.ip}:{WORKER_PORT}"],
-            cwd=REPO,
-            env=self.worker_env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-
-    def addresses(self) -> str:
-        """`cluster.workers` as a TOML inline table: each role's hosts' worker addresses."""
-        roles = {
-            role: [f"tcp://{self.network[name].ip}:{WORKER_PORT}" for name in names] for role, names in HOSTS.items()
-        }
-        return "{ " + ", ".join(f"{role} = {json.dumps(addresses)}" for role, addresses in roles.items()) + " }"
-
-    def train(self, *args: str) -> tuple[int, str]:
-        """`rlmesh train ARGS` in the launcher's host, to its end: (exit code, output)."""
-        launcher = self.network["launcher"].popen(
-            [sys.executable, "-m", "rl.cli", "train", *args, "--cluster.workers", self.addresses()],
-            cwd=REPO,
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        try:
-            output, _ = launcher.communicate(timeout=RUN_DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            launcher.kill()
-            output = launcher.communicate()[0] + f"\n[test] killed after {RUN_DEADLINE_S} s"
-        return launcher.returncode, output
+    def growth(self, column: int) -> int:
+        return max(sample[column] for sample in self.rss) - self.rss[0][column]
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    output_dir = tmp_path_factory.mktemp("multihost")
-    keep = [REPO, Path(sys.prefix), cache_dir(), output_dir]
-    names = ["launcher", *(name for names in HOSTS.values() for name in names)]
-    with namespaced.hosts(names, keep=keep) as network:
-        made = Cluster(network, output_dir)
-        for role_hosts in HOSTS.values():
-            for name in role_hosts:
-                made.start_worker(name)
+    with multihost.cluster(tmp_path_factory.mktemp("multihost")) as made:
         yield made
 
 
 @pytest.fixture(scope="module")
 def first_run(cluster):
-    started = time.monotonic()
-    code, output = cluster.train("--config", str(CONFIG), "--run.output_dir", str(cluster.output_dir))
-    print(f"[multihost] first run: {time.monotonic() - started:.1f} s")
-    assert code == 0, output[-4000:]
-    return cluster.output_dir / "tiny_qwen3_multihost", output
-
-
-def records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    launch = cluster.launch("--config", str(CONFIG), "--run.output_dir", str(cluster.output_dir))
+    ready = launch.wait_for_line("actors ready", RUN_DEADLINE_S)
+    assert ready is not None, launch.output[-4000:]
+    blocked = namespaced.firewall_unavailable() is None
+    if blocked:
+        cluster.network["launcher"].block_new_connections()
+    rss = []
+    while launch.process.poll() is None and time.monotonic() - launch.started < RUN_DEADLINE_S:
+        if launch.line_with(f"step {STEPS:4d} ") is not None:  # printed after the last step's sync
+            break
+        rss.append((time.monotonic(), *launch.rss()))
+        time.sleep(0.2)
+    if blocked:  # the final checkpoint and the stop may open connections: syncs only are what must not
+        cluster.network["launcher"].allow_new_connections()
+    code = launch.wait(timeout=max(1.0, RUN_DEADLINE_S - (time.monotonic() - launch.started)))
+    assert code == 0, launch.output[-4000:]
+    made = FirstRun(cluster.output_dir / "tiny_qwen3_multihost", launch.output, rss, blocked)
+    print(
+        f"[multihost] first run: {time.monotonic() - launch.started:.1f} s; launcher RSS at the actors' readiness "
+        f"{rss[0][1] / 2**20:.0f} MiB (with its children {rss[0][2] / 2**20:.0f} MiB), grew by at most "
+        f"{made.growth(1) / 2**20:.0f} MiB ({made.growth(2) / 2**20:.0f} MiB) through the syncs; new connections into it blocked: {blocked}"
+    )
+    return made
 
 
 def test_the_generator_samples_the_trainers_exact_weights_after_every_sync_across_hosts(first_run):
-    run_dir, output = first_run
-    steps = [r for r in records(run_dir) if r["step"] > 0]
+    steps = [r for r in multihost.metrics(first_run.run_dir) if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2] and [r["policy_version"] for r in steps] == [1, 2]
     assert all(r["train/mismatch_k3"] < 1e-6 and r["train/num_loss_tokens"] > 0 for r in steps), steps
     # every actor answered with the name of the host it was placed on (rank 0 on the first trainer host)
-    assert "on hosts: trainer ranks on trainer0, trainer1; generator on generator0; reward on launcher" in output, (
-        output
-    )
+    line = "on hosts: trainer ranks on trainer0, trainer1; generator on generator0; reward on launcher"
+    assert line in first_run.output, first_run.output
+
+
+def test_the_launcher_holds_no_weights_and_takes_no_new_connection_during_the_syncs(first_run):
+    """The syncs ran with new connections into the launcher blocked (the run passed), and the launcher's process grew
+    by less than 1.5 versions of the weights while two were published: a store volume in it would hold both."""
+    assert first_run.growth(1) < 1.5 * ONE_VERSION_BYTES, [sample[1] for sample in first_run.rss]
+    if not first_run.blocked:
+        pytest.skip(namespaced.firewall_unavailable())
 
 
 def test_a_checkpoint_written_by_ranks_on_other_hosts_resumes(cluster, first_run):
-    run_dir, _ = first_run
-    code, output = cluster.train("--resume", str(run_dir), "--run.steps", "3")
-    assert code == 0, output[-4000:]
-    steps = [r for r in records(run_dir) if r["step"] > 0]
+    launch = cluster.launch("--resume", str(first_run.run_dir), "--run.steps", "3")
+    code = launch.wait(timeout=RUN_DEADLINE_S)
+    assert code == 0, launch.output[-4000:]
+    steps = [r for r in multihost.metrics(first_run.run_dir) if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2, 3], steps
     assert steps[-1]["train/mismatch_k3"] < 1e-6

@@ -18,9 +18,11 @@
 `Host.popen` runs a command in a host: `nsenter` into the anchor's network, UTS, mount and IPC namespaces (it execs,
 so the Popen's pid is the command's, in the machine's pid namespace: psutil and kill work as usual). `Host.pids`
 lists every process of a host (those in its network namespace), `Host.kill_all` kills them (the anchor stays, so
-the host can run commands again), and `Host.link_down` / `link_up` detach the host's cable from the bridge and
+the host can run commands again), `Host.link_down` / `link_up` detach the host's cable from the bridge and
 attach it again: its own interface stays up while every packet to and from it is dropped silently, as when a
-switch port or the network between hosts fails.
+switch port or the network between hosts fails; and `Host.block_new_connections` drops new connections into a host
+while the open ones go on (an nftables rule on SYNs in its network namespace; `firewall_unavailable()` says when `nft` is
+missing).
 
 Bounded and cleaned up: at most `MAX_HOSTS` hosts, tmpfs sizes capped; on exit every process in the hosts is
 killed and the namespaces and files removed. The anchors die with the process that made them (PR_SET_PDEATHSIG),
@@ -73,6 +75,15 @@ def unavailable() -> str | None:
 def _token() -> str:
     """A fresh name stem: PREFIX<this process's pid>-<its start time>-<serial> (see `remove_stale`)."""
     return f"{PREFIX}{os.getpid()}-{int(psutil.Process().create_time())}-{next(_serial)}"
+
+
+def firewall_unavailable() -> str | None:
+    """Why `Host.block_new_connections` cannot work here (None: it can)."""
+    return (
+        None
+        if shutil.which("nft")
+        else "blocking connections needs nftables' `nft` (scripts/setup_env.sh installs it as root)"
+    )
 
 
 def _ip(*args: str) -> None:
@@ -190,6 +201,24 @@ class Host:
 
     def link_up(self) -> None:
         _ip("-n", self.switch, "link", "set", self.port, "master", "br0")
+
+    def block_new_connections(self) -> None:
+        """Drop every new TCP connection into this host from the network (its SYNs, by an nftables rule in its network
+        namespace: no connection tracking, which would take the open connections it meets for new ones); those already
+        open go on."""
+        self._nft(
+            "table inet rlmesh_hosts {\n chain input {\n type filter hook input priority 0; policy accept;\n"
+            ' iifname "eth0" tcp flags & (syn | ack) == syn drop\n }\n}\n'
+        )
+
+    def allow_new_connections(self) -> None:
+        self._nft("delete table inet rlmesh_hosts\n")
+
+    def _nft(self, rules: str) -> None:
+        enter = ["nsenter", f"--net=/run/netns/{self.netns}", "--"]
+        done = subprocess.run([*enter, "nft", "-f", "-"], input=rules, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"nft: {done.stderr.strip()}")
 
 
 class Network:

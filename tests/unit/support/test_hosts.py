@@ -102,6 +102,59 @@ def test_a_link_down_drops_the_hosts_traffic_until_it_is_up_again(network):
         server.kill()
 
 
+ECHO = """
+import socket, sys, threading
+server = socket.create_server(("0.0.0.0", int(sys.argv[1])))
+print("listening", flush=True)
+def echo(connection):
+    with connection:
+        while data := connection.recv(100):
+            connection.sendall(data)
+while True:
+    threading.Thread(target=echo, args=(server.accept()[0],), daemon=True).start()
+"""
+TALK = """
+import socket, sys
+opened = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2)
+print("open", flush=True)
+for line in sys.stdin:
+    opened.sendall(line.encode())
+    print(opened.recv(100).decode().strip(), flush=True)
+"""
+
+
+def connect(host, address, port) -> str:
+    """Whether `host` can open a TCP connection to `address`:`port` within a second ("connected", else the error)."""
+    code = "import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=1)\n"
+    code += "    print('connected')\nexcept OSError as error:\n    print(type(error).__name__)"
+    return host.run([sys.executable, "-c", code, address, str(port)]).stdout.strip()
+
+
+@pytest.mark.skipif(namespaced.firewall_unavailable() is not None, reason=namespaced.firewall_unavailable() or "")
+def test_blocked_new_connections_into_a_host_leave_the_open_ones_working(network):
+    alpha, beta = network["alpha"], network["beta"]
+    server = beta.popen([sys.executable, "-c", ECHO, "7003"], stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "listening"
+    talk = alpha.popen(
+        [sys.executable, "-c", TALK, "beta", "7003"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert talk.stdout.readline().strip() == "open"
+        beta.block_new_connections()
+        try:
+            assert connect(alpha, "beta", 7003) == "TimeoutError"  # a new connection gets no answer
+            talk.stdin.write("still here\n")
+            talk.stdin.flush()
+            assert talk.stdout.readline().strip() == "still here"  # the open one goes on
+            assert connect(beta, "127.0.0.1", 7003) == "connected"  # beta's own loopback is not filtered
+        finally:
+            beta.allow_new_connections()
+        assert connect(alpha, "beta", 7003) == "connected"
+    finally:
+        talk.kill()
+        server.kill()
+
+
 def test_kill_all_kills_every_process_of_a_host_and_it_can_run_again(network):
     alpha, beta = network["alpha"], network["beta"]
     sleeper = alpha.popen(["sh", "-c", "sleep 600 & sleep 600"])
