@@ -299,8 +299,7 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
     except asyncio.CancelledError:
         if not controller.actor_failures:
             raise
-        failures = [_resume_hint_if_any(message, controller) for message in controller.actor_failures]
-        print("rlmesh: run stopped:\n" + "\n".join(failures), file=sys.stderr)
+        print(_stopped_message(controller), file=sys.stderr)
         return 1
     except (DeadlineMissed, TrainerLost, AdapterNotServed) as exc:
         print(f"rlmesh: run stopped: {_resume_hint_if_any(str(exc), controller)}", file=sys.stderr)
@@ -319,6 +318,17 @@ def _interrupted_message(controller: Controller, resume_from: Path | None) -> st
     if resume_from is not None:
         return f"stopped during start-up; {resume_from} is unchanged: resume with: rlmesh train --resume {resume_from.parent.parent}"
     return "stopped during start-up: nothing was trained and there is nothing to resume"
+
+
+def _stopped_message(controller: Controller) -> str:
+    """Why actor failures stopped the run, ending with the resume hint (or that there is nothing to resume) whatever
+    stopped it: a service out of replicas (e.g. its only host lost) names none of its own."""
+    from rl.loop.roles import RESUME_HINT
+
+    failures = list(controller.actor_failures)
+    if not any(RESUME_HINT in failure for failure in failures):
+        failures.append(RESUME_HINT)
+    return "rlmesh: run stopped:\n" + "\n".join(_resume_hint_if_any(failure, controller) for failure in failures)
 
 
 def _resume_hint_if_any(message: str, controller: Controller) -> str:

@@ -37,3 +37,27 @@ def test_report_refuses_options_it_does_not_have(capsys, tmp_path):
 def test_unknown_keys_tasks_and_reward_names_get_a_did_you_mean(capsys, override, suggestion):
     assert main(["validate", *override]) == 2
     assert suggestion in capsys.readouterr().err
+
+
+def test_a_run_stopped_by_a_service_out_of_replicas_ends_with_the_resume_hint():
+    """A lost generator host leaves the service without replicas; its message names no resume: the CLI adds it."""
+    from types import SimpleNamespace
+
+    from rl.cli import _stopped_message
+    from rl.loop.roles import RESUME_HINT
+
+    out_of_replicas = "generator: replacement of replica generator/0#0 failed to start: ...; 0 replicas left"
+    saved = SimpleNamespace(
+        actor_failures=[out_of_replicas], checkpoints=SimpleNamespace(committed_step=2), resume_from=None
+    )
+    assert _stopped_message(saved) == f"rlmesh: run stopped:\n{out_of_replicas}\n{RESUME_HINT}"
+    unsaved = SimpleNamespace(
+        actor_failures=[out_of_replicas], checkpoints=SimpleNamespace(committed_step=0), resume_from=None
+    )
+    assert _stopped_message(unsaved).endswith(
+        "the run stopped before any checkpoint: nothing to resume, start it again"
+    )
+    hinted = SimpleNamespace(
+        actor_failures=[f"trainer lost; {RESUME_HINT}"], checkpoints=saved.checkpoints, resume_from=None
+    )
+    assert _stopped_message(hinted).count(RESUME_HINT) == 1  # not twice
