@@ -100,8 +100,10 @@ class Cluster:
     def __init__(self, network: namespaced.Network, output_dir: Path):
         self.network = network
         self.output_dir = output_dir
-        self.env = {**os.environ, "PYTHONPATH": str(REPO)}
+        # every process, the launcher included, starts with a login's environment: not this pytest process's, which
+        # carries state of the tests before it (e.g. WANDB_SERVICE, a socket in this host's /tmp, not the launcher's)
         self.worker_env = {key: os.environ[key] for key in WORKER_ENV if key in os.environ} | {"PYTHONPATH": str(REPO)}
+        self.env = self.worker_env
         self.workers: dict[str, subprocess.Popen] = {}
 
     def start_worker(self, name: str) -> None:

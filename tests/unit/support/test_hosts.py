@@ -5,11 +5,13 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.support import hosts as namespaced
+from tests.support.paths import REPO
 
 REASON = namespaced.unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -48,7 +50,7 @@ def ask(host, address, port, timeout=2.0) -> str:
 @pytest.fixture(scope="module")
 def network(tmp_path_factory):
     kept = tmp_path_factory.mktemp("kept")
-    with namespaced.hosts(["alpha", "beta"], keep=[kept]) as made:
+    with namespaced.hosts(["alpha", "beta"], keep=[kept, REPO, Path(sys.prefix)]) as made:  # a clone under /tmp
         made.kept = kept
         yield made
 
