@@ -8,8 +8,8 @@
 
 A role not listed in `cluster.hosts` runs on the launcher's host. Processes on allocated hosts inherit their
 worker's environment (on Slurm and "process" the launcher's, on Kubernetes the image's); `cluster.env` (and, on GPU,
-each process's `CUDA_VISIBLE_DEVICES`) goes on top of it through the bootstrap command. `Placement.release()` frees the allocation; the controller calls it
-on every exit path.
+each process's `CUDA_VISIBLE_DEVICES`) goes on top of it through the bootstrap command. `Placement.release()` frees
+the allocation; the controller calls it on every exit path.
 """
 
 from __future__ import annotations

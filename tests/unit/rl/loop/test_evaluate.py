@@ -9,6 +9,7 @@ from rl.cli import eval_arguments, main
 from rl.config import ConfigError
 from rl.loop.evaluate import Evaluation, eval_target
 from tests.support.paths import E2E_CONFIGS, TINY
+from tests.support.refused_job import RefusedJob
 from tests.support.runs import fake_run
 
 
@@ -80,18 +81,6 @@ def test_the_evaluation_uses_the_validations_rows(tmp_path):
     evaluation = Evaluation(config, step=0)
     rows = evaluation.tasks["sum_digits"].load_rows("validation")
     assert evaluation.rows == [("sum_digits", row) for row in rows[:3]] and len(rows) == 4
-
-
-class RefusedJob:
-    """A scheduler that refuses the job, as `SlurmJob` reports sbatch's refusal."""
-
-    active = True
-
-    def state(self, cached_path=None):
-        raise RuntimeError("Failed to submit SLURM job: sbatch: error: Memory specification can not be satisfied")
-
-    def kill(self):
-        pass
 
 
 def test_a_scheduler_that_gives_no_hosts_stops_the_evaluation_with_its_reason(monkeypatch, capsys):

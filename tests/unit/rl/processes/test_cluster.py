@@ -14,6 +14,7 @@ from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.processes.cluster import Placement, bootstrap_command
 from rl.training.distributed import Ranks, rank_rows
 from tests.support.paths import CONFIGS, E2E_CONFIGS
+from tests.support.refused_job import RefusedJob
 
 
 def test_cpu_processes_without_env_get_monarchs_default_bootstrap():
@@ -295,24 +296,6 @@ def test_an_evaluation_on_the_launchers_host_gives_the_generators_the_first_gpus
     assert host.gpus == ["0", "1"]  # with a trainer: "1", "2" (its GPU first)
     assert placement.local_gpus_needed() == {"generator": 2}
     placement.check_local_gpus(present=2)
-
-
-class RefusedJob:
-    """A monarch job whose scheduler refuses it, as `SlurmJob` reports sbatch's refusal (real 22.05 message)."""
-
-    active = True
-
-    def __init__(self):
-        self.killed = 0
-
-    def state(self, cached_path=None):
-        raise RuntimeError(
-            "Failed to submit SLURM job: sbatch: error: Memory specification can not be satisfied\n"
-            "sbatch: error: Batch job submission failed: Requested node configuration is not available"
-        )
-
-    def kill(self):
-        self.killed += 1
 
 
 def test_a_refused_allocation_names_the_scheduler_and_its_reason_and_keeps_nothing():
