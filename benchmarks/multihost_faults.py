@@ -13,7 +13,8 @@ metrics.jsonl:
 - trainer_link_30: the second trainer host's link down 30 s.
 - gen_worker_restarted: the generator host's processes killed and its worker started again at the same address.
 
-Each prints the launcher's lines from the fault on, with seconds since the fault, and a summary line.
+Each prints the launcher's lines from the fault on, with seconds since the fault, and a summary line; every host's
+Monarch log (in its private /tmp) is copied to the scenario's output directory, `monarch-logs-HOST/`.
 """
 
 from __future__ import annotations
@@ -110,6 +111,8 @@ def run(name: str) -> dict:
         fault_done = time.monotonic()
         code = launch.wait(timeout=max(1.0, RUN_LIMIT_S - (time.monotonic() - launch.started)))
         ended = time.monotonic()
+        for host in ("launcher", *multihost.HOSTS["trainer"], *multihost.HOSTS["generator"]):  # before /tmp goes
+            cluster.network[host].run(["sh", "-c", f'cp -r "/tmp/$(id -un)" {output_dir}/monarch-logs-{host}'])
     after = [(at - fault_at, line) for at, line in launch.lines if at >= fault_at]
     noticed = next(((t, line) for t, line in after if any(word in line.lower() for word in NOTICE)), None)
     print(f"\n=== {name}: {what} (after step {step_at_fault})")
@@ -127,6 +130,7 @@ def run(name: str) -> dict:
         "resume_hint": "--resume" in launch.output,
         "end_s_after_fault": round(ended - fault_at, 1),
         "run_s": round(ended - launch.started, 1),
+        "output_dir": str(output_dir),
     }
     print("SUMMARY " + json.dumps(summary))
     return summary

@@ -109,8 +109,8 @@ def import_from_launch_directory() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([here, *paths])
 
 
-def main(argv: list[str] | None = None) -> int:
-    import_from_launch_directory()
+def build_parser() -> argparse.ArgumentParser:
+    """The `rlmesh` command line: its commands and options (config overrides are parsed apart)."""
     parser = argparse.ArgumentParser(
         prog="rlmesh",
         description="RL post-training of language models on Monarch actors",
@@ -175,6 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     worker.add_argument("--address", required=True, help="where to listen, e.g. tcp://0.0.0.0:26600")
     export.add_parser(commands)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    import_from_launch_directory()
+    parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.command == "worker":
         from rl.processes.attach import run_worker
@@ -195,6 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         return report_command(args.run_dirs, args.out)
     if args.command == "new-task":
         return _new_task(args.name, args.dir, extra)
+    if args.command == "train" and (run_dir_to_guard := guarded_run_dir(args, extra)) is not None:
+        return _train_guarded(sys.argv[1:] if argv is None else argv, run_dir_to_guard)
     if args.command == "train":
         from rl.processes.interrupts import InterruptibleRun
 
@@ -309,6 +317,65 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
         return 2
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def guarded_run_dir(args: argparse.Namespace, extra: list[str]) -> Path | None:
+    """The run directory of a `train` whose launcher runs as a guarded child (rl/processes/guard.py): a run on attached
+    workers (`cluster.scheduler = "attach"`), where a worker restarted under the run crashes the launcher natively. None
+    inside the guard, for other schedulers, and when the config cannot be read (the launcher itself says why)."""
+    from rl.processes.guard import inside_guard
+
+    if inside_guard():
+        return None
+    try:
+        overrides = parse_overrides(extra)
+        if args.resume is not None:
+            return (
+                args.resume
+                if load_config(args.resume / "config.toml", overrides).cluster.scheduler == "attach"
+                else None
+            )
+        config = load_config(args.config, overrides)
+    except (ConfigError, ValueError, OSError):
+        return None
+    return config.run_dir if config.cluster.scheduler == "attach" else None
+
+
+def _train_guarded(argv: list[str], run_dir: Path) -> int:
+    """`rlmesh train` with the launcher as a child: its exit status, or 1 with what happened when a signal killed it."""
+    from rl.checkpoint.run_dir import claimed_by
+    from rl.processes.guard import run_guarded
+
+    ended = run_guarded([sys.executable, "-m", "rl.cli", *argv])
+    if ended.status >= 0:
+        return ended.status
+    print(
+        launcher_killed_message(-ended.status, claimed_by(ended.pid, run_dir) or run_dir), file=sys.stderr, flush=True
+    )
+    return 1
+
+
+def launcher_killed_message(signal_number: int, run_dir: Path) -> str:
+    """Why the run ended when its launcher was killed by a signal, with how to go on from `run_dir`'s checkpoints."""
+    import signal
+
+    from rl.checkpoint.store import committed_checkpoints
+
+    try:
+        name = signal.Signals(signal_number).name
+    except ValueError:
+        name = f"signal {signal_number}"
+    why = (
+        "a crash in the launcher's native runtime (Monarch's: a worker restarted at its address under the running run "
+        "does this, docs/gpus-and-clusters.md, Faults across hosts)"
+        if signal_number == signal.SIGSEGV
+        else "killed by another process or by the kernel (out of memory: SIGKILL)"
+    )
+    if committed_checkpoints(run_dir):
+        then = f"resume from the last checkpoint with `rlmesh train --resume {run_dir}`"
+    else:
+        then = "no checkpoint was committed: nothing to resume, start it again"
+    return f"rlmesh: run stopped: the launcher's process died of {name}, {why}; {then}"
 
 
 def _interrupted_message(controller: Controller, resume_from: Path | None) -> str:

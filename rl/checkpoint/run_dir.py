@@ -69,6 +69,23 @@ class RunDirLock:
             _HELD.discard(self.run_dir.resolve())
 
 
+def claimed_by(pid: int, run_dir: Path) -> Path | None:
+    """The directory among `run_dir`, `run_dir-1`, ... (`claim_fresh`'s candidates) that process `pid` claimed, held
+    or not (a lock file keeps its last holder's line): the last candidate whose lock it took, since `claim_fresh`
+    locks each one it tries and stops at the one it keeps. E.g. the run directory of a launcher that died."""
+    suffixed = [path for path in run_dir.parent.glob(f"{run_dir.name}-*") if path.name.rsplit("-", 1)[1].isdigit()]
+    candidates = [run_dir, *sorted(suffixed, key=lambda path: int(path.name.rsplit("-", 1)[1]))]
+    claimed = None
+    for candidate in candidates:
+        try:
+            holder = (candidate / LOCK).read_text()
+        except OSError:
+            continue
+        if holder.startswith(f"pid {pid} on {socket.gethostname()} "):
+            claimed = candidate
+    return claimed
+
+
 def held_here(run_dir: Path) -> bool:
     """Whether this process holds `run_dir`'s lock (`rlmesh train --resume` takes it before the controller starts)."""
     return run_dir.resolve() in _HELD

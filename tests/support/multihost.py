@@ -68,9 +68,15 @@ class Launch:
         return found
 
     def rss(self) -> tuple[int, int]:
-        """Resident bytes of the launcher's process, and of it with every process under it ((0, 0) once it ended)."""
+        """Resident bytes of the launcher's process, and of it with every process under it ((0, 0) once it ended).
+
+        On attached workers `rlmesh train` runs the launcher as a child of a thin guard (rl/processes/guard.py): the
+        launcher is that child, the guard not counted."""
         try:
             launcher = psutil.Process(self.process.pid)
+            guarded = [child for child in launcher.children() if "rl.cli" in child.cmdline()]
+            if guarded:
+                launcher = guarded[0]
             processes = [launcher, *launcher.children(recursive=True)]
         except psutil.Error:
             return 0, 0

@@ -1,8 +1,13 @@
 """The CLI explains itself: override syntax in the help, `--version`, per-command help, "did you mean"."""
 
+import signal
+
 import pytest
 
+from rl import cli
 from rl.cli import main
+from rl.processes.guard import GUARDED_ENV
+from tests.support.paths import E2E_CONFIGS, REPO
 
 
 def test_help_shows_the_override_syntax_and_each_command_its_own_resume_help(capsys):
@@ -61,3 +66,27 @@ def test_a_run_stopped_by_a_service_out_of_replicas_ends_with_the_resume_hint():
         actor_failures=[f"trainer lost; {RESUME_HINT}"], checkpoints=saved.checkpoints, resume_from=None
     )
     assert _stopped_message(hinted).count(RESUME_HINT) == 1  # not twice
+
+
+def test_a_run_on_attached_workers_is_guarded_and_others_are_not(monkeypatch, tmp_path):
+    """`rlmesh train` on attached workers runs its launcher as a guarded child (rl/processes/guard.py): a worker
+    restarted under the run kills it with SIGSEGV inside Monarch. Other schedulers, and the guarded child itself,
+    run the launcher in the process."""
+    attach = ["train", "--config", str(E2E_CONFIGS / "tiny_qwen3_multihost.toml"), "--run.output_dir", str(tmp_path)]
+    args, extra = cli.build_parser().parse_known_args(attach)
+    assert cli.guarded_run_dir(args, extra) == tmp_path / "tiny_qwen3_multihost"
+    local = ["train", "--config", str(REPO / "configs" / "sum_digits_smollm2_cpu.toml")]
+    assert cli.guarded_run_dir(*cli.build_parser().parse_known_args(local)) is None
+    monkeypatch.setenv(GUARDED_ENV, "1")
+    assert cli.guarded_run_dir(args, extra) is None
+
+
+def test_a_launcher_killed_by_a_signal_is_explained_with_the_resume_hint_when_there_is_a_checkpoint(tmp_path):
+    message = cli.launcher_killed_message(signal.SIGSEGV, tmp_path)
+    assert "died of SIGSEGV, a crash in the launcher's native runtime" in message
+    assert message.endswith("no checkpoint was committed: nothing to resume, start it again")
+    (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_2" / "COMMITTED").touch()
+    message = cli.launcher_killed_message(signal.SIGKILL, tmp_path)
+    assert "died of SIGKILL, killed by another process or by the kernel" in message
+    assert message.endswith(f"resume from the last checkpoint with `rlmesh train --resume {tmp_path}`")

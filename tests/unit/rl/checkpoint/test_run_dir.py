@@ -123,3 +123,27 @@ def test_a_filesystem_without_flock_is_named_with_the_fix(tmp_path, monkeypatch,
     ):
         run_dir.lock(tmp_path)
     assert not run_dir.held_here(tmp_path)
+
+
+def test_the_run_directory_a_process_claimed_is_found_by_its_pid_after_it_ended(tmp_path):
+    """`claim_fresh` may give `run-1`, `run-2`, ... (after locking `run` too, to look inside): a guarded launcher's
+    parent finds which one its dead child kept from the lock files' holder lines, which stay after the lock is
+    released."""
+    first, first_lock = run_dir.claim_fresh(tmp_path / "run")
+    (first / "metrics.jsonl").write_text("{}\n")  # not empty: the next claim takes run-1
+    first_lock.release()
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from pathlib import Path; from rl.checkpoint import run_dir; print(run_dir.claim_fresh(Path(sys.argv[1]))[0])",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert child.stdout.strip() == str(tmp_path / "run-1")
+    pid = int((tmp_path / "run-1" / run_dir.LOCK).read_text().split()[1])
+    assert run_dir.claimed_by(pid, tmp_path / "run") == tmp_path / "run-1"
+    assert run_dir.claimed_by(pid + 1_000_000, tmp_path / "run") is None
