@@ -3,8 +3,9 @@
 `slurm_cluster(network, controller, nodes, state_dir)` (a context manager) runs, on the hosts of a
 `tests/support/hosts.py` network:
 
-- **munged** on the controller's host with a key generated for this cluster, its socket in `state_dir` (a Unix socket
-  is reached through the filesystem, so every host's Slurm talks to it; `AuthInfo=socket=` points Slurm there);
+- **munged** on the controller's host with a key generated for this cluster, its socket in the sockets' folder (a
+  Unix socket is reached through the filesystem, so every host's Slurm talks to it; `AuthInfo=socket=` points Slurm
+  there);
 - **slurmctld** on the controller's host (`SlurmctldHost=<controller>(<its address>)`);
 - one **slurmd** per node host, `NodeName` = the host's name (its hostname), `NodeAddr` = its address, so the jobs'
   processes run in that host's network, hostname, /tmp and /dev/shm, and Slurm hands out the hosts' names.
@@ -12,7 +13,9 @@
 The configuration is minimal: no accounting database (`accounting_storage/none`), `select/cons_tres` with cores and
 memory as consumable resources, `proctrack/linuxproc` and `task/none` (no cgroup enforcement: this container mounts
 cgroup v1 without Slurm's hierarchy; slurmd still needs /sys/fs/cgroup to start, which the hosts keep), and every file
-(configuration, key, state, spools, pid files, logs) under `state_dir`. Clients find it through `SLURM_CONF`
+(configuration, key, state, pid files, logs) under `state_dir`, except the sockets: munge's and the slurmd spools
+(where slurmstepd makes its sockets) live in a short folder under /var/tmp, since a Unix socket's path may not exceed
+108 bytes and pytest's temporary paths (longer under xdist) leave too little. Clients find it through `SLURM_CONF`
 (`SlurmCluster.env`). Each daemon runs in the foreground as a child of this process; on exit the jobs are cancelled,
 the daemons stopped (SIGTERM, then SIGKILL after a few seconds) and the key removed; the logs stay in `state_dir`.
 Bring-up is bounded (`START_TIMEOUT_S`). Needs root and Debian's `slurmctld`, `slurmd`, `slurm-client` and `munge`
@@ -25,6 +28,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -50,8 +54,11 @@ def unavailable() -> str | None:
     return namespaced.unavailable()
 
 
-def slurm_conf(state_dir: Path, controller: namespaced.Host, nodes: Sequence[namespaced.Host], memory_mb: int) -> str:
-    """The cluster's slurm.conf: every node `CPUs` = this machine's cores and `memory_mb` of RealMemory."""
+def slurm_conf(
+    state_dir: Path, sockets: Path, controller: namespaced.Host, nodes: Sequence[namespaced.Host], memory_mb: int
+) -> str:
+    """The cluster's slurm.conf: every node `CPUs` = this machine's cores and `memory_mb` of RealMemory; munge's socket
+    and the spools in `sockets`."""
     cpus = os.cpu_count() or 1
     lines = [
         "ClusterName=rlmesh-test",
@@ -60,9 +67,9 @@ def slurm_conf(state_dir: Path, controller: namespaced.Host, nodes: Sequence[nam
         "SlurmdUser=root",
         "AuthType=auth/munge",
         "CredType=cred/munge",
-        f"AuthInfo=socket={state_dir / 'munge.socket'}",
+        f"AuthInfo=socket={sockets / 'munge.socket'}",
         f"StateSaveLocation={state_dir / 'ctld'}",
-        f"SlurmdSpoolDir={state_dir / 'spool'}/%n",
+        f"SlurmdSpoolDir={sockets / 'spool'}/%n",
         f"SlurmctldPidFile={state_dir / 'slurmctld.pid'}",
         f"SlurmdPidFile={state_dir / 'slurmd'}-%n.pid",
         f"SlurmctldLogFile={state_dir / 'log' / 'slurmctld.log'}",
@@ -174,24 +181,27 @@ def slurm_cluster(
     if reason:
         raise RuntimeError(reason)
     state_dir = Path(state_dir).resolve()
-    for directory in ("ctld", "log", *(f"spool/{node}" for node in nodes)):
+    for directory in ("ctld", "log"):
         (state_dir / directory).mkdir(parents=True, exist_ok=True)
+    sockets = Path(tempfile.mkdtemp(prefix="slurm-", dir="/var/tmp"))  # visible on every host: only /tmp is private
+    for node in nodes:
+        (sockets / "spool" / node).mkdir(parents=True)
     key = state_dir / "munge.key"
     key.touch(mode=0o600)
     key.write_bytes(os.urandom(128))
     (state_dir / "slurm.conf").write_text(
-        slurm_conf(state_dir, network[controller], [network[n] for n in nodes], memory_mb)
+        slurm_conf(state_dir, sockets, network[controller], [network[n] for n in nodes], memory_mb)
     )
     cluster = SlurmCluster(network, controller, list(nodes), state_dir)
     try:
         munge = [
-            f"--socket={state_dir / 'munge.socket'}",
+            f"--socket={sockets / 'munge.socket'}",
             f"--key-file={key}",
             f"--pid-file={state_dir / 'munged.pid'}",
         ]
         munge += [f"--log-file={state_dir / 'log' / 'munged.log'}", f"--seed-file={state_dir / 'munged.seed'}"]
         cluster._start("munged", controller, [tool("munged"), "--foreground", "--force", *munge])
-        cluster._wait("munged listens", lambda: (state_dir / "munge.socket").exists())
+        cluster._wait("munged listens", lambda: (sockets / "munge.socket").exists())
         conf = str(state_dir / "slurm.conf")
         cluster._start("slurmctld", controller, [tool("slurmctld"), "-D", "-f", conf])
         cluster._wait("slurmctld answers", lambda: cluster._answers("scontrol", "ping"))
@@ -201,3 +211,4 @@ def slurm_cluster(
         yield cluster
     finally:
         cluster.stop()
+        shutil.rmtree(sockets, ignore_errors=True)
