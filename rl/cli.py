@@ -367,7 +367,7 @@ def launcher_killed_message(signal_number: int, run_dir: Path) -> str:
         name = f"signal {signal_number}"
     why = (
         "a crash in the launcher's native runtime (Monarch's: a worker restarted at its address under the running run "
-        "does this, docs/gpus-and-clusters.md, Faults across hosts)"
+        "does this, docs/gpus-and-clusters.md, Faults across hosts); restart every worker before going on"
         if signal_number == signal.SIGSEGV
         else "killed by another process or by the kernel (out of memory: SIGKILL)"
     )
