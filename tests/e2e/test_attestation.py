@@ -21,6 +21,7 @@ from rl.assets import resolve_model_path
 from rl.config import load_config
 from rl.weights.attestation import fingerprint_state_dict
 from rl.weights.shared_file import SharedWeights, file_path, map_file, plan_layout, write
+from tests.support.inprocess_engine import werkzeug_proxies_hidden
 from tests.support.paths import E2E_CONFIGS
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.attestation]
@@ -52,7 +53,8 @@ async def engine():
     from vllm import LLM
 
     generator_config = load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"generator.max_model_len": "128"}).generator
-    llm = LLM(model=resolve_model_path("tiny-qwen3"), **engine_args(generator_config))  # the Generator actor's engine
+    with werkzeug_proxies_hidden():
+        llm = LLM(model=resolve_model_path("tiny-qwen3"), **engine_args(generator_config))  # the actor's engine
     loop = EngineLoop(llm.llm_engine)
     yield llm, loop
     await loop.close()

@@ -15,6 +15,7 @@ from actors.generator import engine_args
 from rl.assets import resolve_model_path
 from rl.config import load_config
 from rl.loop.resolve import resolve_config
+from tests.support.inprocess_engine import werkzeug_proxies_hidden
 from tests.support.paths import E2E_CONFIGS
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
@@ -41,7 +42,8 @@ async def engine():
     generator_config = resolve_config(
         load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"generator.max_model_len": "128"})
     ).generator
-    llm = LLM(model=resolve_model_path("tiny-qwen3"), **engine_args(generator_config))  # the Generator actor's engine
+    with werkzeug_proxies_hidden():
+        llm = LLM(model=resolve_model_path("tiny-qwen3"), **engine_args(generator_config))  # the actor's engine
     loop = EngineLoop(llm.llm_engine)
     yield llm, loop
     await loop.close()
