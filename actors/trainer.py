@@ -199,14 +199,11 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
     async def save_checkpoint(self, path: str, weights_only: bool = False) -> None:
         """Model, optimizer, LR schedule and this process's RNG into the checkpoint directory `path` (`weights_only`:
         the model and the RNG)."""
-        checkpoint.write(Path(path), checkpoint.TRAINER, self.lm, self.optimizer, self.scheduler, weights_only)
-        if self.ranks.rank == 0:
-            checkpoint.write(Path(path), checkpoint.RNG, "trainer")
+        checkpoint.save_trainer_rank(Path(path), self.lm, self.optimizer, self.scheduler, self.ranks.rank, weights_only)
 
     @endpoint
     async def load_checkpoint(self, path: str) -> None:
-        checkpoint.load_trainer(Path(path), self.lm, self.optimizer, self.scheduler)
-        checkpoint.load_rng(Path(path), "trainer")
+        checkpoint.load_trainer_rank(Path(path), self.lm, self.optimizer, self.scheduler)
 
     @endpoint
     async def logprobs(self, token_ids: list[int], reference: bool = False) -> list[float] | None:

@@ -271,6 +271,27 @@ def load_trainer(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opti
     scheduler.load_state_dict(state["scheduler"])
 
 
+def save_trainer_rank(
+    path: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    rank: int,
+    weights_only: bool = False,
+) -> None:
+    """A trainer rank's share of the checkpoint being written at `path`: its shards of the trainer state (every rank
+    writes, `torch.distributed.checkpoint`) and, from rank 0, the trainer's RNG (`weights_only`: the model alone)."""
+    write(path, TRAINER, model, optimizer, scheduler, weights_only)
+    if rank == 0:
+        write(path, RNG, "trainer")
+
+
+def load_trainer_rank(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any) -> None:
+    """What `save_trainer_rank` saved, into a (fresh) trainer rank: its shards of the trainer state and the RNG."""
+    load_trainer(path, model, optimizer, scheduler)
+    load_rng(path, "trainer")
+
+
 def _trained_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
     """The model state a checkpoint holds, and the optimizer's: every frozen parameter is left out (a LoRA run's base
     comes from the model's files), a tied alias of one too (`ignore_frozen_params` alone keeps those)."""

@@ -1,7 +1,7 @@
 """`checkpoint.final`: a weights-only checkpoint is a third of a full one, is read by export and eval, and is never
 resumed from; the start-up line's size estimate matches the bytes the trainer's writer puts on disk.
 
-Checkpoints are written by the trainer's own writer (`store.write(path, store.TRAINER, ...)`) from the tiny Qwen3 after one AdamW step,
+Checkpoints are written by the trainer's own writer (`store.save_trainer_rank`) from the tiny Qwen3 after one AdamW step,
 committed by `rl.loop.state.save_checkpoint` (the roles' part is that writer, as the PolicyTrainer runs it)."""
 
 import json
@@ -33,7 +33,7 @@ class TrainerWriter:
         self.optimizer.step()
 
     async def save_checkpoint(self, path, weights_only=False):
-        store.write(path, store.TRAINER, self.model, self.optimizer, self.scheduler, weights_only)
+        store.save_trainer_rank(path, self.model, self.optimizer, self.scheduler, 0, weights_only)
 
 
 @pytest.fixture(scope="module")
