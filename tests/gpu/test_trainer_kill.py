@@ -173,7 +173,7 @@ def compare_metrics(got: dict[str, float], want: dict[str, float], rtol: float) 
         assert gap <= allowed, (
             f"{name}: {got[name]!r}, the reference {want[name]!r} (relative gap {gap:.3g} > {allowed})"
         )
-        if gap >= worst_gap:
+        if gap > worst_gap:
             worst, worst_gap = name, gap
     return worst, worst_gap
 
