@@ -81,6 +81,7 @@ class InterruptibleRun:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._lock = threading.Lock()
+        self._hard_stopping = threading.Event()
         signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
         threading.Thread(target=self._watch, name="rlmesh-signals", daemon=True).start()
 
@@ -99,6 +100,9 @@ class InterruptibleRun:
                 if self.interrupted.is_set():
                     raise KeyboardInterrupt from None
                 raise
+            finally:
+                if self._hard_stopping.is_set():
+                    threading.Event().wait()  # the hard stop is killing the actors and ends the process: say nothing
 
     def _watch(self) -> None:
         signal.sigwait(_SIGNALS)
@@ -139,6 +143,7 @@ class InterruptibleRun:
         return "\n".join(lines[-6:]) or "  (finished)"
 
     def _hard_stop(self, why: str) -> None:
+        self._hard_stopping.set()  # the run, ending as its actors die, must not exit first with another message
         kill_descendants()
         print(f"rlmesh: interrupted ({why}); actor processes killed", file=sys.stderr, flush=True)
         os._exit(EXIT_INTERRUPTED)

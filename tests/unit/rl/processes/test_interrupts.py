@@ -31,9 +31,34 @@ STUBBORN_RUN = textwrap.dedent(
 )
 
 
-def start(grace_s: float) -> tuple[subprocess.Popen, int]:
+# A run that ignores the first interrupt, then ends as soon as its child dies (a run whose actors the hard stop kills),
+# while the hard stop takes a while to reap what it killed (a real run's dozens of actor processes).
+RUN_ENDING_WITH_ITS_CHILD = textwrap.dedent(
+    """
+    import asyncio, subprocess, sys, time
+    from rl.processes import interrupts
+
+    kill_descendants = interrupts.kill_descendants
+    interrupts.kill_descendants = lambda: (kill_descendants(), time.sleep(2))
+
+    async def ends_with_its_child():
+        child = subprocess.Popen(["sleep", "600"])
+        print(child.pid, flush=True)
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            print("cancelled; ignoring it", flush=True)
+        await asyncio.to_thread(child.wait)
+
+    interrupts.InterruptibleRun(grace_s=600.0).run(ends_with_its_child())
+    print("the run's own exit", file=sys.stderr, flush=True)
+    """
+)
+
+
+def start(grace_s: float, script: str = STUBBORN_RUN) -> tuple[subprocess.Popen, int]:
     run = subprocess.Popen(
-        [sys.executable, "-c", STUBBORN_RUN, str(grace_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [sys.executable, "-c", script, str(grace_s)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     return run, int(run.stdout.readline())
 
@@ -52,8 +77,9 @@ def test_a_run_that_does_not_stop_is_killed_with_its_children_at_the_grace_deadl
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
 
 
-def test_a_second_interrupt_stops_at_once():
-    run, child = start(grace_s=600.0)
+@pytest.mark.parametrize("script", [STUBBORN_RUN, RUN_ENDING_WITH_ITS_CHILD], ids=["stuck_run", "run_ending_as_killed"])
+def test_a_second_interrupt_stops_at_once(script):
+    run, child = start(grace_s=600.0, script=script)
     run.send_signal(signal.SIGINT)
     assert run.stdout.readline() == "cancelled; ignoring it\n"
     sent = time.monotonic()
@@ -62,4 +88,5 @@ def test_a_second_interrupt_stops_at_once():
     assert run.returncode == 130 and time.monotonic() - sent < 10
     assert "Ctrl-C again to stop at once" in stderr
     assert "rlmesh: interrupted (second interrupt); actor processes killed" in stderr
+    assert "the run's own exit" not in stderr  # the run, ending as the hard stop killed its actors, did not exit first
     assert not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE
