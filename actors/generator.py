@@ -87,6 +87,10 @@ def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> di
     worker's OpenMP threads to its own cores ("0|1": worker 0 on core 0, worker 1 on core 1); it refuses
     several workers on one NUMA node without an explicit binding, so the generator's cores (else every core
     this process may use) are split evenly between them.
+
+    An eager engine on CPU also runs without TorchDynamo: vLLM compiles a few sampler helpers with inductor on first
+    use whatever `enforce_eager` says (the sampled tokens' ranks: ~5 s and a g++ run at every generator start here,
+    again at each new batch shape), and on CPU they are integer counts and masks that run eagerly to the same values.
     """
     tp = generator_config.tensor_parallel_size
     env = {
@@ -95,6 +99,8 @@ def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> di
     }
     if generator_config.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(generator_config.cpu_kv_cache_gib)
+        if generator_config.enforce_eager:
+            env["TORCHDYNAMO_DISABLE"] = "1"
         cores = cpus or sorted(os.sched_getaffinity(0))
         if tp > 1 and len(cores) < tp:
             raise ValueError(f"generator.tensor_parallel_size = {tp} on CPU needs {tp} cores, got {cores}")
@@ -200,6 +206,8 @@ class Generator(MetricsActor, ServiceReplica):
             generator_config.cpus, rank=replica.index if replica else 0, of=generator_config.num_replicas
         )
         os.environ.update(engine_environment(generator_config, cpus or []))
+        if os.environ.get("TORCHDYNAMO_DISABLE") == "1":
+            torch._dynamo.config.disable = True  # the variable is read when dynamo is imported, which it already is
         from vllm import LLM
 
         self.stop_token_ids = stop_token_ids

@@ -24,6 +24,7 @@ def test_tensor_parallel_cpu_workers_run_in_engine_processes_each_on_its_own_cor
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        "TORCHDYNAMO_DISABLE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": "4,5|6,7",
     }
     cores = sorted(os.sched_getaffinity(0))
@@ -31,6 +32,12 @@ def test_tensor_parallel_cpu_workers_run_in_engine_processes_each_on_its_own_cor
     assert engine_environment(generator, cpus=[])["VLLM_CPU_OMP_THREADS_BIND"] == "|".join(
         ",".join(map(str, part)) for part in (cores[:half], cores[half : 2 * half])
     )
+
+
+def test_an_eager_cpu_engine_and_its_workers_run_without_dynamo_and_a_compiled_one_keeps_it():
+    assert engine_environment(load_config(TINY).generator, cpus=[])["TORCHDYNAMO_DISABLE"] == "1"
+    compiled = load_config(TINY, {"generator.enforce_eager": "false"}).generator
+    assert "TORCHDYNAMO_DISABLE" not in engine_environment(compiled, cpus=[])
 
 
 def test_every_worker_gets_the_weight_loader():
