@@ -336,6 +336,9 @@ def hosts(
         for host in network:
             with contextlib.suppress(OSError):
                 _kill_and_reap(_processes_in_netns(_netns_inode(host.netns)))
+            for process in host.started:  # one started a moment ago may still be nsenter, not yet in the namespace
+                if process.poll() is None:
+                    process.kill()
             for process in [*host.started, host.anchor]:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(timeout=10)
