@@ -12,7 +12,6 @@ endpoint runs on every rank.
 from __future__ import annotations
 
 import contextlib
-import math
 from pathlib import Path
 
 import torch
@@ -34,25 +33,10 @@ from rl.processes.titles import name_process
 from rl.services.replica import ServiceReplica
 from rl.training import distributed, lora
 from rl.training.logprobs import token_logprobs
+from rl.training.schedule import lr_lambda
 from rl.training.train_step import train_step
 from rl.weights import sync as weight_sync
 from rl.weights.attestation import Fingerprints
-
-
-def lr_lambda(trainer_config: TrainerConfig, total_steps: int):
-    """Multiplier of the base LR at each optimizer step: linear warmup, then the schedule."""
-
-    def multiplier(step: int) -> float:
-        if step < trainer_config.warmup_steps:
-            return (step + 1) / (trainer_config.warmup_steps + 1)
-        if trainer_config.lr_schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - trainer_config.warmup_steps) / max(1, total_steps - trainer_config.warmup_steps))
-        if trainer_config.lr_schedule == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return multiplier
 
 
 def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:

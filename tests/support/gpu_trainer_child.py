@@ -34,6 +34,7 @@ from rl.config.roles import TrainerConfig
 from rl.packing.prefix_tree import pack_for_trainer
 from rl.packing.rows import split_micro_batches
 from rl.training import distributed
+from rl.training.schedule import lr_lambda
 from rl.training.train_step import train_step
 from tests.support.gpu_models import random_qwen3
 from tests.support.tree_samples import grouped_samples
@@ -119,9 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     optimizer = torch.optim.AdamW(
         root.parameters(), lr=trainer.lr, betas=trainer.betas, weight_decay=trainer.weight_decay
     )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / (trainer.warmup_steps + 1))
-    )  # the trainer's warm-up (actors.trainer.lr_lambda), then constant
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(trainer, total_steps=args.steps))
     results: dict = {"steps": {}, "timings": {}}
     done = 0
     if args.resume:

@@ -7,13 +7,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from actors.trainer import lr_lambda
 from rl.assets import resolve_model_path
 from rl.config.loss import LossConfig
 from rl.config.roles import TrainerConfig
 from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
 from rl.training.logprobs import token_logprobs
 from rl.training.losses import ppo_clip_token_loss
+from rl.training.schedule import lr_lambda
 from rl.training.train_step import train_step
 
 SEQ_LEN = 24

@@ -2,8 +2,8 @@ import math
 
 import pytest
 
-from actors.trainer import lr_lambda
 from rl.config.roles import TrainerConfig
+from rl.training.schedule import lr_lambda
 
 
 @pytest.mark.parametrize(
