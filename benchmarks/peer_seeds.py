@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/peer_seeds.py run DIR --seeds 0-23 --label fp64 -- --generator.fp64_sampling_noise true
     .venv/bin/python benchmarks/peer_seeds.py run DIR --seeds 0-23 --peer-python /work/peer-venv/bin/python
     .venv/bin/python benchmarks/peer_seeds.py compare DIR rlmesh peer
+    .venv/bin/python benchmarks/peer_seeds.py run DIR --seeds 0-2 --steps 14 --evals --label bf16 -- --generator.dtype bfloat16
 
 `run` trains each seed for `--steps` steps (no held-out eval), one run at a time (two runs on 2 cores slow each
 other and change nothing else), and keeps per seed `DIR/<label>-s<seed>.jsonl`: one line per step with the
@@ -11,8 +12,12 @@ training reward mean and the mean completion length. rlmesh runs also keep their
 directories (checkpoints) are deleted. Seeds already in DIR are skipped, so an interrupted `run` continues.
 The peer is `benchmarks/peer_trl.py` in its own venv; both draw the same rows in the same order for a seed.
 
+`--evals` keeps the main job's held-out evals (step 0, every `run.eval_every` steps, the end): the whole main job per
+seed, so that compare can set held-out rewards side by side too.
+
 `compare DIR A B` prints, over the seeds both labels have, B − A at step 1 (both sample the same base model)
-and averaged over steps 2..N (after updates), with its standard error and an exact paired sign-flip p-value.
+and averaged over steps 2..N (after updates), with its standard error and an exact paired sign-flip p-value; then
+each label's median step time and largest `train/mismatch_k3`, and the held-out rewards where the runs kept them.
 """
 
 from __future__ import annotations
@@ -42,8 +47,9 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def run_rlmesh(seed: int, steps: int, overrides: list[str], record: Path) -> None:
-    """One rlmesh run of the main job's config; keeps its per-step rewards and its rollouts next to `record`."""
+def run_rlmesh(seed: int, steps: int, overrides: list[str], record: Path, evals: bool) -> None:
+    """One rlmesh run of the main job's config; keeps its per-step rewards and its rollouts next to `record`.
+    `evals`: keep the config's held-out evals (else none run)."""
     with tempfile.TemporaryDirectory(dir=record.parent) as output_dir:
         command = [
             sys.executable,
@@ -56,8 +62,7 @@ def run_rlmesh(seed: int, steps: int, overrides: list[str], record: Path) -> Non
             str(seed),
             "--run.steps",
             str(steps),
-            "--run.eval_every",
-            "0",
+            *([] if evals else ["--run.eval_every", "0"]),
             "--run.name",
             "seed",
             "--run.output_dir",
@@ -72,9 +77,14 @@ def run_rlmesh(seed: int, steps: int, overrides: list[str], record: Path) -> Non
                 "step": m["step"],
                 "reward_mean": m["reward/mean"],
                 "completion_length": m["rollouts/completion_tokens_mean"],
+                "step_s": m["time/step_s"],
+                "mismatch_k3": m.get("train/mismatch_k3"),
             }
             for m in metrics
             if "reward/mean" in m
+        ]
+        rows += [
+            {"step": m["step"], "eval_reward_mean": m["eval/reward/mean"]} for m in metrics if "eval/reward/mean" in m
         ]
         shutil.copy(run_dir / "rollouts.jsonl", record.with_suffix(".rollouts.jsonl"))
     write_records(record, rows)
@@ -110,13 +120,14 @@ def write_records(record: Path, rows: list[dict]) -> None:
     partial.replace(record)
 
 
-def load(out_dir: Path, label: str) -> dict[int, dict[int, float]]:
-    """seed -> step -> training reward mean, for every finished seed of `label`."""
+def load(out_dir: Path, label: str, key: str = "reward_mean") -> dict[int, dict[int, float]]:
+    """seed -> step -> `key` (the training reward mean by default), for every finished seed of `label`."""
     runs = {}
     for path in out_dir.glob(f"{label}-s*.jsonl"):
         seed = path.name.removeprefix(f"{label}-s").removesuffix(".jsonl")
         if seed.isdigit():
-            runs[int(seed)] = {row["step"]: row["reward_mean"] for row in map(json.loads, path.open())}
+            rows = map(json.loads, path.open())
+            runs[int(seed)] = {row["step"]: row[key] for row in rows if row.get(key) is not None}
     return runs
 
 
@@ -161,6 +172,21 @@ def compare(out_dir: Path, a: str, b: str, steps: int) -> None:
             f"{b} higher on {sum(d > 1e-3 for d in diffs)}, equal on {sum(abs(d) <= 1e-3 for d in diffs)}; "
             f"paired sign-flip p = {sign_flip_p(diffs):.3f}"
         )
+    for label in (a, b):
+        times = [t for s in seeds for t in load(out_dir, label, "step_s").get(s, {}).values()]
+        mismatch = [m for s in seeds for m in load(out_dir, label, "mismatch_k3").get(s, {}).values()]
+        evals = load(out_dir, label, "eval_reward_mean")
+        print(
+            f"{label}: median step {statistics.median(times):.1f} s, largest train/mismatch_k3 {max(mismatch):.2g}"
+            if times and mismatch
+            else f"{label}: no step times recorded"
+        )
+        for seed in seeds:
+            if evals.get(seed):
+                print(
+                    f"  seed {seed} held-out: "
+                    + " -> ".join(f"{v:.3f} (step {k})" for k, v in sorted(evals[seed].items()))
+                )
 
 
 def main() -> None:
@@ -174,15 +200,17 @@ def main() -> None:
     run.add_argument("--steps", type=int, default=4)
     run.add_argument("--label", help='name of these runs in DIR (default "rlmesh", or "peer" with --peer-python)')
     run.add_argument("--peer-python", help="the TRL venv's python: run the peer instead of rlmesh")
-    run.add_argument(
-        "overrides", nargs="*", help="rlmesh config overrides after --, e.g. -- --generator.fp64_sampling_noise true"
-    )
+    run.add_argument("--evals", action="store_true", help="keep the config's held-out evals (the whole main job)")
+    run.epilog = "rlmesh config overrides go after --, e.g. -- --generator.fp64_sampling_noise true"
     cmp = commands.add_parser("compare", help="paired comparison of two labels over their common seeds")
     cmp.add_argument("out_dir", type=Path)
     cmp.add_argument("a")
     cmp.add_argument("b")
     cmp.add_argument("--steps", type=int, default=4)
-    args = parser.parse_args()
+    argv = sys.argv[1:]  # argparse's subcommands drop what follows "--", so the overrides are split off here
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    overrides = argv[cut + 1 :]
     if args.command == "compare":
         compare(args.out_dir, args.a, args.b, args.steps)
         return
@@ -195,9 +223,10 @@ def main() -> None:
         if args.peer_python:
             run_peer(seed, args.steps, args.peer_python, record)
         else:
-            run_rlmesh(seed, args.steps, args.overrides, record)
+            run_rlmesh(seed, args.steps, overrides, record, args.evals)
         print(
-            f"{label} seed {seed}: rewards {[row['reward_mean'] for row in map(json.loads, record.open())]}", flush=True
+            f"{label} seed {seed}: rewards {[row['reward_mean'] for row in map(json.loads, record.open()) if 'reward_mean' in row]}",
+            flush=True,
         )
 
 
