@@ -8,6 +8,7 @@ import pytest
 
 from rl.cli import main
 from rl.config import load_config
+from rl.loop import resolve
 from rl.loop.resolve import resolve_config
 from tests.support.hardware import NATIVE_BF16, NO_NATIVE_BF16, refuses_bf16_compute, refuses_cuda
 from tests.support.paths import REPO
@@ -96,10 +97,16 @@ def test_token_is_comes_with_decoupled_mode_over_a_sampler_gap(overrides, rollou
     assert resolve_config(config) == config  # a resolved config resolves to itself
 
 
-@pytest.mark.skipif(not NATIVE_BF16, reason=NO_NATIVE_BF16)
-def test_the_bare_default_on_a_bf16_native_machine_gets_token_is():
+@pytest.mark.parametrize("native", [True, False], ids=["native_bf16", "no_native_bf16"])
+def test_the_bare_default_is_fp32_on_both_sides_and_on_policy_with_or_without_native_bf16(native, monkeypatch):
+    """Both "auto" give fp32 to the trainer and the sampler where bf16 is native too: bf16 on both sides learned half
+    as fast per step on the main job and was not faster (benchmarks/README.md, "Precision"). One exact policy on both
+    sides: bypass mode, no IS."""
+    monkeypatch.setattr(resolve, "native_bf16", lambda device: native)
     config = resolve_config(load_config(None, {"tasks": "[{name = 'sum_digits'}]"}))
-    assert config.loss.rollout_correction.rollout_is == "token"
+    assert (config.trainer.dtype, config.generator.dtype) == ("float32", "float32")
+    correction = config.loss.rollout_correction
+    assert correction.bypass_mode and correction.rollout_is is None
 
 
 def test_validate_with_a_staleness_budget_shows_token_is_on_and_why(capsys):
