@@ -55,8 +55,9 @@ def test_a_signal_sent_to_the_guard_reaches_the_launcher_once():
 def test_the_launcher_gets_sigterm_when_its_guard_dies(tmp_path):
     marker = tmp_path / "terminated"
     run = guard(
-        f"import signal, pathlib; print('ready', flush=True); signal.sigwait({{signal.SIGTERM}}); "
-        f"pathlib.Path({str(marker)!r}).write_text('SIGTERM')"
+        f"import os, signal, pathlib; print('ready', flush=True); signal.sigwait({{signal.SIGTERM}}); "
+        f"pathlib.Path({str(marker)!r} + '.partial').write_text('SIGTERM'); "
+        f"os.replace({str(marker)!r} + '.partial', {str(marker)!r})"  # whole, or absent: the poll below reads it once
     )
     assert run.stdout.readline().strip() == "ready"
     run.kill()
