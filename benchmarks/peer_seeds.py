@@ -6,7 +6,7 @@
     .venv/bin/python benchmarks/peer_seeds.py compare DIR rlmesh peer
     .venv/bin/python benchmarks/peer_seeds.py run DIR --seeds 0-2 --steps 14 --evals --label bf16 -- --generator.dtype bfloat16
 
-`run` trains each seed for `--steps` steps (no held-out eval), one run at a time (two runs on 2 cores slow each
+`run` trains each seed for `--steps` steps (no held-out eval unless `--evals`), one run at a time (two runs on 2 cores slow each
 other and change nothing else), and keeps per seed `DIR/<label>-s<seed>.jsonl`: one line per step with the
 training reward mean and the mean completion length. rlmesh runs also keep their `rollouts.jsonl`; run
 directories (checkpoints) are deleted. Seeds already in DIR are skipped, so an interrupted `run` continues.
@@ -176,11 +176,10 @@ def compare(out_dir: Path, a: str, b: str, steps: int) -> None:
         times = [t for s in seeds for t in load(out_dir, label, "step_s").get(s, {}).values()]
         mismatch = [m for s in seeds for m in load(out_dir, label, "mismatch_k3").get(s, {}).values()]
         evals = load(out_dir, label, "eval_reward_mean")
-        print(
-            f"{label}: median step {statistics.median(times):.1f} s, largest train/mismatch_k3 {max(mismatch):.2g}"
-            if times and mismatch
-            else f"{label}: no step times recorded"
-        )
+        if times:  # rlmesh records; the peer's have neither
+            print(
+                f"{label}: median step {statistics.median(times):.1f} s, largest train/mismatch_k3 {max(mismatch):.2g}"
+            )
         for seed in seeds:
             if evals.get(seed):
                 print(
