@@ -178,7 +178,7 @@ def compare(out_dir: Path, a: str, b: str, steps: int) -> None:
         evals = load(out_dir, label, "eval_reward_mean")
         if times:  # rlmesh records; the peer's have neither
             print(
-                f"{label}: median step {statistics.median(times):.1f} s, largest train/mismatch_k3 {max(mismatch):.2g}"
+                f"{label}: median step {statistics.median(times):.1f} s, largest train/mismatch_k3 {max(mismatch, default=float('nan')):.2g}"
             )
         for seed in seeds:
             if evals.get(seed):
