@@ -17,7 +17,7 @@ from rl.loop.controller import Controller
 from rl.weights import sync as weight_sync
 from tests.support.paths import E2E_CONFIGS
 
-pytestmark = [pytest.mark.allocates_job, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
 DEADLINE_S = 900
 

@@ -3,12 +3,14 @@ carries only the adapters, the generators serve them through vLLM's LoRA support
 policy, not the base model; every sync is attested on the adapter vLLM holds, a replica holding another adapter is
 refused, and a sync whose adapter does not reach the generators stops the run.
 
-One controller run (3 steps, `trainer.lora` rank 8 on every linear layer, lr 1e-2 so that the adapters move the policy
-visibly) is shared by the tests.
+One controller run (6 steps, `trainer.lora` rank 8 on every linear layer, lr 1e-2 so that the adapters move the policy
+visibly) is shared by the tests; a run whose trainer is SIGKILLed midway must write its metrics and tokens.
 """
 
 import asyncio
 import json
+import os
+import signal
 from dataclasses import replace
 from pathlib import Path
 
@@ -23,15 +25,33 @@ from rl.assets import resolve_model_path
 from rl.config import load_config
 from rl.loop.controller import Controller
 from rl.loop.roles import AdapterNotServed
+from tests.support.launch import Launch, trainer_pids
 from tests.support.paths import E2E_CONFIGS
+from tests.support.runs import EXACT_RUN, assert_same_run, read_jsonl
 from tests.support.score_export import score_in_fresh_process
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
 DEADLINE_S = 600
 RANK = 8
-STEPS = 3
+STEPS = 6
 LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+LORA_RUN = (
+    *EXACT_RUN,  # 6 steps, rewards that vary across samples
+    "--run.eval_every",
+    "0",
+    "--trainer.lora.enabled",
+    "true",
+    "--trainer.lora.rank",
+    str(RANK),
+    "--trainer.lora.alpha",
+    str(2 * RANK),
+    "--trainer.lr",
+    "1e-2",
+)
+"""The LoRA run, as `rlmesh train` overrides."""
 
 
 class SilentSync:
@@ -47,14 +67,8 @@ async def trained(tmp_path_factory):
         E2E_CONFIGS / "tiny_qwen3_e2e.toml",
         {
             "run.output_dir": str(tmp_path_factory.mktemp("runs")),
-            "run.steps": str(STEPS),
-            "run.eval_every": "0",
             "checkpoint.every_steps": "1",
-            "tasks.0.rubric.reward_fns": "[{fn = 'tests.support.e2e_rewards:even_token_share'}]",  # rewards that vary
-            "trainer.lora.enabled": "true",
-            "trainer.lora.rank": str(RANK),
-            "trainer.lora.alpha": str(2 * RANK),
-            "trainer.lr": "1e-2",
+            **{key.removeprefix("--"): value for key, value in zip(LORA_RUN[::2], LORA_RUN[1::2], strict=True)},
         },
     )
     controller = Controller(config)
@@ -62,16 +76,16 @@ async def trained(tmp_path_factory):
     try:
         summary = await asyncio.wait_for(controller.train(), DEADLINE_S)
         run_dir = Path(summary["run_dir"])
-        last = [  # the last step's rollouts, sampled with the adapters of policy version 2
+        last = [  # the last step's rollouts, sampled with the adapters of the version before
             record["rollout"]
             for record in map(json.loads, (run_dir / "rollouts.jsonl").read_text().splitlines())
             if record["step"] == STEPS
         ]
         sequences = [turn["prompt_token_ids"] + turn["completion_token_ids"] for turn in (r["turns"][0] for r in last)]
-        # the trainer goes back to version 2 (step 2's checkpoint), and scores what that version sampled
-        await controller.roles.trainer.load_checkpoint.call_one(str(run_dir / "checkpoints" / "step_00000002"))
+        # the trainer goes back to the version before (its step's checkpoint), and scores what that version sampled
+        await controller.roles.trainer.load_checkpoint.call_one(str(run_dir / "checkpoints" / f"step_{STEPS - 1:08d}"))
         trainer = [await controller.roles.trainer.logprobs.call_one(ids) for ids in sequences]
-        # the generators serve version 3: a sync that never reaches them must not pass as the trainer's version 2
+        # the generators serve version STEPS: a sync of the next version that never reaches them must not pass
         controller.roles.generators.__dict__["update_weights"] = SilentSync()
         with pytest.raises(AdapterNotServed) as refused:
             await controller.sync_weights(STEPS + 1)
@@ -122,7 +136,7 @@ async def test_the_generators_sample_the_trainers_adapters_not_the_base(trained)
         torch.testing.assert_close(sampled, torch.tensor(trainer[-completion:]), rtol=0, atol=1e-4)
         moved = max(moved, (sampled - torch.tensor(logprobs(base, ids)[-completion:])).abs().max().item())
     assert moved > 0.05  # the adapters changed the policy: sampling the base model would fail the check above
-    for record in step_records(trained["run_dir"])[1:]:  # steps 2 and 3 sampled with the adapters of versions 1, 2
+    for record in step_records(trained["run_dir"])[1:]:  # steps 2.. sampled with the adapters of versions 1..
         assert record["train/mismatch_k3"] < 1e-6
 
 
@@ -148,7 +162,7 @@ async def test_every_adapter_sync_is_attested_and_a_wrong_adapter_is_refused(tra
 
 async def test_a_sync_whose_adapter_does_not_reach_the_generators_stops_the_run(trained):
     refused = str(trained["refused"])
-    assert "generator replica 0 does not serve the adapter of policy version 4" in refused
+    assert f"generator replica 0 does not serve the adapter of policy version {STEPS + 1}" in refused
     assert "trainer.lora.sync_check_tolerance = 0.001" in refused
 
 
@@ -159,3 +173,27 @@ async def test_the_export_is_the_merged_model_and_the_adapter(trained, tmp_path)
     for engine in ("transformers", "peft"):
         for exported, trainer in zip(scored[engine], trained["trainer"]):
             torch.testing.assert_close(torch.tensor(exported), torch.tensor(trainer[1:]), rtol=0, atol=1e-5)
+
+
+def run_with_the_trainer_killed_after_step_3(output_dir: Path) -> Path:
+    """`LORA_RUN` with checkpoints every 2 steps, its trainer SIGKILLed after step 3; the run's directory."""
+    launch = Launch(output_dir, *LORA_RUN, "--checkpoint.every_steps", "2")
+    try:
+        launch.wait_for_line("step    3 v3")
+        killed = trainer_pids(launch)
+        assert len(killed) == 1
+        os.kill(killed[0], signal.SIGKILL)
+        assert launch.wait_for_exit(timeout=DEADLINE_S) == 0, launch.output()
+    finally:
+        launch.kill_everything()
+    return output_dir / "tiny_qwen3_e2e"
+
+
+async def test_a_killed_lora_trainer_is_recovered_with_its_adapters_to_the_same_metrics_and_tokens(trained, tmp_path):
+    """The new trainer wraps its base model with adapters again and loads them and their AdamW moments from step 2's
+    checkpoint. Fresh adapters (the base policy) would sample other tokens than the uninterrupted run above."""
+    run_dir = await asyncio.to_thread(run_with_the_trainer_killed_after_step_3, tmp_path)
+    records = read_jsonl(run_dir / "metrics.jsonl")
+    assert [record["recovery/trainer_count"] for record in records if "recovery/trainer_count" in record] == [1]
+    assert all(record["weight_sync/attested"] == 1.0 for record in records if record["step"] > 0)
+    assert_same_run(run_dir, trained["run_dir"], steps=STEPS)

@@ -1,18 +1,12 @@
 """A trainer SIGKILLed in the middle of a run is replaced in the run. One rank, after step 3 of 6 (checkpoints every
 2 steps): the launcher exits 0, the run's log says what happened, and the run writes the same metrics and tokens as
-an uninterrupted run, with `trainer.lora` too (the new trainer's adapters come from the checkpoint). One rank of two:
-both are restarted."""
+an uninterrupted run (with `trainer.lora`: tests/e2e/test_lora.py). One rank of two: both are restarted."""
 
 import os
 import signal
 
 from tests.support.launch import Launch, trainer_pids
-from tests.support.paths import TINY
-from tests.support.runs import EXACT_RUN, assert_rows_trained_once, assert_same_run, read_jsonl, train_to_end
-
-LORA = ("--trainer.lora.enabled", "true", "--trainer.lora.rank", "8", "--trainer.lora.alpha", "16")
-LORA_RUN = (*EXACT_RUN, *LORA, "--trainer.lr", "1e-2", "--checkpoint.every_steps", "2")
-"""A LoRA run whose adapters move the policy visibly (lr 1e-2), a checkpoint every 2 steps."""
+from tests.support.runs import EXACT_RUN, assert_rows_trained_once, assert_same_run, read_jsonl
 
 
 def test_a_killed_trainer_is_recovered_in_the_run_to_the_same_metrics_and_tokens(tmp_path, clean_tiny_run):
@@ -33,27 +27,6 @@ def test_a_killed_trainer_is_recovered_in_the_run_to_the_same_metrics_and_tokens
     assert recovered[0]["recovery/trainer_count"] == 1 and recovered[0]["recovery/replayed_steps"] == 1
     assert 0 < recovered[0]["recovery/trainer_s"] < 300
     assert_same_run(run_dir, clean_tiny_run, steps=6)
-
-
-def test_a_killed_lora_trainer_is_recovered_with_its_adapters_to_the_same_metrics_and_tokens(tmp_path):
-    """`trainer.lora`: the new trainer wraps its base model with adapters again and loads them and their AdamW moments
-    from the checkpoint; fresh adapters (the base policy) would sample other tokens than the uninterrupted run."""
-    clean = tmp_path / "clean"
-    train_to_end("--config", str(TINY), "--run.output_dir", str(clean), "--wandb.enabled", "false", *LORA_RUN)
-    launch = Launch(tmp_path / "recovered", *LORA_RUN)
-    try:
-        launch.wait_for_line("step    3 v3")
-        killed = trainer_pids(launch)
-        assert len(killed) == 1
-        os.kill(killed[0], signal.SIGKILL)
-        assert launch.wait_for_exit(timeout=600) == 0, launch.output()
-    finally:
-        launch.kill_everything()
-    run_dir = tmp_path / "recovered" / "tiny_qwen3_e2e"
-    records = read_jsonl(run_dir / "metrics.jsonl")
-    assert [record["recovery/trainer_count"] for record in records if "recovery/trainer_count" in record] == [1]
-    assert all(record["weight_sync/attested"] == 1.0 for record in records if record["step"] > 0)
-    assert_same_run(run_dir, clean / "tiny_qwen3_e2e", steps=6)
 
 
 def test_a_2_rank_trainer_that_loses_one_rank_is_restarted_whole(tmp_path):

@@ -13,7 +13,7 @@ def werkzeug_proxies_hidden() -> Iterator[None]:
     vLLM's CPU kernel registration calls `hasattr` on every attribute of every loaded module, and such a proxy raises
     "Working outside of application context" instead of AttributeError. `monarch.job` imports flask, so an engine
     could not start in a process that had built a monarch job before (a pytest-xdist worker may run such a module
-    first: the `allocates_job` ordering of tests/conftest.py holds within one process only)."""
+    first)."""
     if "werkzeug.local" not in sys.modules:
         yield
         return

@@ -5,8 +5,8 @@ with one running batch job (captured 2026-11-25), and `squeue --job 4 --json` on
 tests/support/slurm_cluster.py (nodes node1, node2 in their own network namespaces) while job 4 ran and jobs 1-3 had
 ended (captured 2026-11-26): it lists all four, job 1 first, since 22.05's `--json` ignores `--job`. Monarch's own `_wait_for_job_start` parses it, with `squeue` answered
 from the file; the job objects are made without `__init__`, which would switch this process to TCP transport.
-Importing `monarch.job` imports flask, after which an in-process vLLM engine cannot start in this process
-(tests/conftest.py), so these tests import it themselves and run with the `allocates_job` tests, last.
+Importing `monarch.job` imports flask, whose context proxies an in-process vLLM engine must not see
+(tests/support/inprocess_engine.py), so these tests import it themselves.
 """
 
 import json
@@ -15,8 +15,6 @@ import subprocess
 import pytest
 
 from tests.support.paths import REPO
-
-pytestmark = pytest.mark.allocates_job
 
 SQUEUE = REPO / "tests" / "support" / "fixtures" / "squeue"
 SQUEUE_22_05 = (SQUEUE / "slurm-22.05.8.json").read_text()
