@@ -4,7 +4,7 @@ it started. Reads the lines tests/support/timeline.py wrote during a run of the 
     RLMESH_TIMELINE=/tmp/timeline.jsonl PYTHONPATH=$PWD PYTEST_ADDOPTS="-p tests.support.timeline" scripts/test.sh
     .venv/bin/python benchmarks/suite_timeline.py /tmp/timeline.jsonl
 
-A suite whose workers finish far apart started a long file late (tests/conftest.py's HEAVIEST_FIRST orders them).
+A suite whose workers finish far apart started a long file late.
 """
 
 import argparse

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The test suite: set up (first time only), build the offline model assets, run pytest.
-# With no arguments: every test in three worker processes (pytest-xdist, a file at a time per worker, the slowest files
-# first: tests/conftest.py). An end-to-end run keeps ~1.2 of 2 cores busy on average (waits on deadlines, restarts and
-# stops): on 2 cores, three workers keep the CPU busy where two left part of it idle (benchmarks/README.md, "The test
-# suite"). RLMESH_TEST_WORKERS sets the number.
+# With no arguments: every test in two worker processes (pytest-xdist, a file at a time per worker; RLMESH_TEST_WORKERS
+# sets the number). An end-to-end run keeps ~1.2 cores busy on average (waits on deadlines, restarts and stops), so
+# the other worker fills the rest; a third made the heaviest runs slower than the CPU it saved on 2 cores
+# (benchmarks/README.md, "The test suite").
 # With arguments: one pytest run with them, e.g. scripts/test.sh -m "not e2e",
 # scripts/test.sh tests/e2e/test_resume.py, scripts/test.sh -n 2 -m e2e.
 set -euo pipefail
@@ -14,4 +14,4 @@ cd "$ROOT"
 if [ $# -gt 0 ]; then
     exec "$ROOT/.venv/bin/python" -m pytest -q "$@"
 fi
-exec "$ROOT/.venv/bin/python" -m pytest -q -n "${RLMESH_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder
+exec "$ROOT/.venv/bin/python" -m pytest -q -n "${RLMESH_TEST_WORKERS:-2}" --dist loadfile

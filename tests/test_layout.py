@@ -139,10 +139,3 @@ def test_the_controller_reads_like_its_algorithm():
 def test_tests_mirror_the_packages():
     """No test module lies flat in `tests/` but this one: each lives in the folder of what it covers."""
     assert sorted(path.name for path in (ROOT / "tests").glob("test_*.py")) == ["test_layout.py"]
-
-
-def test_the_files_dispatched_first_exist():
-    """tests/conftest.py's HEAVIEST_FIRST: a renamed or misspelt file would silently lose its place at the front."""
-    from tests.conftest import HEAVIEST_FIRST, TESTS
-
-    assert [name for name in HEAVIEST_FIRST if not (TESTS / name).is_file()] == []
