@@ -67,11 +67,22 @@ def check_renderer_name(name: str) -> None:
         renderers.config_from_name(name)
 
 
-def build_renderer(config: RendererConfig, model_path: str) -> Renderer:
-    """Load the model's tokenizer (built-in asset names accepted) and build the renderer `config` names."""
+def load_tokenizer(model_path: str) -> PreTrainedTokenizerBase:
+    """The model's tokenizer (built-in asset names accepted), loaded once per process: a run's tasks share it, and
+    parsing a tokenizer.json takes a CPU-second or two (Qwen3's). Its users only read it."""
+    return _tokenizer_in(resolve_model_path(model_path))
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer_in(folder: str) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(model_path))
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def build_renderer(config: RendererConfig, model_path: str) -> Renderer:
+    """Build the renderer `config` names on the model's tokenizer (`load_tokenizer`)."""
+    tokenizer = load_tokenizer(model_path)
     name = _auto_renderer_name(tokenizer) if config.name == "auto" else config.name
     renderer_config = renderers.config_from_name(name)
     if isinstance(renderer_config, renderers.DefaultRendererConfig):

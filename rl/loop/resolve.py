@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from env_types.renderer import check_renderer_name
+from env_types.renderer import check_renderer_name, load_tokenizer
 from rl.algorithms.registry import check_algorithms
-from rl.assets import BUILTIN_MODELS, check_model_path, resolve_model_path
+from rl.assets import BUILTIN_MODELS, check_model_path
 from rl.components import TASKS, resolve
 from rl.config import Config, ConfigError
 from rl.config.algorithm import decide_bypass_mode
@@ -103,10 +103,9 @@ def _check_prefix_sharing(config: Config) -> None:
 def tokenizer_mismatches(config: Config) -> list[str]:
     """The frozen models whose token ids reach the policy's loss (a task's `teacher`, or its `sampler`) but whose
     tokenizer is not the policy's (seed 002: a frozen model must share it); one message each, naming the key."""
-    from transformers import AutoTokenizer
 
     def vocabulary(path: str) -> dict[str, int]:
-        return AutoTokenizer.from_pretrained(resolve_model_path(path)).get_vocab()  # added tokens included
+        return load_tokenizer(path).get_vocab()  # added tokens included
 
     uses: dict[str, list[str]] = {}
     for index, (task, algorithm) in enumerate(zip(config.tasks, config.task_algorithms().values())):

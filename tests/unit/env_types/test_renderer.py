@@ -5,11 +5,13 @@ from renderers import DefaultRenderer, Qwen3Renderer
 
 from env_types.renderer import (
     build_renderer,
+    load_tokenizer,
     next_turn_prompt,
     parse_completion,
     render_prompt,
     stop_token_ids,
 )
+from rl.assets import resolve_model_path
 from rl.config import Config, ConfigError
 from rl.config.tasks import RendererConfig
 from rl.loop.resolve import resolve_config
@@ -58,6 +60,14 @@ def emitted(tokenizer, text: str) -> list[int]:
 def test_auto_picks_the_hand_coded_qwen3_renderer_and_the_template_for_smollm2():
     assert isinstance(build_renderer(RendererConfig(), "tiny-qwen3"), Qwen3Renderer)
     assert isinstance(build_renderer(RendererConfig(), "smollm2-135m-instruct"), DefaultRenderer)
+
+
+def test_a_runs_renderers_share_one_tokenizer_per_model():
+    """A run with many tasks parses the tokenizer once, whether the model is named by asset or by folder."""
+    first = build_renderer(RendererConfig(name="qwen3"), "tiny-qwen3")
+    second = build_renderer(RendererConfig(), resolve_model_path("tiny-qwen3"))
+    assert first is not second and first._tokenizer is second._tokenizer is load_tokenizer("tiny-qwen3")
+    assert load_tokenizer("smollm2-135m-instruct") is not load_tokenizer("tiny-qwen3")
 
 
 def test_unknown_renderer_name_is_rejected_naming_the_key():
