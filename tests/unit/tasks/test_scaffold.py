@@ -25,7 +25,8 @@ def test_generated_package_passes_its_own_test_and_validates(tmp_path, capsys, m
     rlmesh = Path(sys.executable).parent / "rlmesh"
     launcher = str(rlmesh) if rlmesh.is_file() else f"{sys.executable} -m rl.cli"
     assert train_command == f"{launcher} train --config word_math/config.toml"
-    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    # as a user runs it: no PYTHONPATH, and no pytest options of this session (a plugin from tests/ would not import)
+    env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTEST_ADDOPTS")}
     result = subprocess.run(
         [*shlex.split(test_command), "-q", "-p", "no:cacheprovider"],
         cwd=tmp_path,
