@@ -8,9 +8,7 @@ import json
 import re
 from pathlib import Path
 
-from transformers import AutoTokenizer
-
-from rl.assets import resolve_model_path
+from env_types.renderer import load_tokenizer
 from rl.checkpoint import store
 from rl.checkpoint.estimate import checkpoint_bytes, model_size
 from rl.config import load_config
@@ -68,7 +66,7 @@ async def test_mixed_tasks_train_for_two_steps(tmp_path):
     calculator = [r for r in train if r["task_name"] == "calculator_tool"]
     # the calculator's tool spec is rendered into the system prompt: ~200 tokens before the question
     assert calculator and all(len(r["turns"][0]["prompt_token_ids"]) > 150 for r in calculator)
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path("tiny-qwen3"))
+    tokenizer = load_tokenizer("tiny-qwen3")
     through_the_gateway = [r["rollout"] for r in rollouts if r["rollout"]["task_name"] in ("agent", "verifiers")]
     for rollout in through_the_gateway:
         assert rollout["status"] in ("completed", "truncated"), rollout["error"]
