@@ -54,7 +54,7 @@ def run_rlmesh(seed: int, steps: int, overrides: list[str], record: Path, evals:
         command = [
             sys.executable,
             "-m",
-            "rl.cli",
+            "rl.commands.cli",
             "train",
             "--config",
             str(CONFIG),

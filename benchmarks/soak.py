@@ -122,7 +122,7 @@ def main() -> None:
     command = [
         sys.executable,
         "-m",
-        "rl.cli",
+        "rl.commands.cli",
         "train",
         "--config",
         args.config,

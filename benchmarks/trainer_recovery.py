@@ -35,7 +35,7 @@ class Launcher:
 
     def __init__(self, *args: str):
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "rl.cli", "train", *args],
+            [sys.executable, "-m", "rl.commands.cli", "train", *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

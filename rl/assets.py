@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from rl.console.lines import say
+from rl.console import say
 
 _MARKER = ".rlmesh-complete"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

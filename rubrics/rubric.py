@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from rl.components import fn_name
-from rl.console.lines import warn
+from rl.console import warn
 from rollouts.reward_value import MAX_ABS_REWARD, InvalidReward, checked_reward
 from rollouts.types import Rollout, RolloutStatus
 from rubrics import workers

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("rl", "actors", "tasks", "rollouts", "rubrics", "env_types", "tools")
 FLOORS = [  # the ground first; a folder of `rl/` and a module directly in `rl/` are each a room
-    {"rl/console"},  # the one channel for warnings and status lines to the user
+    {"rl/console.py"},  # the one channel for warnings and status lines to the user
     {"rl/components.py", "rl/assets.py", "rl/gpus.py"},
     {"rl/precision.py"},
     {"rl/config"},  # the typed config: imports nothing of the project's but itself (test below)
@@ -26,7 +26,7 @@ FLOORS = [  # the ground first; a folder of `rl/` and a module directly in `rl/`
     {"rl/weights"},
     {"actors"},
     {"rl/loop"},
-    {"rl/cli.py"},
+    {"rl/commands"},  # the `rlmesh` verbs: the parser and each verb's glue
 ]
 
 
@@ -94,9 +94,9 @@ def test_the_config_imports_no_runtime():
 
 
 def test_at_most_four_flat_modules_under_cli():
-    """`rl/` is the roof (`cli.py`) and a small ground floor; everything else lives in a folder named for its concept."""
-    flat = sorted(path.name for path in (ROOT / "rl").glob("*.py") if path.name not in ("__init__.py", "cli.py"))
-    assert len(flat) <= 4, flat
+    """`rl/` is a small ground floor; everything else lives in a folder named for its concept."""
+    flat = sorted(path.name for path in (ROOT / "rl").glob("*.py") if path.name != "__init__.py")
+    assert len(flat) <= 5, flat
 
 
 def test_no_modules_import_each_other_in_a_circle():

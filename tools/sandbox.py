@@ -57,7 +57,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rl.console.lines import warn
+from rl.console import warn
 from tools import cgroup
 
 MAX_OUTPUT_BYTES = 1 << 20

@@ -64,7 +64,7 @@ class ReinforcePP(Algorithm):
             rollout.advantage = value
 
 
-class Reward(Algorithm):
+class RawReward(Algorithm):
     """The raw reward as the advantage."""
 
     def advantages(self, rewards: torch.Tensor, rollouts: list[Rollout]) -> torch.Tensor:

@@ -9,7 +9,7 @@ from typing import Any
 from rl.algorithms.base import Algorithm, PromptLogprobsFn
 from rl.algorithms.distillation import OPD, OPSD, SFT
 from rl.algorithms.echo import Echo
-from rl.algorithms.policy_gradient import GRPO, RLOO, Custom, MaxRL, ReinforcePP, Reward
+from rl.algorithms.policy_gradient import GRPO, RLOO, Custom, MaxRL, RawReward, ReinforcePP
 from rl.components import import_object
 from rl.config.algorithm import AlgorithmConfig, task_algorithm_key
 
@@ -18,7 +18,7 @@ ALGORITHMS: dict[str, type[Algorithm]] = {
     "rloo": RLOO,
     "max_rl": MaxRL,
     "reinforce_pp": ReinforcePP,
-    "reward": Reward,
+    "reward": RawReward,
     "custom": Custom,
     "echo": Echo,
     "sft": SFT,

@@ -55,7 +55,7 @@ def checkpoint_bytes(size: ModelSize, param_dtype: str, kind: str) -> int:
 
 
 def checkpoint_line(config: Config) -> str:
-    """One console line (for `rl.console.lines.say`): the final checkpoint's kind and estimated size, the
+    """One console line (for `rl.console.say`): the final checkpoint's kind and estimated size, the
     alternatives, and any regular ones."""
     sizes = model_size(config.model.path, config.trainer.lora)
     dtype, chosen = config.trainer.param_dtype, config.checkpoint.final

@@ -16,7 +16,7 @@ from typing import Any
 from rl.checkpoint import run_dir as run_dirs
 from rl.checkpoint import store as checkpoint
 from rl.config import Config, ConfigError, load_config
-from rl.console.lines import warn
+from rl.console import warn
 
 RESUMABLE_KEYS = (
     "run.steps",

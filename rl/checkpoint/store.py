@@ -41,7 +41,7 @@ import numpy as np
 import psutil
 import torch
 
-from rl.console.lines import warn
+from rl.console import warn
 
 COMMITTED = "COMMITTED"
 MANIFEST = "MANIFEST.json"

@@ -16,8 +16,8 @@ Admission (`rl.loop.admission`) lets at most `run.max_concurrent_rollouts` rows 
 none more than `run.max_policy_staleness` steps ahead of the policy (0 = synchronous); the buffer evicts
 groups that finished too late. The run ends after `run.steps` steps or at the data's end (`run.epochs`,
 `run.max_rows`). Actors, processes and failures: `rl.loop.roles.Roles`; what a resume needs: `rl.loop.state.RunState`;
-a lost trainer replaced in the run: `rl.loop.recovery`; a weight sync: `rl.loop.sync`; the run's directory and logs:
-`rl.loop.run_logs`.
+a lost trainer replaced in the run: `rl.loop.recovery`; a weight sync: `rl.loop.weight_update`; the run's directory and logs:
+`rl.loop.run_files`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from rl.algorithms.samples import SampleBuilder
 from rl.checkpoint import store as checkpoint
 from rl.checkpoint.run_dir import RunDirLock
 from rl.config import Config
-from rl.console.lines import say, warn
+from rl.console import say, warn
 from rl.loop.admission import Admission
 from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
@@ -39,10 +39,10 @@ from rl.loop.evaluate import held_out_rows, validate
 from rl.loop.recovery import TrainerRecovery
 from rl.loop.resolve import resolve_config
 from rl.loop.roles import Roles
-from rl.loop.run_logs import close_run_logs, log_step_rollouts, open_run_logs
+from rl.loop.run_files import close_run_logs, log_step_rollouts, open_run_logs
 from rl.loop.scored_groups import ScoredGroups, built_tasks
 from rl.loop.state import Checkpoints, RunState, due_after, row_index_of, train_group_id
-from rl.loop.sync import sync_policy
+from rl.loop.weight_update import sync_policy
 from rl.metrics import timer
 from rl.metrics.generation import GenerationStats, GroupFailures, batch_metrics, failure_line, overlap_metrics
 from rl.packing.prefix_tree import pack_for_trainer, packing_metrics
@@ -155,7 +155,7 @@ class Controller:
         return summary
 
     def _open_run_dir(self) -> Path:
-        """The run's directory and its loggers (`rl.loop.run_logs`)."""
+        """The run's directory and its loggers (`rl.loop.run_files`)."""
         run_dir, self.run_lock, self.logger, self.sample_logger = open_run_logs(
             self.config, self.tasks, self.roles, self.resume_from
         )
@@ -290,5 +290,5 @@ class Controller:
         return metrics
 
     async def sync_weights(self, policy_version: int, rewind: bool = False) -> dict[str, float]:
-        """The trainer's weights to every generator as `policy_version`, then admission moves on (`rl.loop.sync`)."""
+        """The trainer's weights to every generator as `policy_version`, then admission moves on (`rl.loop.weight_update`)."""
         return await sync_policy(self.roles, self.state, self.admission, policy_version, rewind)

@@ -22,7 +22,7 @@ from rl.checkpoint import store as checkpoint_store
 from rl.config import Config, ConfigError, load_config
 from rl.config.roles import SamplingConfig
 from rl.config.run import RunConfig
-from rl.console.lines import say
+from rl.console import say
 from rl.loop.resolve import resolve_config
 from rl.loop.roles import Roles
 from rl.loop.scored_groups import ScoredGroups, built_tasks

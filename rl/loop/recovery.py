@@ -26,13 +26,13 @@ from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionErr
 
 from rl.checkpoint import store as checkpoint
 from rl.checkpoint.resume import restore_logs
-from rl.console.lines import say
+from rl.console import say
 from rl.loop.admission import Admission
 from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import training_stream
 from rl.loop.roles import RESUME_HINT, DeadlineMissed
 from rl.loop.state import RunState
-from rl.loop.sync import sync_policy
+from rl.loop.weight_update import sync_policy
 from rl.metrics.actor import gather_states
 from rl.metrics.generation import GenerationStats
 from rl.metrics.reduce import Reduce, drain_states, record_metric

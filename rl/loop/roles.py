@@ -29,7 +29,7 @@ from rl.checkpoint import store as checkpoint
 from rl.config import Config
 from rl.config.algorithm import POLICY, FrozenModelConfig
 from rl.config.roles import GeneratorConfig, SamplingConfig
-from rl.console.lines import say, warn
+from rl.console import say, warn
 from rl.metrics.actor import gather_states
 from rl.metrics.run_log import RunLog
 from rl.metrics.timer import timer

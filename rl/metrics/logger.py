@@ -15,7 +15,7 @@ from typing import Any
 from tqdm import tqdm
 
 from rl.config.metrics import WandbConfig
-from rl.console.lines import warn
+from rl.console import warn
 from rl.metrics.backends import Backend, ConsoleBackend, JsonlBackend, WandbBackend
 from rl.metrics.reduce import State, drain_states, reduce_states
 from rollouts.types import RolloutGroup

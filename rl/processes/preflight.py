@@ -4,7 +4,7 @@
   non-link-local address") at the first actor spawn, after the allocation is granted, when the launcher's
   hostname resolves only to loopback (Debian's default `127.0.1.1 <hostname>`, containers). Refused here instead.
 
-A Slurm job without `mem`/`cpus_per_task` is warned about with what each rank loads: `rl.loop.footprint`.
+A Slurm job without `mem`/`cpus_per_task` is warned about with what each rank loads: `rl.commands.footprint`.
 """
 
 from __future__ import annotations

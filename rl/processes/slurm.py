@@ -20,7 +20,7 @@ from typing import Any
 
 from monarch.job import SlurmJob
 
-from rl.console.lines import warn
+from rl.console import warn
 
 
 def normalize_squeue_job(job: dict[str, Any]) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import psutil
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 
 from rl.config.services import ServiceConfig
-from rl.console.lines import say, warn
+from rl.console import say, warn
 from rl.services.ledger import Ledger
 from rl.services.replica import ReplicaId, SpawnProcs
 from rl.services.router import Router

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from env_types.renderer import build_renderer
-from rl.cli import main
+from rl.commands.cli import main
 from rl.config import Config
 from rl.config.tasks import RendererConfig, RendererEnvConfig
 from rollouts.renderer_env import RendererEnv

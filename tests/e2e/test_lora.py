@@ -20,8 +20,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from actors.generator import WeightUpdate
-from rl import cli
 from rl.assets import resolve_model_path
+from rl.commands import cli
 from rl.config import load_config
 from rl.loop.controller import Controller
 from rl.loop.roles import AdapterNotServed

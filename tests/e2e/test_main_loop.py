@@ -17,8 +17,8 @@ import pytest
 import pytest_asyncio
 from transformers import AutoModelForCausalLM
 
-from rl import cli
 from rl.assets import resolve_model_path
+from rl.commands import cli
 from rl.config import load_config
 from rl.loop.controller import Controller
 from rl.metrics.pass_at_k import pass_at_k
@@ -268,7 +268,7 @@ async def test_eval_alone_on_a_checkpoint_repeats_the_validation_of_its_step(tra
     and reward services started; the same rows with the same sampling seeds (4 samples a row at temperature 1) give
     the very samples and metrics step 2's validation logged."""
     run_dir, out = trained["run_dir"], tmp_path / "eval"
-    command = [sys.executable, "-m", "rl.cli", "eval", str(run_dir), "--step", "2", "--out", str(out)]
+    command = [sys.executable, "-m", "rl.commands.cli", "eval", str(run_dir), "--step", "2", "--out", str(out)]
     start = time.perf_counter()
     result = await asyncio.to_thread(subprocess.run, command, capture_output=True, text=True, timeout=300)
     seconds = time.perf_counter() - start

@@ -56,7 +56,7 @@ def train(network: namespaced.Network, cluster, tmp_path: Path, name: str, *over
     `tmp_path/runs`, to its end: (exit code, output, the roles seen on each node while it ran, see `roles_on`)."""
     launcher = network["login"].popen(
         [
-            sys.executable, "-m", "rl.cli", "train", "--config", str(E2E_CONFIGS / "tiny_qwen3_process_2hosts.toml"),
+            sys.executable, "-m", "rl.commands.cli", "train", "--config", str(E2E_CONFIGS / "tiny_qwen3_process_2hosts.toml"),
             "--run.output_dir", str(tmp_path / "runs"), "--run.name", name, "--run.eval_every", "0", "--wandb.enabled", "false",
             "--cluster.scheduler", "slurm", "--cluster.slurm.python_exe", sys.executable,
             "--cluster.slurm.log_dir", str(tmp_path / "slurm-logs"), "--cluster.slurm.time", "00:10:00",

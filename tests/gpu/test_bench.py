@@ -2,7 +2,7 @@
 
 import torch
 
-from rl.loop.peak import matmul_peak_gflops
+from rl.commands.peak import matmul_peak_gflops
 
 
 def test_the_matmul_peak_is_the_gpus(record):

@@ -81,7 +81,7 @@ class Launch:
             ]
         )
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "rl.cli", "train", *start, *overrides],
+            [sys.executable, "-m", "rl.commands.cli", "train", *start, *overrides],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,

@@ -74,7 +74,7 @@ class Launch:
         launcher is that child, the guard not counted."""
         try:
             launcher = psutil.Process(self.process.pid)
-            guarded = [child for child in launcher.children() if "rl.cli" in child.cmdline()]
+            guarded = [child for child in launcher.children() if "rl.commands.cli" in child.cmdline()]
             if guarded:
                 launcher = guarded[0]
             processes = [launcher, *launcher.children(recursive=True)]
@@ -117,7 +117,7 @@ class Cluster:
         host = self.network[name]
         log = open(self.output_dir / f"worker-{name}.log", "a")
         self.workers[name] = host.popen(
-            [sys.executable, "-m", "rl.cli", "worker", "--address", self.address(name)],
+            [sys.executable, "-m", "rl.commands.cli", "worker", "--address", self.address(name)],
             cwd=REPO,
             env=self.worker_env,
             stdout=log,
@@ -136,7 +136,7 @@ class Cluster:
     def launch(self, *args: str) -> Launch:
         """Start `rlmesh train ARGS --cluster.workers ...` in the launcher's host."""
         process = self.network["launcher"].popen(
-            [sys.executable, "-m", "rl.cli", "train", *args, "--cluster.workers", self.workers_table()],
+            [sys.executable, "-m", "rl.commands.cli", "train", *args, "--cluster.workers", self.workers_table()],
             cwd=REPO,
             env=self.env,
             stdout=subprocess.PIPE,

@@ -74,7 +74,7 @@ copies must equal its uninterrupted one (`tests/e2e/conftest.py`'s `clean_tiny_r
 def train_to_end(*args: str) -> None:
     """`rlmesh train *args` in a subprocess, which must exit 0."""
     result = subprocess.run(
-        [sys.executable, "-m", "rl.cli", "train", *args], cwd=REPO, capture_output=True, text=True, timeout=600
+        [sys.executable, "-m", "rl.commands.cli", "train", *args], cwd=REPO, capture_output=True, text=True, timeout=600
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
 

@@ -5,7 +5,7 @@ import pytest
 import transformers
 
 from actors.trainer import load_causal_lm
-from rl.cli import main
+from rl.commands.cli import main
 from rl.config.roles import TrainerConfig
 
 

@@ -37,7 +37,7 @@ def test_readme_task_configs_validate_by_import_path(tmp_path):
         config = tmp_path / f"larger{index}.toml"
         config.write_text('[model]\npath = "tiny-qwen3"\n' + task_toml)
         result = subprocess.run(
-            [sys.executable, "-m", "rl.cli", "validate", "--config", str(config)],
+            [sys.executable, "-m", "rl.commands.cli", "validate", "--config", str(config)],
             cwd=tmp_path,
             capture_output=True,
             text=True,

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rl.cli import main
+from rl.commands.cli import main
 
 
 def test_generated_package_passes_its_own_test_and_validates(tmp_path, capsys, monkeypatch):
@@ -23,7 +23,7 @@ def test_generated_package_passes_its_own_test_and_validates(tmp_path, capsys, m
     )  # this interpreter: outside the venv too
     train_command = out.split("train it with: ")[1].splitlines()[0]
     rlmesh = Path(sys.executable).parent / "rlmesh"
-    launcher = str(rlmesh) if rlmesh.is_file() else f"{sys.executable} -m rl.cli"
+    launcher = str(rlmesh) if rlmesh.is_file() else f"{sys.executable} -m rl.commands.cli"
     assert train_command == f"{launcher} train --config word_math/config.toml"
     # as a user runs it: no PYTHONPATH, and no pytest options of this session (a plugin from tests/ would not import)
     env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "PYTEST_ADDOPTS")}

@@ -13,10 +13,10 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
-from rl import cli
 from rl.assets import resolve_model_path
 from rl.checkpoint import store
 from rl.checkpoint.export import export_checkpoint, read_model_state
+from rl.commands import cli
 from tests.support.score_export import score_in_fresh_process
 
 PROBE = [[151644, 872, 198, 3838, 374, 279, 2629, 315, 279, 18509, 315, 220, 19, 22, 30], list(range(100, 140))]

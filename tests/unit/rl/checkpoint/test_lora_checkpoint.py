@@ -12,11 +12,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rl import cli
 from rl.assets import resolve_model_path
 from rl.checkpoint import store
 from rl.checkpoint.estimate import checkpoint_bytes, model_size
 from rl.checkpoint.export import read_model_state
+from rl.commands import cli
 from rl.config.lora import LoraConfig
 from rl.training.lora import with_adapters
 from tests.support.score_export import score_in_fresh_process

@@ -217,7 +217,7 @@ def test_resuming_a_finished_run_without_new_steps_says_so_at_once(tmp_path):
 
 
 def test_the_cli_says_a_finished_run_has_nothing_to_resume_and_starts_nothing(tmp_path, capsys):
-    from rl.cli import main
+    from rl.commands.cli import main
 
     run_dir = fake_run(tmp_path, [1, 2])
     assert main(["validate", "--resume", str(run_dir), "--run.steps", "2"]) == 0

@@ -49,7 +49,7 @@ def test_a_second_resume_of_a_running_run_is_refused(tmp_path):
     held = run_dir.lock(directory)  # the first launcher, still running
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "rl.cli", "train", "--resume", str(directory)],
+            [sys.executable, "-m", "rl.commands.cli", "train", "--resume", str(directory)],
             cwd=REPO,
             capture_output=True,
             text=True,

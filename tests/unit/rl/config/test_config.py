@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rl.cli import main, parse_overrides
+from rl.commands.cli import main, parse_overrides
 from rl.config import ConfigError, load_config
 from rl.loop.resolve import resolve_config
 from tests.support.hardware import NATIVE_BF16, refuses_bf16_compute, refuses_cuda
@@ -111,7 +111,7 @@ def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
         [
             sys.executable,
             "-m",
-            "rl.cli",
+            "rl.commands.cli",
             "train",
             "--config",
             str(E2E_CONFIGS / "tiny_qwen3_e2e.toml"),

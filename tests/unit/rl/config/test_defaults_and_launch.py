@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from rl.cli import main
+from rl.commands.cli import main
 from rl.config import load_config
 from rl.loop import resolve
 from rl.loop.resolve import resolve_config
@@ -140,7 +140,7 @@ def test_a_task_package_beside_the_config_is_found_from_the_launch_directory(tmp
     )
     (tmp_path / "capitals.toml").write_text('[[tasks]]\nname = "my_tasks.capitals:CapitalsTask"\n')
     # -P: no implicit current directory on sys.path, as for the installed `rlmesh` script
-    code = "import os, sys; from rl.cli import main; code = main(['validate', '--config', 'capitals.toml']); print(os.environ['PYTHONPATH']); sys.exit(code)"
+    code = "import os, sys; from rl.commands.cli import main; code = main(['validate', '--config', 'capitals.toml']); print(os.environ['PYTHONPATH']); sys.exit(code)"
     result = subprocess.run(
         [sys.executable, "-P", "-c", code],
         cwd=tmp_path,

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from rl.checkpoint import store
-from rl.cli import eval_arguments, main
+from rl.commands.cli import eval_arguments, main
 from rl.config import ConfigError
 from rl.loop.evaluate import Evaluation, eval_target
 from tests.support.paths import E2E_CONFIGS, TINY

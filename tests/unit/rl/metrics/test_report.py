@@ -4,7 +4,7 @@ import shutil
 
 import matplotlib.image
 
-from rl.cli import main
+from rl.commands.cli import main
 from rl.metrics.report import KL_FLOOR, KL_KEYS, PHASES, best_and_worst, drawn_lines, read_jsonl
 from tests.support.paths import REPO
 

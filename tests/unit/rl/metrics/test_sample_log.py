@@ -209,7 +209,7 @@ async def test_disabled_sample_logging_records_nothing():
 
 
 def test_a_predicate_that_cannot_be_imported_fails_validate(capsys):
-    from rl.cli import main
+    from rl.commands.cli import main
 
     assert main(["validate", "--sample_logging.filters.predicate", "tests.support.sample_predicates:nope"]) == 2
     assert "has no attribute 'nope'" in capsys.readouterr().err

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rl.cli import main
+from rl.commands.cli import main
 from rl.config import load_config
 from rl.processes import preflight
 from tests.support.paths import CONFIGS, TINY

@@ -45,7 +45,7 @@ def test_the_bytes_a_sync_needs_are_the_policys_in_the_wire_dtype():
 
 def test_a_run_whose_sync_does_not_fit_in_dev_shm_is_refused_at_validation():
     done = _in_a_64mb_shm(
-        "import sys; from rl.cli import main; sys.exit(main(['validate', '--config', 'configs/sum_digits_smollm2_cpu.toml']))"
+        "import sys; from rl.commands.cli import main; sys.exit(main(['validate', '--config', 'configs/sum_digits_smollm2_cpu.toml']))"
     )
     assert done.returncode == 2, done.stderr[-2000:]
     assert "weight sync needs 1026 MiB in /dev/shm" in done.stderr and "only 64 MiB free" in done.stderr, done.stderr

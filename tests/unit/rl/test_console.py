@@ -10,14 +10,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rl.console.lines import say, warn
+from rl.console import say, warn
 
-ROOT = Path(__file__).resolve().parents[4]
+ROOT = Path(__file__).resolve().parents[3]
 PRODUCT = ("actors", "rl", "tasks", "tools", "rubrics", "env_types", "rollouts")
-CONSOLE = "rl/console/lines.py"
+CONSOLE = "rl/console.py"
 # Modules that may still write to stderr themselves, and why; each must still do so (else drop it from here).
 ALLOWED_STDERR = {
-    "rl/cli.py": "errors that end a command (usage, a refused config, 'run stopped:', 'interrupted'), after any bar closed",
+    "rl/commands/cli.py": "errors that end a command (usage, a refused config, 'run stopped:', 'interrupted'), after any bar closed",
     "rl/checkpoint/export.py": "`rlmesh export`'s error that ends the command",
     "rl/metrics/report.py": "`rlmesh report`'s error that ends the command",
     "rl/processes/interrupts.py": "the Ctrl-C thread and the hard stop before os._exit: never wait on tqdm's lock",
@@ -91,8 +91,8 @@ def test_no_product_module_warns_the_user_but_through_the_console():
                     quiet.discard(name)
                 else:
                     stray += [f"{name}:{line}: {called}" for line, called in writes]
-    assert not stray, "warn through rl.console.lines (warn/say), not:\n" + "\n".join(stray)
-    assert not spelled, "'rlmesh: warning:' spelled out instead of rl.console.lines.warn:\n" + "\n".join(spelled)
+    assert not stray, "warn through rl.console (warn/say), not:\n" + "\n".join(stray)
+    assert not spelled, "'rlmesh: warning:' spelled out instead of rl.console.warn:\n" + "\n".join(spelled)
     assert not quiet, f"allowed to write to stderr but no longer does (drop from ALLOWED_STDERR): {sorted(quiet)}"
 
 
@@ -101,7 +101,7 @@ def test_a_line_without_a_bar_starts_no_process_and_imports_no_tqdm():
     lock, which under the spawn start method starts a resource-tracker process."""
     probe = (
         "import multiprocessing, os, subprocess, sys; multiprocessing.set_start_method('spawn')\n"
-        "from rl.console.lines import warn; warn('x')\n"
+        "from rl.console import warn; warn('x')\n"
         "children = subprocess.run(['ps', '--ppid', str(os.getpid()), '-o', 'args='], capture_output=True, text=True)\n"
         "print([line for line in children.stdout.splitlines() if not line.startswith('ps ')], 'tqdm' in sys.modules)"
     )

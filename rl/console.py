@@ -3,7 +3,7 @@
 Where a progress bar is live both go through `tqdm.write`, so the bar stays whole at the bottom of the terminal (a
 plain `print` would cut it); in an actor process they land where that process's stderr goes (the run's `run.log`).
 Product code warns through `warn`, never `print(..., file=sys.stderr)`, `warnings.warn` or a logger of its own
-(tests/unit/rl/console/test_lines.py checks the source). Errors that end a command are the CLI's to print.
+(tests/unit/rl/test_console.py checks the source). Errors that end a command are the CLI's to print.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`rlmesh bench`'s table: both token counts, their ratio, and the matmul peak of each dtype are shown."""
 
-from rl.loop.bench import table
+from rl.commands.bench import table
 
 
 def test_bench_table_shows_both_token_counts_the_gain_and_each_dtype_peak():

@@ -9,9 +9,9 @@ SmolLM2-135M (vocab 49152, hidden 576, 30 layers, 9 heads and 3 KV heads of 64, 
   28311552 + 576: P = 134515008, S = P + 28311552.
 """
 
-from rl.cli import main
+from rl.commands.cli import main
+from rl.commands.footprint import footprint, footprint_lines, run_footprint, slurm_memory_warning
 from rl.config import load_config
-from rl.loop.footprint import footprint, footprint_lines, run_footprint, slurm_memory_warning
 from rl.loop.resolve import resolve_config
 from tests.support.paths import CONFIGS, E2E_CONFIGS, TINY
 

@@ -4,8 +4,8 @@ import signal
 
 import pytest
 
-from rl import cli
-from rl.cli import main
+from rl.commands import cli
+from rl.commands.cli import main
 from rl.processes.guard import GUARDED_ENV
 from tests.support.paths import E2E_CONFIGS, REPO
 
@@ -48,7 +48,7 @@ def test_a_run_stopped_by_a_service_out_of_replicas_ends_with_the_resume_hint():
     """A lost generator host leaves the service without replicas; its message names no resume: the CLI adds it."""
     from types import SimpleNamespace
 
-    from rl.cli import _stopped_message
+    from rl.commands.cli import _stopped_message
     from rl.loop.roles import RESUME_HINT
 
     out_of_replicas = "generator: replacement of replica generator/0#0 failed to start: ...; 0 replicas left"

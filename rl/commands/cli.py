@@ -17,7 +17,7 @@ from rl.components import import_object
 from rl.config import Config, ConfigError, dump_toml, load_config
 from rl.config.algorithm import bypass_origin, correction_origin, correction_warnings
 from rl.config.loss import loss_warnings
-from rl.console.lines import say, warn
+from rl.console import say, warn
 from rl.processes.preflight import launcher_address_problem
 from tasks.build import build_task
 
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         address_problem = launcher_address_problem(config)
         if address_problem is not None and args.command == "train":
             raise ConfigError(address_problem)
-        from rl.loop.footprint import footprint_lines, run_footprint, slurm_memory_warning
+        from rl.commands.footprint import footprint_lines, run_footprint, slurm_memory_warning
 
         run_size = run_footprint(config)
         memory_warning = slurm_memory_warning(config, run_size)
@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         print(dump_toml(config), end="")
         return 0
     if args.command == "bench":
-        from rl.loop.bench import bench, table
+        from rl.commands.bench import bench, table
 
         results = asyncio.run(bench(config))
         print(table(results) + f"\nwritten to {results['out_dir']}")
@@ -346,7 +346,7 @@ def _train_guarded(argv: list[str], run_dir: Path) -> int:
     from rl.checkpoint.run_dir import claimed_by
     from rl.processes.guard import run_guarded
 
-    ended = run_guarded([sys.executable, "-m", "rl.cli", *argv])
+    ended = run_guarded([sys.executable, "-m", "rl.commands.cli", *argv])
     if ended.status >= 0:
         return ended.status
     print(
@@ -454,7 +454,7 @@ def _new_task(name: str, directory: str, extra: list[str]) -> int:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return 2
     rlmesh = Path(sys.executable).parent / "rlmesh"  # the console script beside this interpreter (a venv's)
-    launcher = str(rlmesh) if rlmesh.is_file() else f"{sys.executable} -m rl.cli"
+    launcher = str(rlmesh) if rlmesh.is_file() else f"{sys.executable} -m rl.commands.cli"
     print(
         f"wrote {package}/ (task.py, config.toml, test_task.py). Its rows are a placeholder that learns as is (sums of "
         f"two numbers), not {name}'s: replace them in {package}/task.py (or name data files in the config).\n"

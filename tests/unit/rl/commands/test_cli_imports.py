@@ -7,7 +7,7 @@ from tests.support.paths import REPO
 
 
 def test_importing_the_cli_starts_no_thread():
-    code = "import os, rl.cli; print(len(os.listdir('/proc/self/task')))"
+    code = "import os, rl.commands.cli; print(len(os.listdir('/proc/self/task')))"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, env={"PYTHONPATH": str(REPO)}, capture_output=True, text=True
     )

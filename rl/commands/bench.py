@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from rl.assets import resolve_model_path
+from rl.commands.peak import matmul_peak_gflops, timed
 from rl.config import Config
-from rl.loop.peak import matmul_peak_gflops, timed
 from rl.loop.resolve import resolve_config
 from rl.precision import TORCH_DTYPES, native_bf16
 from rl.weights.shared_file import SharedWeights, file_path, map_file, plan_layout, write
