@@ -16,8 +16,8 @@ Admission (`rl.loop.admission`) lets at most `run.max_concurrent_rollouts` rows 
 none more than `run.max_policy_staleness` steps ahead of the policy (0 = synchronous); the buffer evicts
 groups that finished too late. The run ends after `run.steps` steps or at the data's end (`run.epochs`,
 `run.max_rows`). Actors, processes and failures: `rl.loop.roles.Roles`; what a resume needs: `rl.loop.state.RunState`;
-a lost trainer replaced in the run: `rl.loop.recovery`; a weight sync: `rl.loop.weight_update`; the run's directory and logs:
-`rl.loop.run_files`.
+what the loop derives from it: `rl.loop.progress`; a lost trainer replaced in the run: `rl.loop.recovery`; a weight
+sync: `rl.loop.weight_update`; the run's directory and logs: `rl.loop.run_files`.
 """
 
 from __future__ import annotations
@@ -34,8 +34,9 @@ from rl.config import Config
 from rl.console import say, warn
 from rl.loop.admission import Admission
 from rl.loop.buffer import RolloutBuffer
-from rl.loop.data import training_stream
+from rl.loop.data import RowStream
 from rl.loop.evaluate import held_out_rows, validate
+from rl.loop.progress import progress_at
 from rl.loop.recovery import TrainerRecovery
 from rl.loop.resolve import resolve_config
 from rl.loop.roles import Roles
@@ -47,7 +48,6 @@ from rl.metrics import timer
 from rl.metrics.generation import GenerationStats, GroupFailures, batch_metrics, failure_line, overlap_metrics
 from rl.packing.prefix_tree import pack_for_trainer, packing_metrics
 from rl.packing.rows import split_micro_batches
-from rl.precision import MismatchWatch, NonfiniteSteps
 from rl.services.breaker import CircuitBreaker, group_failure
 from rollouts.types import RolloutGroup
 
@@ -60,18 +60,12 @@ class Controller:
         """`resume_from`: a committed checkpoint directory to continue from (see `rl.checkpoint`)."""
         self.config = config = resolve_config(config)  # what needs the runtime, checked and decided
         self.resume_from = resume_from
-        self.state = RunState(**checkpoint.read(resume_from, checkpoint.RUN_STATE)) if resume_from else RunState()
         self.tasks, self.renderers, self.stop_token_ids = built_tasks(config)
         self.pad_token_id = self.stop_token_ids[0]
-        self.stream, self.planned_steps = training_stream(self.tasks, config.run, cursor=self.state.data_cursor)
-        """`planned_steps`: optimizer steps the LR schedule is sized for; fewer happen if dropped groups use up the data."""
+        self.progress = progress_at(config, self.tasks, resume_from)
+        """Run state, row stream, buffer, admission and watches: replaced whole by `rewind`."""
         self.validation_rows = held_out_rows(self.tasks, config.run.eval_groups)
-        self.buffer = RolloutBuffer(max_staleness=config.run.max_policy_staleness)
-        self.admission = Admission.for_run(config.run, self.state.policy_version)
         self.breaker = CircuitBreaker(config.services.breaker, on_open=self._stop_run)
-        self.nonfinite_steps = NonfiniteSteps(config.trainer.max_nonfinite_steps)
-        self.generation_stats = GenerationStats()
-        self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
         self.algorithms = config.task_algorithms()
         self.roles = Roles(config, stop_run=self._stop_run, policy_version=lambda: self.state.policy_version)
         self.samples = SampleBuilder(self.algorithms, self.renderers, self.roles.prompt_logprobs)
@@ -86,6 +80,49 @@ class Controller:
         self._run_task: asyncio.Task | None = None
         self.run_lock: RunDirLock | None = None
         """The run directory's lock when this controller took it: a new run's, or a Python-API resume's (`rlmesh train --resume` holds its own)."""
+
+    @property
+    def state(self) -> RunState:
+        return self.progress.state
+
+    @property
+    def stream(self) -> RowStream:
+        return self.progress.stream
+
+    @property
+    def planned_steps(self) -> int:
+        return self.progress.planned_steps
+
+    @property
+    def buffer(self) -> RolloutBuffer:
+        return self.progress.buffer
+
+    @property
+    def admission(self) -> Admission:
+        return self.progress.admission
+
+    @property
+    def generation_stats(self) -> GenerationStats:
+        return self.progress.generation_stats
+
+    @property
+    def run_dir(self) -> Path:
+        """The run's directory, once the training opened it."""
+        return self.logger.run_dir
+
+    def rewind(self, checkpoint_dir: Path) -> None:
+        """The loop's progress as of committed checkpoint `checkpoint_dir` (`rl.loop.progress`), as a resume from it
+        starts; the step in flight, if any, was dropped before (`drop_step_in_flight`)."""
+        self.resume_from = checkpoint_dir
+        self.progress = progress_at(self.config, self.tasks, checkpoint_dir)
+        self.checkpoints.state, self.checkpoints.committed_step = self.state, self.state.step
+
+    async def drop_step_in_flight(self) -> None:
+        """Cancel the train step in flight, if any, with its rollouts, metric states and log lines."""
+        if self._unlogged is not None:
+            self._unlogged.cancel()
+            await asyncio.gather(self._unlogged, return_exceptions=True)
+            self._unlogged = None
 
     def _stop_run(self, message: str) -> None:
         """Keep `message` for the CLI and cancel the run's task (from any thread)."""
@@ -277,11 +314,15 @@ class Controller:
         micro_batches = split_micro_batches(batch, trainer_config.micro_batch_size)
         with timer("train"):
             metrics |= await self.roles.train_step(micro_batches)
-        if skipped := self.nonfinite_steps.check(self.state.step + 1, metrics, trainer_config.ppo_n_minibatches):
+        if skipped := self.progress.nonfinite_steps.check(
+            self.state.step + 1, metrics, trainer_config.ppo_n_minibatches
+        ):
             self._warn(*skipped)
             await self.admission.release_accepted(len(groups))  # as for a step with nothing to train
             return metrics  # the weights did not change: no sync, same version
-        if "train/mismatch_k3" in metrics and (warning := self.mismatch_watch.check(metrics["train/mismatch_k3"])):
+        if "train/mismatch_k3" in metrics and (
+            warning := self.progress.mismatch_watch.check(metrics["train/mismatch_k3"])
+        ):
             self._warn(warning)
         with timer("weight_sync"):
             metrics |= await self.sync_weights(self.state.policy_version + 1)

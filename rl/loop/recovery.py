@@ -19,24 +19,21 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import psutil
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 
 from rl.checkpoint import store as checkpoint
 from rl.checkpoint.resume import restore_logs
+from rl.config import Config
 from rl.console import say
 from rl.loop.admission import Admission
-from rl.loop.buffer import RolloutBuffer
-from rl.loop.data import training_stream
-from rl.loop.roles import RESUME_HINT, DeadlineMissed
+from rl.loop.roles import RESUME_HINT, DeadlineMissed, Roles
 from rl.loop.state import RunState
 from rl.loop.weight_update import sync_policy
 from rl.metrics.actor import gather_states
-from rl.metrics.generation import GenerationStats
 from rl.metrics.reduce import Reduce, drain_states, record_metric
-from rl.precision import MismatchWatch, NonfiniteSteps
 
 PID_CHECK_S = 1.0
 """How often the trainer ranks' processes on this host are checked (Monarch's supervision polls about every 10 s)."""
@@ -46,11 +43,38 @@ class TrainerLost(RuntimeError):
     """The trainer was lost and the run cannot recover it (`run.max_trainer_recoveries` spent, no checkpoint yet)."""
 
 
+class Recoverable(Protocol):
+    """What the recovery needs of the run's controller (`rl.loop.controller.Controller`, which imports this module)."""
+
+    config: Config
+    roles: Roles
+
+    @property
+    def state(self) -> RunState: ...
+
+    @property
+    def admission(self) -> Admission: ...
+
+    @property
+    def run_dir(self) -> Path: ...
+
+    async def train(self) -> dict[str, Any]:
+        """The training, from the controller's progress to the run's end."""
+        ...
+
+    async def drop_step_in_flight(self) -> None:
+        """Cancel the train step in flight, if any."""
+        ...
+
+    def rewind(self, checkpoint_dir: Path) -> None:
+        """The loop's progress as of committed checkpoint `checkpoint_dir`."""
+        ...
+
+
 class TrainerRecovery:
     """Runs the controller's training, and after each trainer loss a recovery and the training again (module docstring)."""
 
-    def __init__(self, controller: Any):
-        """`controller`: the run's `rl.loop.controller.Controller` (not imported: it imports this module)."""
+    def __init__(self, controller: Recoverable):
         self.controller = controller
         self.budget = controller.config.run.max_trainer_recoveries
         self.count = 0
@@ -142,10 +166,8 @@ class TrainerRecovery:
         self.count += 1
         lost_step = controller.state.step
         self._say(f"trainer lost after step {lost_step}: {self.lost}")
-        if controller._unlogged is not None:  # the step in flight must not touch the rewound progress
-            controller._unlogged.cancel()
-            await asyncio.gather(controller._unlogged, return_exceptions=True)
-        run_dir = controller.logger.run_dir
+        await controller.drop_step_in_flight()  # the step in flight must not touch the rewound progress
+        run_dir = controller.run_dir
         try:
             newest = await asyncio.to_thread(checkpoint.newest_loadable, run_dir)
         except FileNotFoundError as exc:
@@ -164,7 +186,7 @@ class TrainerRecovery:
             for moved in checkpoint.set_aside(run_dir, newest):
                 self._say(f"a checkpoint newer than the one recovered is kept aside as {moved}")
             restore_logs(run_dir, newest)
-            rewind(controller, newest)
+            controller.rewind(newest)
             await controller.roles.load_checkpoint(newest, service_counters=False)
             checkpoint.load_rng(newest, "controller")
             await sync_policy(
@@ -186,25 +208,6 @@ class TrainerRecovery:
         say(line)
         if (run_log := self.controller.roles.run_log) is not None:
             run_log.file.write(f"rlmesh: {line}\n")
-
-
-def rewind(controller: Any, checkpoint_dir: Path) -> None:
-    """The controller's progress as of committed checkpoint `checkpoint_dir`, and what `Controller.__init__` derives
-    from it for a resume: the data stream at its cursor, an empty buffer, admission at its policy version, fresh
-    per-step watches."""
-    config = controller.config
-    controller.resume_from = checkpoint_dir
-    controller.state = state = RunState(**checkpoint.read(checkpoint_dir, checkpoint.RUN_STATE))
-    controller.stream, controller.planned_steps = training_stream(
-        controller.tasks, config.run, cursor=state.data_cursor
-    )
-    controller.buffer = RolloutBuffer(max_staleness=config.run.max_policy_staleness)
-    controller.admission = Admission.for_run(config.run, state.policy_version)
-    controller.nonfinite_steps = NonfiniteSteps(config.trainer.max_nonfinite_steps)
-    controller.generation_stats = GenerationStats()
-    controller.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
-    controller.checkpoints.state, controller.checkpoints.committed_step = state, state.step
-    controller._unlogged = None
 
 
 def _alive(process: psutil.Process) -> bool:
