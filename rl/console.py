@@ -3,7 +3,7 @@
 Where a progress bar is live both go through `tqdm.write`, so the bar stays whole at the bottom of the terminal (a
 plain `print` would cut it); in an actor process they land where that process's stderr goes (the run's `run.log`).
 Product code warns through `warn`, never `print(..., file=sys.stderr)`, `warnings.warn` or a logger of its own
-(tests/unit/rl/test_console.py checks the source). Errors that end a command are the CLI's to print.
+(tests/unit/rl/test_console.py checks the source); an error that ends a command goes through `fail`.
 """
 
 from __future__ import annotations
@@ -22,6 +22,12 @@ def warn(message: str) -> None:
 def say(line: str) -> None:
     """One status line (a phase starting, a replica replaced), so a long quiet stretch is not silent."""
     _write(PREFIX + line)
+
+
+def fail(message: str, exit_code: int) -> int:
+    """An error that ends a command: `rlmesh: message` on stderr; returns `exit_code` for the command to return."""
+    _write(PREFIX + message)
+    return exit_code
 
 
 def _write(text: str) -> None:

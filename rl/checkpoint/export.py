@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 import tempfile
 import time
 import tomllib
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rl.assets import resolve_model_path
+from rl.console import fail
 
 if TYPE_CHECKING:
     import torch
@@ -173,8 +173,7 @@ def export_command(args: argparse.Namespace) -> int:
     try:
         exported = export_checkpoint(run_checkpoint(args.run_dir, args.step), args.out, args.dtype)
     except (OSError, ValueError) as exc:
-        print(f"rlmesh: cannot export: {exc}", file=sys.stderr)
-        return 2
+        return fail(f"cannot export: {exc}", 2)
     print(
         f"exported {exported.checkpoint} to {exported.out} ({exported.bytes / 1e6:.1f} MB, {exported.seconds:.1f} s);"
         f" load it with transformers.AutoModelForCausalLM.from_pretrained({str(exported.out)!r})"

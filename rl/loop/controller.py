@@ -35,7 +35,6 @@ from rl.console import say, warn
 from rl.loop.admission import Admission
 from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import RowStream
-from rl.loop.evaluate import held_out_rows, validate
 from rl.loop.progress import progress_at
 from rl.loop.recovery import TrainerRecovery
 from rl.loop.resolve import resolve_config
@@ -43,6 +42,7 @@ from rl.loop.roles import Roles
 from rl.loop.run_files import close_run_logs, log_step_rollouts, open_run_logs
 from rl.loop.scored_groups import ScoredGroups, built_tasks
 from rl.loop.state import Checkpoints, RunState, due_after, row_index_of, train_group_id
+from rl.loop.validation import held_out_rows, validate
 from rl.loop.weight_update import sync_policy
 from rl.metrics import timer
 from rl.metrics.generation import GenerationStats, GroupFailures, batch_metrics, failure_line, overlap_metrics
@@ -296,7 +296,7 @@ class Controller:
         await self.admission.finish(drop is None)
 
     async def validate(self) -> dict[str, float]:
-        """Held-out reward through the same rollout path, and pass@k (`rl.loop.evaluate.validate`)."""
+        """Held-out reward through the same rollout path, and pass@k (`rl.loop.validation.validate`)."""
         return await validate(self.scored_groups, self.validation_rows, self.state.step, self.config, self.logger)
 
     async def train_step(self, groups: list[RolloutGroup]) -> dict[str, float]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import html
 import json
-import sys
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from rl.console import fail
 from rl.metrics.sample_log import sample_record
 from rollouts.types import Rollout
 
@@ -376,6 +376,5 @@ def report_command(run_dirs: list[Path], out: Path | None = None) -> int:
         else:
             print(write_comparison(run_dirs, out or run_dirs[0].parent / "report-compare"))
     except (FileNotFoundError, ValueError) as exc:
-        print(f"rlmesh: {exc}", file=sys.stderr)
-        return 2
+        return fail(str(exc), 2)
     return 0

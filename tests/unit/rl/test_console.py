@@ -10,16 +10,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from rl.console import say, warn
+from rl.console import fail, say, warn
 
 ROOT = Path(__file__).resolve().parents[3]
 PRODUCT = ("actors", "rl", "tasks", "tools", "rubrics", "env_types", "rollouts")
 CONSOLE = "rl/console.py"
 # Modules that may still write to stderr themselves, and why; each must still do so (else drop it from here).
 ALLOWED_STDERR = {
-    "rl/commands/cli.py": "errors that end a command (usage, a refused config, 'run stopped:', 'interrupted'), after any bar closed",
-    "rl/checkpoint/export.py": "`rlmesh export`'s error that ends the command",
-    "rl/metrics/report.py": "`rlmesh report`'s error that ends the command",
     "rl/processes/interrupts.py": "the Ctrl-C thread and the hard stop before os._exit: never wait on tqdm's lock",
 }
 
@@ -108,3 +105,9 @@ def test_a_line_without_a_bar_starts_no_process_and_imports_no_tqdm():
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.stderr == "rlmesh: warning: x\n"
     assert done.stdout.strip() == "[] False"
+
+
+def test_an_error_that_ends_a_command_goes_to_stderr_with_the_prefix_and_gives_its_exit_code(capsys):
+    assert fail("cannot export: no checkpoint in runs/x", 2) == 2
+    captured = capsys.readouterr()
+    assert (captured.out, captured.err) == ("", "rlmesh: cannot export: no checkpoint in runs/x\n")

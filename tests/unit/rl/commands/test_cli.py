@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from rl.commands import cli
+from rl.commands import cli, train
 from rl.commands.cli import main
 from rl.processes.guard import GUARDED_ENV
 from tests.support.paths import E2E_CONFIGS, REPO
@@ -48,14 +48,14 @@ def test_a_run_stopped_by_a_service_out_of_replicas_ends_with_the_resume_hint():
     """A lost generator host leaves the service without replicas; its message names no resume: the CLI adds it."""
     from types import SimpleNamespace
 
-    from rl.commands.cli import _stopped_message
+    from rl.commands.train import _stopped_message
     from rl.loop.roles import RESUME_HINT
 
     out_of_replicas = "generator: replacement of replica generator/0#0 failed to start: ...; 0 replicas left"
     saved = SimpleNamespace(
         actor_failures=[out_of_replicas], checkpoints=SimpleNamespace(committed_step=2), resume_from=None
     )
-    assert _stopped_message(saved) == f"rlmesh: run stopped:\n{out_of_replicas}\n{RESUME_HINT}"
+    assert _stopped_message(saved) == f"run stopped:\n{out_of_replicas}\n{RESUME_HINT}"
     unsaved = SimpleNamespace(
         actor_failures=[out_of_replicas], checkpoints=SimpleNamespace(committed_step=0), resume_from=None
     )
@@ -74,19 +74,19 @@ def test_a_run_on_attached_workers_is_guarded_and_others_are_not(monkeypatch, tm
     run the launcher in the process."""
     attach = ["train", "--config", str(E2E_CONFIGS / "tiny_qwen3_multihost.toml"), "--run.output_dir", str(tmp_path)]
     args, extra = cli.build_parser().parse_known_args(attach)
-    assert cli.guarded_run_dir(args, extra) == tmp_path / "tiny_qwen3_multihost"
+    assert train.guarded_run_dir(args, extra) == tmp_path / "tiny_qwen3_multihost"
     local = ["train", "--config", str(REPO / "configs" / "sum_digits_smollm2_cpu.toml")]
-    assert cli.guarded_run_dir(*cli.build_parser().parse_known_args(local)) is None
+    assert train.guarded_run_dir(*cli.build_parser().parse_known_args(local)) is None
     monkeypatch.setenv(GUARDED_ENV, "1")
-    assert cli.guarded_run_dir(args, extra) is None
+    assert train.guarded_run_dir(args, extra) is None
 
 
 def test_a_launcher_killed_by_a_signal_is_explained_with_the_resume_hint_when_there_is_a_checkpoint(tmp_path):
-    message = cli.launcher_killed_message(signal.SIGSEGV, tmp_path)
+    message = train.launcher_killed_message(signal.SIGSEGV, tmp_path)
     assert "died of SIGSEGV, a crash in the launcher's native runtime" in message
     assert message.endswith("no checkpoint was committed: nothing to resume, start it again")
     (tmp_path / "checkpoints" / "step_2").mkdir(parents=True)
     (tmp_path / "checkpoints" / "step_2" / "COMMITTED").touch()
-    message = cli.launcher_killed_message(signal.SIGKILL, tmp_path)
+    message = train.launcher_killed_message(signal.SIGKILL, tmp_path)
     assert "died of SIGKILL, killed by another process or by the kernel" in message
     assert message.endswith(f"resume from the last checkpoint with `rlmesh train --resume {tmp_path}`")

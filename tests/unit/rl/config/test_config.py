@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from rl.commands.cli import main, parse_overrides
+from rl.commands.arguments import parse_overrides
+from rl.commands.cli import main
 from rl.config import ConfigError, load_config
 from rl.loop.resolve import resolve_config
 from tests.support.hardware import NATIVE_BF16, refuses_bf16_compute, refuses_cuda

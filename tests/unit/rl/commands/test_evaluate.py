@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 
 from rl.checkpoint import store
-from rl.commands.cli import eval_arguments, main
+from rl.commands.cli import main
+from rl.commands.evaluate import eval_arguments
+from rl.commands.evaluation import Evaluation, eval_target
 from rl.config import ConfigError
-from rl.loop.evaluate import Evaluation, eval_target
 from tests.support.paths import E2E_CONFIGS, TINY
 from tests.support.refused_job import RefusedJob
 from tests.support.runs import fake_run

@@ -1,11 +1,6 @@
-"""`rlmesh eval`: held-out evaluation alone, of a config's model, a run's checkpoint or an exported model folder.
-
-The rows, sampling, rollout path, scoring and metrics are the training loop's validation's (`run.eval_groups` rows,
-`run.eval_samples_per_row` samples each with `generator.eval_sampling`, pass@k at `run.eval_pass_threshold`), with
-the same request ids and so the same sampling seeds: evaluating a run's step-N checkpoint repeats the validation its
-step N logged. Only the generator and reward services start (no trainer, no weight store, no run directory); a
-checkpoint's policy is first written as a model folder (`rl.checkpoint.export`) for the generators to load.
-"""
+"""`rlmesh eval`'s work: what to evaluate (a run's checkpoint, a model folder or a config's model), the generator and
+reward services started alone, the held-out rows scored through the training loop's validation path
+(`rl.loop.validation`), the metrics and every sample written out."""
 
 from __future__ import annotations
 
@@ -20,48 +15,13 @@ from typing import Any
 from rl.checkpoint import export
 from rl.checkpoint import store as checkpoint_store
 from rl.config import Config, ConfigError, load_config
-from rl.config.roles import SamplingConfig
-from rl.config.run import RunConfig
 from rl.console import say
 from rl.loop.resolve import resolve_config
 from rl.loop.roles import Roles
 from rl.loop.scored_groups import ScoredGroups, built_tasks
-from rl.metrics.logger import MetricsLogger
+from rl.loop.validation import held_out_groups, held_out_rows
 from rl.metrics.pass_at_k import eval_metrics
 from rollouts.types import RolloutGroup
-from tasks.build import BuiltTask
-
-
-def held_out_rows(tasks: dict[str, BuiltTask], eval_groups: int) -> list[tuple[str, dict]]:
-    """(task name, row) of the first `eval_groups` validation rows, tasks in name order: the rows every validation uses."""
-    return [(name, row) for name, task in sorted(tasks.items()) for row in task.load_rows("validation")][:eval_groups]
-
-
-async def held_out_groups(
-    scored_groups: ScoredGroups, rows: list[tuple[str, dict]], step: int, run: RunConfig, sampling: SamplingConfig
-) -> list[RolloutGroup]:
-    """Each held-out row's `run.eval_samples_per_row` scored samples, with ids (and so seeds) `eval/step=<step>/<i>`."""
-    return list(
-        await asyncio.gather(
-            *(
-                scored_groups.make(f"eval/step={step}/{index}", name, row, run.eval_samples_per_row, sampling)
-                for index, (name, row) in enumerate(rows)
-            )
-        )
-    )
-
-
-async def validate(
-    scored_groups: ScoredGroups, rows: list[tuple[str, dict]], step: int, config: Config, logger: MetricsLogger
-) -> dict[str, float]:
-    """The training loop's validation at `step`: held-out reward through the same rollout path,
-    `run.eval_samples_per_row` samples per row with `generator.eval_sampling`, and pass@k; the groups logged."""
-    if not rows:
-        return {}
-    run = config.run
-    groups = await held_out_groups(scored_groups, rows, step, run, config.generator.eval_sampling)
-    logger.log_rollouts(step, "eval", groups)
-    return eval_metrics(groups, run.eval_samples_per_row, run.eval_pass_threshold)
 
 
 @dataclass(frozen=True)
