@@ -1,5 +1,5 @@
 """The TRL peer of the main job: TRL's GRPOTrainer on sum_digits with SmolLM2-135M-Instruct, matched to
-configs/sum_digits_smollm2_cpu.toml, for comparing learning per step and speed with rlmesh (issue 18).
+configs/sum_digits_smollm2_cpu.toml, for comparing learning per step and speed with rlmesh.
 
 Matched: the train rows in rlmesh's order for the seed (`rl.loop.data.RowStream` over `tasks.sum_digits`), the
 chat prompt (the tokenizer's chat template; `--check-prompts` compares the token ids with an rlmesh run's), the

@@ -117,7 +117,7 @@ def math_verify(
     r"""1 when `math-verify` finds the reply's final answer (`\boxed{}` first, else the last expression)
     mathematically equal to the reference (`1/2` = `0.5` = `\frac{1}{2}`), else 0.
 
-    `numeric_fallback` (seed 003's GSM8K reward): where math-verify does not confirm the answer (it parsed nothing,
+    `numeric_fallback` (a GSM8K reward, as in AReaL's multi-turn math example): where math-verify does not confirm the answer (it parsed nothing,
     or read `\boxed{72 clips}` as a product of symbols), the reply's number is compared with the reference's:
     see `numbers_equal`. math-verify's own signal-based timeouts are off (they only work on a main thread, and a
     big-int operation does not see the signal until it ends): the rubric runs this in a worker process and kills it

@@ -73,8 +73,8 @@ class RawReward(Algorithm):
 
 class Custom(Algorithm):
     """`custom_advantage_fn(rewards: list[float], rollouts) -> list[float | list[float]]`, imported by path: per
-    rollout one advantage for all its sampled tokens, or a list with one per sampled token (seed 002's per-token
-    credit: `Rollout.num_completion_tokens` values, the completions of its turns in order)."""
+    rollout one advantage for all its sampled tokens, or a list with one per sampled token (per-token credit, as in
+    prime-rl: `Rollout.num_completion_tokens` values, the completions of its turns in order)."""
 
     def __init__(self, config: AlgorithmConfig, task: str, renderer: Any = None, prompt_logprobs: Any = None):
         super().__init__(config, task, renderer, prompt_logprobs)

@@ -33,7 +33,8 @@ class FrozenModelConfig(Section):
 
 class EchoRoleWeights(Section):
     """echo: cross-entropy weight of environment tokens by the role of the message they render. The default
-    table trains tool results at 0.1; setting any role replaces the whole table (seed 002): a role left out is 0."""
+    table trains tool results at 0.1; setting any role replaces the whole table (as prime-rl's echo does): a role left
+    out is 0, so a table reads as everything it trains."""
 
     system: float = Field(0.0, ge=0)
     """Weight of the tokens of system messages."""
@@ -105,12 +106,12 @@ class AlgorithmConfig(CreditConfig):
     @model_validator(mode="before")
     @classmethod
     def _moved_to_loss(cls, data: Any) -> Any:
-        """The loss keys `[algorithm]` held before issue 26 are refused, naming where they live now."""
+        """The loss keys an `[algorithm]` section once held are refused, naming where they live now."""
         keys = set(data) if isinstance(data, dict) else set()
         moved = sorted(keys & (set(LossConfig.model_fields) - set(cls.model_fields)) | keys & {"loss"})
         if moved:
             raise ValueError(
-                f"{', '.join(moved)}: the trainer-wide loss is its own section [loss] since issue 26; write them "
+                f"{', '.join(moved)}: the trainer-wide loss is its own section [loss]; write them "
                 "there (algorithm.loss is loss.type)"
             )
         return data
@@ -170,7 +171,8 @@ def decide_bypass_mode(config: Any) -> None:
 
     Where the rule resolves decoupled mode because the sampler is not the trainer's policy (`sampler_gaps`) and the
     config chose no correction, token IS (`decoupled_token_is`) comes with it: PPO anchored on π_old with nothing
-    for π_rollout is what seed 004 calls the common implementation mistake (and what did not learn here)."""
+    for π_rollout is what verl's rollout-correction guide calls the common implementation mistake (and what did not
+    learn here)."""
     correction = config.loss.rollout_correction
     if correction.bypass_mode is not None:
         return
@@ -207,7 +209,7 @@ def correction_warnings(config: Any) -> list[str]:
     return [
         "loss.rollout_correction: decoupled mode without IS or rejection, although "
         + "; ".join(gaps)
-        + ": PPO anchors on π_old and nothing accounts for π_rollout (seed 004's common mistake; such runs did not "
+        + ": PPO anchors on π_old and nothing accounts for π_rollout (verl's rollout-correction guide: the common mistake; such runs did not "
         "learn here). Unset the correction keys for the default token IS, or set preset = 'decoupled_token_is'"
     ]
 

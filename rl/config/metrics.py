@@ -45,7 +45,7 @@ class SampleFilters(Section):
 
 
 class SampleLoggingConfig(Section):
-    """Sample-level logging (seed 000): trained samples to samples.jsonl, a wandb table and (asked for) the console."""
+    """Sample-level logging: trained samples to samples.jsonl, a wandb table and (asked for) the console."""
 
     enabled: bool = True
     """Log trained samples at all."""

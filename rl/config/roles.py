@@ -27,7 +27,7 @@ class SamplingConfig(Section):
     the policy."""
     stop_token_ids: list[Annotated[int, Field(ge=0)]] = []
     """More token ids that end a completion (finish reason "stop", as at an end-of-turn token), besides the
-    renderers' end-of-turn tokens, which always do (seed 001: "stop when some token T appears")."""
+    renderers' end-of-turn tokens, which always do: a task whose format ends on its own token stops there."""
 
 
 class GeneratorConfig(Section):

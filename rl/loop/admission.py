@@ -1,7 +1,7 @@
 """Row-granular admission: how many more rows may start generating now.
 
 A row (a task example, whose whole group of `group_size` samples starts together) is admitted
-only while both budgets allow it (AReaL's staleness controller, seed 003):
+only while both budgets allow it (AReaL's staleness controller):
 
     capacity = min(max_concurrent − running,
                    (policy_version + max_staleness + 1) × rows_per_step − (accepted + running))

@@ -102,7 +102,8 @@ def _check_prefix_sharing(config: Config) -> None:
 
 def tokenizer_mismatches(config: Config) -> list[str]:
     """The frozen models whose token ids reach the policy's loss (a task's `teacher`, or its `sampler`) but whose
-    tokenizer is not the policy's (seed 002: a frozen model must share it); one message each, naming the key."""
+    tokenizer is not the policy's (their token ids would mean other tokens to the policy); one message each, naming
+    the key."""
 
     def vocabulary(path: str) -> dict[str, int]:
         return load_tokenizer(path).get_vocab()  # added tokens included

@@ -1,4 +1,4 @@
-"""Sample-level logging (seed 000): one flat dict per trained rollout, filtered, recorded as Reduce.SAMPLE.
+"""Sample-level logging: one flat dict per trained rollout, filtered, recorded as Reduce.SAMPLE.
 
 Samples are built when their batch is trained and logged under the step that trained them (wandb steps
 only increase); the advantage is the one the step trained with (`Rollout.advantage`, computed once). Filters (`[sample_logging.filters]`)

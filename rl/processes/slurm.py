@@ -3,8 +3,8 @@
 Monarch 0.7.0 reads the job's state as a list and its hosts from `job_resources.nodes.allocation[].name`, the shape
 of Slurm 24.05+ (OpenAPI v0.0.41). Slurm 20.02-23.02 (v0.0.36-v0.0.39) writes the state as a string; those and
 Slurm 23.11 (v0.0.40: the state already a list) write `job_resources.nodes` as a host-list string with the hosts in
-`job_resources.allocated_nodes[].nodename`. Monarch then fails with "'str' object has no attribute 'get'" (monarch
-issue 2330). `normalize_squeue_job` turns each older part into the newer one; the newer shape passes through unchanged.
+`job_resources.allocated_nodes[].nodename`. Monarch then fails with "'str' object has no attribute 'get'" (meta-pytorch/monarch
+#2330). `normalize_squeue_job` turns each older part into the newer one; the newer shape passes through unchanged.
 
 Before 24.05 `squeue --json` also ignores `--job` ("All other formatting and filtering arguments will be ignored", the
 22.05 man page) and lists every job in the cluster, while Monarch takes the first: on a real Slurm 22.05 with one

@@ -57,7 +57,7 @@ def correct(
             bounded = torch.exp(seq_log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))[index]  # [B,L]
             seq = seq_log_ratio[live]
             stats.add(P + "rollout_is", torch.exp(seq.clamp(-SAFETY_BOUND, SAFETY_BOUND)))
-            stats.add(P + "rollout_is_log", seq)  # unbounded: the true min/max (seed 004)
+            stats.add(P + "rollout_is_log", seq)  # unbounded: the true min/max (verl's rollout-correction diagnostics)
             stats.add(P + "rollout_is_ratio_fraction_high", (seq > math.log(threshold)).double())
             stats.add(P + "rollout_is_ratio_fraction_low", (seq < -math.log(threshold)).double())
         weights = torch.where(mask, bounded.clamp(max=threshold), 0.0).float()  # [B,L]

@@ -269,7 +269,7 @@ def compute_loss(
     index, count = segments(batch)
     loss = (logprobs * 0.0).sum()  # graph-attached zero: backward runs even when every component is empty
     agg = dict(mode=config.aggregation, horizon=horizon)  # the policy loss's (and its KL term's) aggregation
-    token_count = dict(mode="token-mean", horizon=horizon)  # ce and ref_kl: fixed token-count cores (seed 002)
+    token_count = dict(mode="token-mean", horizon=horizon)  # ce and ref_kl: fixed token-count cores (prime-rl's)
 
     rl_weights = batch["rl_weights"]
     if counts[0, 0] > 0 and bool((rl_weights != 0).any()):

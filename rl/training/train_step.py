@@ -168,7 +168,7 @@ def train_step(
     pg_loss / ce_loss / ref_kl_loss, entropy (rl tokens) / ce_entropy / ref_kl/entropy, clip fractions, ratio_mean/_std/_min/_max, mismatch_k3, kl, grad_norm
     (before clipping; the mean over the K steps), skipped_nonfinite_steps (of the K, those whose gradient norm was
     not finite: no optimizer or LR-schedule step, the weights unchanged), optimizer_steps (K minus those) and
-    optimizer_steps_total (the run's, as the LR schedule counts them; seed 003: K x accepted batches), lr, token counts per component, nonfinite_logprob_tokens,
+    optimizer_steps_total (the run's, as the LR schedule counts them: K x accepted batches, AReaL's ppo_n_minibatches), lr, token counts per component, nonfinite_logprob_tokens,
     train_tokens_per_s, and the `rollout_corr/*` diagnostics.
     With several `ranks`, `micro_batches` are this rank's share: token counts and metrics are summed or merged
     over all ranks, so every rank returns the metrics of the whole batch.

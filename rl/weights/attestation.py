@@ -42,7 +42,7 @@ PROBE_SEED = 0x5EED
 
 SIGMAS = 16.0
 """The tolerance in units of the expected rounding (module docstring): the largest error measured on SmolLM2-135M
-and tiny-qwen3 (vLLM 0.32 on CPU, 2026-11-25) was below 1 unit."""
+and tiny-qwen3 (vLLM 0.32 on CPU) was below 1 unit."""
 
 UNIT_ROUNDOFF = {"float32": 2.0**-24, "bfloat16": 2.0**-9, "float16": 2.0**-12, "float64": 2.0**-53}
 

@@ -1,1 +1,1 @@
-"""Payloads of the security review (issue 19), each against the real component it attacks."""
+"""Payloads of a security review, each against the real component it attacks."""

@@ -1,5 +1,5 @@
 """Rewards that would poison the advantages, rows that would pay the answer "None", and a breaker that
-never opened on timeouts (issue 19: the reward path)."""
+must open on timeouts too: the reward path under hostile input."""
 
 import asyncio
 import json

@@ -1,4 +1,4 @@
-"""The security review's sandbox payloads against the real `Sandbox` (each one got through before issue 19).
+"""The security review's sandbox payloads against the real `Sandbox` (each one must be stopped).
 
 Every test is bounded by the sandbox: the flood, fork and memory payloads are stopped by its output
 cap, its cgroup or its timeout, never by the test. The backend is whatever this machine has (bubblewrap

@@ -1,5 +1,5 @@
 """Malformed tool calls and tool output are told to the model as tool errors; the rollout goes on
-(each of these ended the rollout as an ERROR before issue 19)."""
+(each of these would otherwise end the rollout as an ERROR)."""
 
 from env_types.message_env import ResetOutput, StepOutput
 from rl.config.tasks import RendererEnvConfig

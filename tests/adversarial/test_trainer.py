@@ -1,5 +1,5 @@
 """A non-finite gradient never reaches the weights: the update is skipped and counted, and the run stops
-after `trainer.max_nonfinite_steps` such steps in a row (issue 19)."""
+after `trainer.max_nonfinite_steps` such steps in a row."""
 
 import copy
 

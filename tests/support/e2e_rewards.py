@@ -33,7 +33,7 @@ def always_fails(rollout: Rollout, example: dict) -> float:
 
 
 def flaky(rollout: Rollout, example: dict) -> float | str:
-    """The first-hour report's flaky reward (issue 33), by the row's number: raises ValueError when it ends in 0 or 1,
+    """A flaky reward, as a user's first hour met one, by the row's number: raises ValueError when it ends in 0 or 1,
     returns nan when it ends in 2 and the string "1.0" when it ends in 3 (4 of every 10 rows fail, all their rollouts
     alike); otherwise `even_token_share`, which differs between samples."""
     last_digit = example["number"] % 10

@@ -1,5 +1,5 @@
 """The trainer refuses, before loading any weight, prefix-shared training of a model with recurrent layers; the
-launcher refuses it before anything starts (issue 31 item 9)."""
+launcher refuses it before anything starts."""
 
 import pytest
 import transformers

@@ -189,7 +189,7 @@ def test_smollm2_next_turn_re_renders_the_history():
 
 
 def test_preserve_thinking_between_tool_calls_bridges_the_tool_cycle_and_re_renders_at_a_user_query(qwen3):
-    # seed 001's RendererConfig knob (renderers 0.1.12: thinking_retention = "tool_cycle"). Qwen3 with thinking off
+    # torchtitan RL's RendererConfig knob (renderers 0.1.12: thinking_retention = "tool_cycle"). Qwen3 with thinking off
     # otherwise bridges at a new user query too (retention "all").
     renderer = build_renderer(RendererConfig(name="qwen3", preserve_thinking_between_tool_calls=True), "tiny-qwen3")
     tokenizer = renderer._tokenizer

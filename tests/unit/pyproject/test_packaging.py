@@ -1,4 +1,4 @@
-"""pyproject.toml reads without a setuptools deprecation: `pip install -e .` prints none (issue 33 measured ~30 lines);
+"""pyproject.toml reads without a setuptools deprecation: `pip install -e .` prints none (a deprecated key prints ~30 lines);
 the venv scripts/setup_env.sh makes is byte-compiled."""
 
 import importlib.util

@@ -1,4 +1,4 @@
-"""The sandbox's interpreter path: a venv reached through a symbolic link still runs tools (issue 31 item 10); the
+"""The sandbox's interpreter path: a venv reached through a symbolic link still runs tools; the
 warning a sandbox without isolation gives."""
 
 import os

@@ -166,7 +166,7 @@ def test_opd_routes_sampled_tokens_to_ref_kl_with_teacher_logprobs():
 
 
 def test_echo_setting_one_role_replaces_the_whole_table(qwen3_renderer):
-    # seed 002: "setting any role replaces the whole table". The default table trains tool results at 0.1; a table
+    # "setting any role replaces the whole table" (prime-rl's echo). The default table trains tool results at 0.1; a table
     # naming only user (0.5) trains user messages at 0.5 and tool results not at all (before: tool kept 0.1).
     assert AlgorithmConfig(type="echo").echo_role_weights.tool == 0.1
     config = load_config(
@@ -267,7 +267,7 @@ def test_sft_trains_cross_entropy_on_the_dataset_demonstration_and_generates_not
 
 
 def per_token(rewards, rollouts):
-    """Per-token credit (seed 002): rollout i's k-th sampled token gets reward + k / 10; rollout 1 one value."""
+    """Per-token credit: rollout i's k-th sampled token gets reward + k / 10; rollout 1 one value."""
     return [[rewards[0] + k / 10 for k in range(rollouts[0].num_completion_tokens)], rewards[1] - 1]
 
 

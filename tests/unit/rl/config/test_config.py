@@ -243,7 +243,7 @@ def test_cached_hub_ids_and_existing_directories_are_accepted(tmp_path, hub):
 
 
 def test_a_hub_id_neither_cached_nor_reachable_is_refused_at_once(hub, monkeypatch):
-    """Instead of the trainer's download retrying for about a minute (issue 33): the launcher says what to do."""
+    """Instead of the trainer's download retrying for about a minute: the launcher says what to do."""
     from huggingface_hub import constants
 
     with pytest.raises(ConfigError, match=r"model.path: 'Qwen/Qwen3-0.6B' is not in the Hugging Face cache and "

@@ -1,4 +1,4 @@
-"""The run-decided defaults (`bypass_mode`) and the launch directory on the import path (issue 17 items 9, 17)."""
+"""The run-decided defaults (`bypass_mode`) and the launch directory on the import path."""
 
 import os
 import subprocess

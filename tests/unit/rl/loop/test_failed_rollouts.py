@@ -1,4 +1,4 @@
-"""A reward function that fails on some rows (issue 33's flaky reward: ValueError, nan, the string "1.0"): every
+"""A reward function that fails on some rows (a flaky reward: ValueError, nan, the string "1.0"): every
 failed rollout is an ERROR with its exception text, counted, logged to rollouts.jsonl and the sample logs though
 its group is dropped, and named on the console; the run's end says what share of groups failed.
 

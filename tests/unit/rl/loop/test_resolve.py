@@ -1,5 +1,5 @@
 """Resolving a config against the runtime: a frozen model whose token ids reach the loss must share the policy's
-tokenizer (seed 002), refused before anything starts."""
+tokenizer (its token ids would mean other tokens to the policy), refused before anything starts."""
 
 import pytest
 

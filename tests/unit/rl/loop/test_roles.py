@@ -1,4 +1,4 @@
-"""Teacher scoring (opd, opsd; seed 002): a concurrency bound and its seconds in `time/scoring_s`. The trainer calls in
+"""Teacher scoring (opd, opsd): a concurrency bound and its seconds in `time/scoring_s`. The trainer calls in
 flight, which a trainer recovery names."""
 
 import asyncio

@@ -1,4 +1,4 @@
-"""A task listed twice under two short names: two entries everywhere the run names its tasks (issue 33)."""
+"""A task listed twice under two short names: two entries everywhere the run names its tasks."""
 
 import pytest
 

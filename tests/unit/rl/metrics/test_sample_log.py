@@ -1,4 +1,4 @@
-"""Sample-level logging (seed 000): the sample record and every `[sample_logging.filters]` filter."""
+"""Sample-level logging: the sample record and every `[sample_logging.filters]` filter."""
 
 import json
 from types import SimpleNamespace
@@ -258,7 +258,7 @@ async def failing_rollout_fn(row, context):
 
 
 async def test_a_turnless_error_rollout_logs_its_dispatch_version_and_prompt():
-    # seed 000: policy_version is an int and prompt the prompt; a rollout whose first generator call failed (or that
+    # the sample record's types: policy_version is an int and prompt the prompt; a rollout whose first generator call failed (or that
     # failed before its environment rendered anything) has no turn, and logged `policy_version None` and `prompt ""`
     config = load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"algorithm.group_size": "2"})
     controller = Controller(config)

@@ -1,4 +1,4 @@
-"""Prefix-shared training refuses models whose layers ignore the tree mask (issue 31 item 9), read from transformers'
+"""Prefix-shared training refuses models whose layers ignore the tree mask, read from transformers'
 own configs of each family: linear attention and gated delta nets, Mamba and other state-space layers, RWKV,
 short convolutions; softmax-attention models (sliding windows included) pass."""
 

@@ -202,7 +202,7 @@ def test_pg_is_preset_weights_the_policy_gradient_and_batch_normalization_and_es
 
 
 def test_ppo_is_bypass_logs_the_effective_sample_size_of_its_measured_weights():
-    # seed 004: ESS whenever IS is computed. Token weights min(r, 2) for r = 3, 0.5, 1e-5: [2, 0.5, 1e-5];
+    # verl's rollout correction: ESS whenever IS is computed. Token weights min(r, 2) for r = 3, 0.5, 1e-5: [2, 0.5, 1e-5];
     # ESS = mean^2 / mean of squares
     metrics, _ = _step(preset="ppo_is_bypass")
     weights = [2.0, 0.5, 1e-5]
@@ -213,7 +213,7 @@ def test_ppo_is_bypass_logs_the_effective_sample_size_of_its_measured_weights():
 @pytest.mark.parametrize(
     "rollout_correction, forwards",
     [
-        ({"preset": "ppo_is_bypass"}, 1),  # seed 004: bypass skips the no-grad pass
+        ({"preset": "ppo_is_bypass"}, 1),  # bypass skips the no-grad pass
         ({"preset": "pg_is"}, 1),
         ({"bypass_mode": True}, 1),
         ({"preset": "pg_rs"}, 2),  # rejection changes the loss's normalizer: decided before the update
@@ -311,7 +311,7 @@ def _sequence_metrics(log_ratio: float) -> dict[str, float]:
 
 
 def test_sequence_is_min_max_are_the_unbounded_ratios():
-    # seed 004: sequence-level min/max from the unbounded log ratios. A true e^38 = 3.1855931757113756e16 reads as
+    # verl's diagnostics: sequence-level min/max from the unbounded log ratios. A true e^38 = 3.1855931757113756e16 reads as
     # such (before: e^20 = 485165195.40979, the safety bound), its log 38 beside it; the other sequence's is e^0 = 1.
     m = _sequence_metrics(38.0)
     for key in ("rollout_is", "rollout_is_seq"):

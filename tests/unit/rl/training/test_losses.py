@@ -190,7 +190,7 @@ def test_ppo_metrics_hand_computed() -> None:
 
 
 def test_ppo_kl_is_the_k3_drift_from_the_step_start_snapshot() -> None:
-    # seed 003: mean of exp(d) - d - 1, d = logp_new - logp_snapshot, on the rl tokens (positions 1, 2, 4).
+    # AReaL's k3 drift: mean of exp(d) - d - 1, d = logp_new - logp_snapshot, on the rl tokens (positions 1, 2, 4).
     # d = [ln 2, 0, ln 0.8]: (2 - 1 - 0.69314718) + 0 + (0.8 - 1 + 0.22314355) = 0.30685282 + 0.02314355, / 3
     # = 0.10999879 > 0, while the k1 mean(snapshot - new) = -(ln 2 + ln 0.8) / 3 = -0.15666788 < 0.
     logprobs, batch = _hand_batch()
@@ -219,7 +219,7 @@ def test_aggregations_hand_computed(aggregation, value, grad) -> None:
 
 def test_ce_and_ref_kl_components_each_normalized_by_their_own_token_counts() -> None:
     # rl off. ce weight 1 on position 2 (logp -2) and 0.5 on position 4 (logp -1 + ln 0.5 = -1.69314718), over
-    # its 2 tokens (seed 002: a component's own token count, not Σw): (2 + 0.5 * 1.69314718) / 2 = 1.42328680,
+    # its 2 tokens (a component's own token count, not Σw, as prime-rl's fixed cores): (2 + 0.5 * 1.69314718) / 2 = 1.42328680,
     # grads -w / 2. ref_kl weight 1 on position 1: teacher -1, k1 = -1 + ln 1.5 + 1 = 0.40546511, value k1 / 1, grad k1.
     logprobs, batch = _hand_batch(
         rl=torch.zeros(1, 6),
@@ -237,7 +237,7 @@ def test_ce_and_ref_kl_components_each_normalized_by_their_own_token_counts() ->
 
 @pytest.mark.parametrize("aggregation", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
 def test_ce_and_ref_kl_are_token_means_whatever_the_policy_loss_aggregation(aggregation) -> None:
-    # seed 002: the ce and ref_kl cores are fixed token-count terms, unaffected by the policy loss's aggregation
+    # the ce and ref_kl cores are fixed token-count terms, unaffected by the policy loss's aggregation
     # (gspo's default seq-mean-token-mean included). ce weight 1 on positions 1, 2 (sequence 0; logp
     # -1 + ln 1.5 = -0.59453489 and -2) and 4 (sequence 1; logp -1.69314718): (0.59453489 + 2 + 1.69314718) / 3
     # = 1.42922736, gradient -1/3 each (per sequence it would be (1.29726745 + 1.69314718) / 2 = 1.49520731).

@@ -146,7 +146,7 @@ def test_k_minibatches_are_k_optimizer_steps_and_the_lr_schedule_counts_them(bas
 
 
 def test_optimizer_steps_count_the_updates_of_a_step_and_of_the_run(base_model):
-    # seed 003: optimizer steps = K x accepted batches. K = 2, then K = 1: 2 and 1 this step, 2 and 3 in the run;
+    # AReaL's ppo_n_minibatches: optimizer steps = K x accepted batches. K = 2, then K = 1: 2 and 1 this step, 2 and 3 in the run;
     # then a NaN weight makes the gradient non-finite: the update is skipped, 0 this step, still 3 in the run.
     model = copy.deepcopy(base_model)
     micro_batches = split_micro_batches(pack_samples(_samples(model), seq_len=SEQ_LEN, pad_token_id=0), 2)
@@ -227,7 +227,7 @@ def test_minibatches_are_disjoint_and_fall_back_to_rows():
 
 
 def test_ppo_kl_is_zero_with_one_minibatch_and_positive_once_the_inner_loop_drifts(base_model):
-    # seed 003: train/ppo_kl is the k3 drift of the policy from the step-start snapshot. With K = 1 every token is
+    # train/ppo_kl is the k3 drift of the policy from the step-start snapshot. With K = 1 every token is
     # scored by the snapshot's own weights (exactly 0, whatever the sampler did); with K = 2 and a real learning
     # rate the second minibatch meets a moved policy, and k3 >= 0 with equality only where nothing moved.
     samples = _samples(base_model)
