@@ -1,5 +1,6 @@
-"""The layout's floors: each folder imports only folders on floors below its own (imports inside functions too),
-and no modules import each other in a circle at import time.
+"""The layout's floors (`tests.floor_plan.FLOORS`): each folder imports only folders on floors below its own (imports
+inside functions too), no modules import each other in a circle at import time, and the README's Layout table is the
+floor plan's.
 
 Imports are read with `ast`, so the check needs no import of the project.
 """
@@ -9,25 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("rl", "actors", "tasks", "rollouts", "rubrics", "env_types", "tools")
-FLOORS = [  # the ground first; a folder of `rl/` and a module directly in `rl/` are each a room
-    {"rl/console.py"},  # the one channel for warnings and status lines to the user
-    {"rl/components.py", "rl/assets.py", "rl/gpus.py"},
-    {"rl/precision.py"},
-    {"rl/config"},  # the typed config: imports nothing of the project's but itself (test below)
-    {"rl/packing"},  # training samples packed into rows, and the prefix-tree layout over them
-    {"env_types"},  # what a task author's environment is: messages in, messages out; messages <-> tokens
-    {"rollouts"},  # the records of a rollout and how one is driven and fanned out
-    {"tools", "rubrics", "rl/services", "rl/algorithms"},
-    {"rl/metrics", "rl/processes", "tasks"},
-    {"rl/training"},  # the trainer's step statistics are the metrics system's
-    {"rl/checkpoint"},  # a resume repairs the logs; the export of a LoRA run rebuilds the trainer's adapters
-    {"rl/weights"},
-    {"actors"},
-    {"rl/loop"},
-    {"rl/commands"},  # the `rlmesh` verbs: the parser and each verb's glue
-]
+from tests.floor_plan import FLOORS, PACKAGES, README, ROOT, readme_with_table
 
 
 def room(module: str) -> str | None:
@@ -171,3 +154,9 @@ def test_no_module_reads_another_modules_private_names():
 def test_tests_mirror_the_packages():
     """No test module lies flat in `tests/` but this one: each lives in the folder of what it covers."""
     assert sorted(path.name for path in (ROOT / "tests").glob("test_*.py")) == ["test_layout.py"]
+
+
+def test_the_readmes_layout_table_is_the_floor_plans():
+    """The table is written by `python -m tests.floor_plan` from the floors and each module's docstring."""
+    readme = README.read_text()
+    assert readme == readme_with_table(readme), "stale: run PYTHONPATH=$PWD .venv/bin/python -m tests.floor_plan"

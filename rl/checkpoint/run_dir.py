@@ -36,9 +36,8 @@ class RunDirLock:
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
-        self._fd: int | None = os.open(
-            run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644
-        )  # not inherited by actor processes
+        # not inherited by actor processes
+        self._fd: int | None = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -225,9 +225,8 @@ def _write_synced(path: Path, text: str) -> None:
 def rng_state() -> dict[str, Any]:
     """This process's python, numpy and torch RNG states (each of its GPUs' too, once it has used CUDA), as plain
     containers and tensors (loadable with `weights_only=True`)."""
-    numpy_state = np.random.get_state(
-        legacy=False
-    )  # {"bit_generator", "state": {"key": uint32 [624], "pos"}, "has_gauss", "gauss"}
+    # {"bit_generator", "state": {"key": uint32 [624], "pos"}, "has_gauss", "gauss"}
+    numpy_state = np.random.get_state(legacy=False)
     numpy_state["state"]["key"] = torch.from_numpy(numpy_state["state"]["key"].astype(np.int64))
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
     return {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state(), "cuda": cuda}

@@ -63,9 +63,8 @@ def weight_sync_floor(config: Config) -> dict[str, float]:
         copy_s = min(timed(copy, device) for _ in range(3))  # the first copy also faults the pages in
         llm = LLM(model=path, **engine_args(config.generator))  # the engine the loop's generators run
         try:
-            reload_s = min(
-                timed(lambda: load_weights(llm, handle)) for _ in range(3)
-            )  # the first sets vLLM's reload up
+            # the first sets vLLM's reload up
+            reload_s = min(timed(lambda: load_weights(llm, handle)) for _ in range(3))
         finally:
             llm.llm_engine.engine_core.shutdown()
     finally:

@@ -1,6 +1,8 @@
-"""`rlmesh train --config FILE [--section.key value ...]`, `rlmesh train --resume RUN_DIR [...]`, `rlmesh validate ...`,
-`rlmesh bench ...`, `rlmesh eval [RUN_DIR | MODEL_DIR] ...`, `rlmesh new-task NAME`, `rlmesh report RUN_DIR [RUN_DIR ...]`, `rlmesh export RUN_DIR --out DIR`,
-`rlmesh worker --address tcp://HOST:PORT`."""
+"""The `rlmesh` command line: its parser, and a table from each verb to its handler.
+
+`rlmesh train --config FILE [--section.key value ...]`, `rlmesh train --resume RUN_DIR [...]`, `rlmesh validate ...`,
+`rlmesh bench ...`, `rlmesh eval [RUN_DIR | MODEL_DIR] ...`, `rlmesh new-task NAME`, `rlmesh report RUN_DIR [RUN_DIR ...]`,
+`rlmesh export RUN_DIR --out DIR`, `rlmesh worker --address tcp://HOST:PORT`."""
 
 from __future__ import annotations
 

@@ -125,9 +125,10 @@ def evaluate(target: EvalTarget, out: Path | None = None) -> dict[str, Any]:
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     config = target.config
+    # in the run directory, which a run on a cluster has on storage every host reads
     scratch = (
         tempfile.TemporaryDirectory(prefix=".eval-model-", dir=target.run_dir) if target.run_dir else nullcontext()
-    )  # in the run directory, which a run on a cluster has on storage every host reads
+    )
     with scratch as tmp:
         if target.checkpoint is not None:
             say(f"exporting {target.checkpoint} for the generators")

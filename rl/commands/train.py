@@ -37,9 +37,8 @@ def train_command(args: argparse.Namespace, extra: list[str], argv: list[str]) -
         return _train_guarded(argv, run_dir_to_guard)
     from rl.processes.interrupts import InterruptibleRun
 
-    interruptible = (
-        InterruptibleRun()
-    )  # before any other thread starts (numpy, Monarch): see rl/processes/interrupts.py
+    # before any other thread starts (numpy, Monarch): see rl/processes/interrupts.py
+    interruptible = InterruptibleRun()
     return _on_config(args, extra, lambda config, resume_from: _train_locked(args, config, resume_from, interruptible))
 
 

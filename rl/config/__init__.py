@@ -1,9 +1,9 @@
 """The typed configuration of a run, read from TOML and dotted CLI overrides: one module per concept.
 
     section    the base of every section, and the words they share (device, dtype)
-    roles      [model], [generator], [trainer], [weight_sync]
+    roles      [model], [generator], [trainer], [weight_sync], [models.<name>]
     lora       [trainer.lora]
-    algorithm  [algorithm] (how scored groups become samples), [models.<name>], the bypass rule
+    algorithm  [algorithm] (how scored groups become samples), the bypass rule
     loss       [loss] (the policy loss by name or import path, clipping, aggregation, KL, rollout correction)
     tasks      [[tasks]] with their data, rubric, renderer and rollout limits
     services   [services]

@@ -1,5 +1,5 @@
-"""The `[algorithm]` section (how scored groups become training samples), its per-task overrides, the frozen models
-(`[models.<name>]`) and the rules that decide `loss.rollout_correction`'s unset bypass mode and IS.
+"""The `[algorithm]` section (how scored groups become training samples), its per-task overrides, and the rules that
+decide `loss.rollout_correction`'s unset bypass mode and IS.
 
 `[algorithm]` is every task's default; a task may override its credit fields (`CreditConfig`) with
 `[[tasks]] algorithm = { type = ..., ... }`. The trainer-wide loss is `[loss]` (`rl.config.loss`).
@@ -12,23 +12,10 @@ from typing import Annotated, Any
 from pydantic import Field, create_model, model_validator
 
 from rl.config.loss import PRESETS, LossConfig
-from rl.config.section import Device, DType, Section
+from rl.config.section import Section
 
 POLICY = "policy"
 """The reserved model name of the live, trained policy."""
-
-
-class FrozenModelConfig(Section):
-    """A model that is served but never trained: a teacher, or a sampler of demonstrations."""
-
-    path: str
-    """HF folder, hub id, or a built-in offline asset ("tiny-qwen3", ...)."""
-    dtype: DType = "float32"
-    """Weights dtype of its generators."""
-    device: Device = "cpu"
-    """Where its generators run."""
-    replicas: int = Field(1, ge=1)
-    """Generator replicas serving it (`[services.models]` sets their deadlines and restarts)."""
 
 
 class EchoRoleWeights(Section):

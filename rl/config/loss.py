@@ -78,9 +78,8 @@ class RolloutCorrectionConfig(Section):
         if isinstance(data, dict) and data.get("preset") in PRESETS:
             preset = dict(PRESETS[data["preset"]])
             if "rollout_rs_threshold" in data and "rollout_rs_threshold_lower" not in data:
-                preset.pop(
-                    "rollout_rs_threshold_lower", None
-                )  # a user's upper bound gets its reciprocal, not the preset's lower
+                # a user's upper bound gets its reciprocal, not the preset's lower
+                preset.pop("rollout_rs_threshold_lower", None)
             data = {**preset, **data}
         return data
 

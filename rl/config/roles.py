@@ -1,4 +1,5 @@
-"""The sections of the roles: the policy model, its generators (vLLM) and its trainer, and how weights move between them."""
+"""The sections of the roles: the policy model, its generators (vLLM) and its trainer, how weights move between them,
+and the frozen models (`[models.<name>]`: teachers, samplers) served beside them."""
 
 from __future__ import annotations
 
@@ -14,6 +15,19 @@ class ModelConfig(Section):
     path: str = "smollm2-135m-instruct"
     """HF folder, hub id, or a built-in offline asset: "smollm2-135m-instruct", "tiny-qwen3" (checked by
     `rl.loop.resolve`, which knows the assets)."""
+
+
+class FrozenModelConfig(Section):
+    """A model that is served but never trained: a teacher, or a sampler of demonstrations."""
+
+    path: str
+    """HF folder, hub id, or a built-in offline asset ("tiny-qwen3", ...)."""
+    dtype: DType = "float32"
+    """Weights dtype of its generators."""
+    device: Device = "cpu"
+    """Where its generators run."""
+    replicas: int = Field(1, ge=1)
+    """Generator replicas serving it (`[services.models]` sets their deadlines and restarts)."""
 
 
 class SamplingConfig(Section):

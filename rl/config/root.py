@@ -17,11 +17,11 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from rl.config.algorithm import POLICY, AlgorithmConfig, FrozenModelConfig, task_algorithm_key
+from rl.config.algorithm import POLICY, AlgorithmConfig, task_algorithm_key
 from rl.config.cluster import ClusterConfig
 from rl.config.loss import LossConfig
 from rl.config.metrics import SampleLoggingConfig, WandbConfig
-from rl.config.roles import GeneratorConfig, ModelConfig, TrainerConfig, WeightSyncConfig
+from rl.config.roles import FrozenModelConfig, GeneratorConfig, ModelConfig, TrainerConfig, WeightSyncConfig
 from rl.config.run import CheckpointConfig, RunConfig
 from rl.config.section import Section
 from rl.config.services import ServicesConfig

@@ -27,8 +27,8 @@ from actors.reward import RewardActor
 from actors.trainer import PolicyTrainer
 from rl.checkpoint import store as checkpoint
 from rl.config import Config
-from rl.config.algorithm import POLICY, FrozenModelConfig
-from rl.config.roles import GeneratorConfig, SamplingConfig
+from rl.config.algorithm import POLICY
+from rl.config.roles import FrozenModelConfig, GeneratorConfig, SamplingConfig
 from rl.console import say, warn
 from rl.metrics.actor import gather_states
 from rl.metrics.run_log import RunLog

@@ -107,9 +107,8 @@ class JsonlBackend:
             self.samples_file = open(self.samples_path, "a")
         for key, rows in samples.items():
             for row in rows:
-                self.samples_file.write(
-                    json.dumps({"step": step, "key": key, **row}, default=str) + "\n"
-                )  # any value: as text
+                # any value: as text
+                self.samples_file.write(json.dumps({"step": step, "key": key, **row}, default=str) + "\n")
         self.samples_file.flush()
 
     def close(self) -> None:

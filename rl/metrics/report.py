@@ -147,10 +147,11 @@ def plots(records: list[dict[str, Any]], out: Path) -> list[str]:
     ]
     if len(tasks) == 1:  # one task: its lines equal the overall ones
         rewards = ["reward/mean", "eval/reward/mean"]
+    # overall pass@1, pass@k first, then per task
     pass_keys = sorted(
         (key for key in keys if key.startswith("eval/pass@") and not key.endswith("/rows_left_out")),
         key=lambda key: (key.count("/"), int(key.split("@")[1].split("/")[0]), key),
-    )  # overall pass@1, pass@k first, then per task
+    )
     made = []
     specs = [
         ("reward.png", rewards, "reward (train: sampled; eval: held-out, mean over its samples)", "reward"),

@@ -211,9 +211,10 @@ def packing_metrics(batch: TensorDict) -> dict[str, float]:
     real = batch["sequence_ids"] >= 0  # [R,L]
     logical = float(real.sum())
     if "fwd_index" in batch:
+        # [R,F], 1 on used nodes
         nodes = torch.zeros(batch["fwd_input_ids"].shape, device=batch["fwd_index"].device).scatter_reduce(
             1, batch["fwd_index"], real.float(), "amax"
-        )  # [R,F], 1 on used nodes
+        )
         forward, positions = float(nodes.sum()), nodes.numel()
     else:
         forward, positions = logical, real.numel()

@@ -19,9 +19,8 @@ from typing import Any
 
 from monarch.actor import HostMesh, default_bootstrap_cmd, this_host
 
-from rl.config.algorithm import FrozenModelConfig
 from rl.config.cluster import ClusterConfig
-from rl.config.roles import GeneratorConfig, TrainerConfig
+from rl.config.roles import FrozenModelConfig, GeneratorConfig, TrainerConfig
 
 
 def bootstrap_command(

@@ -61,9 +61,8 @@ def correct(
             stats.add(P + "rollout_is_ratio_fraction_high", (seq > math.log(threshold)).double())
             stats.add(P + "rollout_is_ratio_fraction_low", (seq < -math.log(threshold)).double())
         weights = torch.where(mask, bounded.clamp(max=threshold), 0.0).float()  # [B,L]
-        seq_weights = torch.exp(
-            seq_log_ratio[live].clamp(-SAFETY_BOUND, SAFETY_BOUND)
-        )  # sequence ratios, bounded like verl's
+        # sequence ratios, bounded like verl's
+        seq_weights = torch.exp(seq_log_ratio[live].clamp(-SAFETY_BOUND, SAFETY_BOUND))
         stats.add(P + "rollout_is_seq", seq_weights)
         stats.add(P + "rollout_is_seq_log", seq_log_ratio[live])
         stats.add(P + "rollout_is_seq_fraction_high", (seq_log_ratio[live] > math.log(threshold)).double())

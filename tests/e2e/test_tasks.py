@@ -60,9 +60,8 @@ async def test_mixed_tasks_train_for_two_steps(tmp_path):
         assert rollout["status"] != "error", rollout["error"]
         assert rollout["reward"] is not None
     judged = [r for r in rollouts if r["rollout"]["task_name"] == "sum_digits"]
-    assert judged and all(
-        set(r["rollout"]["reward_components"]) == {"judge"} for r in judged
-    )  # graded by the frozen judge
+    # graded by the frozen judge
+    assert judged and all(set(r["rollout"]["reward_components"]) == {"judge"} for r in judged)
     calculator = [r for r in train if r["task_name"] == "calculator_tool"]
     # the calculator's tool spec is rendered into the system prompt: ~200 tokens before the question
     assert calculator and all(len(r["turns"][0]["prompt_token_ids"]) > 150 for r in calculator)

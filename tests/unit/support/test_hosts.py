@@ -85,9 +85,8 @@ def test_tmp_and_dev_shm_are_each_hosts_own_but_kept_paths_are_shared(network):
     assert alpha.run(["sh", "-c", f"echo shared > {network.kept}/{name}"]).returncode == 0
     assert beta.run(["cat", f"{network.kept}/{name}"]).stdout == "shared\n"
     assert (network.kept / name).read_text() == "shared\n"
-    assert (
-        beta.run([sys.executable, "-c", "import rl.commands.cli"], cwd=network.kept).returncode == 0
-    )  # the venv and the repo
+    # the venv and the repo
+    assert beta.run([sys.executable, "-c", "import rl.commands.cli"], cwd=network.kept).returncode == 0
 
 
 def test_a_link_down_drops_the_hosts_traffic_until_it_is_up_again(network):

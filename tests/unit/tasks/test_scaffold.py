@@ -18,9 +18,8 @@ def test_generated_package_passes_its_own_test_and_validates(tmp_path, capsys, m
     out = capsys.readouterr().out
     assert "a placeholder that learns as is (sums of two numbers), not word_math's" in out
     test_command = out.split("run its test with: ")[1].splitlines()[0]
-    assert (
-        test_command == f"{sys.executable} -m pytest word_math/test_task.py"
-    )  # this interpreter: outside the venv too
+    # this interpreter: outside the venv too
+    assert test_command == f"{sys.executable} -m pytest word_math/test_task.py"
     train_command = out.split("train it with: ")[1].splitlines()[0]
     rlmesh = Path(sys.executable).parent / "rlmesh"
     launcher = str(rlmesh) if rlmesh.is_file() else f"{sys.executable} -m rl.commands.cli"

@@ -95,9 +95,8 @@ async def test_calculator_tool_round_trip_through_the_sandbox(renderer, tokenize
     assert rollout.status is RolloutStatus.COMPLETED and len(rollout.turns) == 2
     assert rollout.turns[0].env_messages == [{"role": "tool", "content": "69893", "name": "calculator"}]
     assert "<tool_response>\n69893\n</tool_response>" in tokenizer.decode(rollout.turns[1].prompt_token_ids)
-    assert '"name": "calculator"' in tokenizer.decode(
-        rollout.turns[0].prompt_token_ids
-    )  # the tool spec is in the system prompt
+    # the tool spec is in the system prompt
+    assert '"name": "calculator"' in tokenizer.decode(rollout.turns[0].prompt_token_ids)
     assert reward == 1.0 and rollout.reward_components == {"numeric_match": 1.0, "used_calculator": 1.0}
 
 

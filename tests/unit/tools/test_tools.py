@@ -161,9 +161,10 @@ async def test_misbehaving_tools_are_stopped_and_reported_to_the_model(renderer,
     assert replies[3].startswith("Error: tool 'write' failed: OSError: [Errno 30] Read-only file system")
     assert not outside.exists()
     assert replies[4] == "wrote notes.txt"  # the scratch directory is writable ...
+    # ... and ends with its call
     assert (
         replies[5] == "Error: tool 'read' failed: FileNotFoundError: [Errno 2] No such file or directory: 'notes.txt'"
-    )  # ... and ends with its call
+    )
     assert [e.kind for turn in rollout.turns for e in turn.tool_call_errors] == ["tool_failed"] * 5
     assert rollout.num_malformed_tool_calls == 0 and rollout.status is RolloutStatus.COMPLETED
 

@@ -496,9 +496,8 @@ def test_echo_attributes_a_rerendered_prompt_too():
     completion = list(renderer.render_ids([*messages, reply]))[len(prompt) :]
     env_messages = [{"role": "user", "content": "again"}]
     rendered = renderer.render([*messages, reply, *env_messages], add_generation_prompt=True)
-    assert (
-        list(rendered.token_ids[: len(prompt) + len(completion)]) == prompt + completion
-    )  # the prefix holds: one sample
+    # the prefix holds: one sample
+    assert list(rendered.token_ids[: len(prompt) + len(completion)]) == prompt + completion
     first = RolloutTurn(
         prompt_messages=messages,
         prompt_token_ids=prompt,

@@ -82,9 +82,8 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one_naming_why(t
         f"skipping checkpoint step_00000002: trainer/__0_0.distcp has 1000 bytes, {size} when committed"
         in capsys.readouterr().err
     )
-    (checkpoint.checkpoint_root(run_dir) / "step_00000001" / "run_state.json").write_text(
-        "{}"
-    )  # same size, other bytes: none left
+    # same size, other bytes: none left
+    (checkpoint.checkpoint_root(run_dir) / "step_00000001" / "run_state.json").write_text("{}")
     (checkpoint.checkpoint_root(run_dir) / "step_00000001" / "run_state.json").write_text("x" * 80)
     with pytest.raises(ConfigError, match="every committed checkpoint is damaged"):
         resume_config(run_dir, {})
@@ -184,9 +183,8 @@ def test_rng_states_round_trip_through_a_weights_only_load(tmp_path):
     random.seed(1), np.random.seed(2), torch.manual_seed(3)
     checkpoint.write(tmp_path, checkpoint.RNG, "reward_0")
     expected = (random.random(), np.random.rand(), torch.rand(1).item())
-    torch.load(
-        tmp_path / "rng" / "reward_0.pt", weights_only=True
-    )  # plain containers and tensors only: no pickled objects run
+    # plain containers and tensors only: no pickled objects run
+    torch.load(tmp_path / "rng" / "reward_0.pt", weights_only=True)
     checkpoint.load_rng(tmp_path, "reward_0")
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
 

@@ -17,10 +17,11 @@ from tests.support.paths import REPO
 @pytest.mark.parametrize(
     "overrides, bypass",
     [
+        # CPU fp32 sampler on the trainer's fp32 weights, staleness 0, one minibatch
         (
             {"trainer.dtype": "'float32'"},
             True,
-        ),  # CPU fp32 sampler on the trainer's fp32 weights, staleness 0, one minibatch
+        ),
         ({"generator.dtype": "'bfloat16'"}, False),  # a bf16 sampler is not the trainer's policy
         ({"trainer.dtype": "'bfloat16'"}, False),  # bf16 autocast: π_old is not what the fp32 sampler ran
         ({"run.max_policy_staleness": "1"}, False),

@@ -26,9 +26,8 @@ def test_a_task_class_listed_twice_needs_two_names_and_import_paths_default_to_t
     unnamed = load_config(TINY, {"tasks": f"[{{name = 'tests.support.e2e_tasks:DemonstratedDigits', {ENV}}}]"})
     assert unnamed.tasks[0].key == "DemonstratedDigits"  # not the import path
     with pytest.raises(ConfigError, match="alias"):
-        load_config(
-            TINY, {"tasks": f"[{{name = 'sum_digits', alias = 'a/b', {ENV}}}]"}
-        )  # a '/' would split metric keys
+        # a '/' would split metric keys
+        load_config(TINY, {"tasks": f"[{{name = 'sum_digits', alias = 'a/b', {ENV}}}]"})
 
 
 def test_each_entry_draws_its_own_rows_and_names_its_metrics():

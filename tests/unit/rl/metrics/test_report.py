@@ -55,9 +55,8 @@ def test_report_writes_plots_and_a_page_for_a_run_still_writing(tmp_path, capsys
         assert width > 500 and height > 300, name
     page = (out / "index.html").read_text()
     assert all(f'src="{name}"' in page for name in expected)
-    assert (
-        "16 logged steps" not in page and "15 logged steps (last: step 14)" in page
-    )  # the half-written line is skipped
+    # the half-written line is skipped
+    assert "16 logged steps" not in page and "15 logged steps (last: step 14)" in page
     best, worst = page.split("Worst samples")
     # the last 3 steps' logged samples (steps 12-14), 5 of them: the 3 best (reward 1) and the 2 worst (reward 0)
     assert "Best samples of the last 3 steps (3)" in best and "of the last 3 steps (2)" in worst

@@ -73,9 +73,8 @@ def test_check_trees_catches_a_mask_that_leaks_a_branch_to_its_sibling() -> None
 def test_rows_are_a_multiple_of_the_ranks_and_a_padding_row_sees_only_itself() -> None:
     batch = pack_trees(_hand(), seq_len=16, pad_token_id=0, rows_multiple_of=2)
     assert batch.batch_size == torch.Size([2])
-    assert pack_trees(_hand(), seq_len=16, pad_token_id=0, min_rows=3).batch_size == torch.Size(
-        [3]
-    )  # K minibatches need K rows
+    # K minibatches need K rows
+    assert pack_trees(_hand(), seq_len=16, pad_token_id=0, min_rows=3).batch_size == torch.Size([3])
     pad = pad_row(batch)
     assert pad["fwd_parent"].tolist() == [[-1] * pad["fwd_parent"].shape[1]]
     assert pad["fwd_subtree_end"].tolist() == [list(range(1, pad["fwd_parent"].shape[1] + 1))]

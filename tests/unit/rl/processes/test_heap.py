@@ -108,7 +108,6 @@ def test_reloaded_layers_leave_no_primitives_behind_once_the_shared_onednn_cache
     default = onednn_probe("default")
     if default == "unsupported":
         pytest.skip("this vLLM build has no oneDNN matmul")
-    assert (
-        float(default) >= 30
-    )  # 240 primitives (~0.3 MB each) kept by the process-wide cache after their handlers died
+    # 240 primitives (~0.3 MB each) kept by the process-wide cache after their handlers died
+    assert float(default) >= 30
     assert float(onednn_probe("off")) <= 5

@@ -50,9 +50,8 @@ async def test_a_call_through_the_gateway_fails_over_when_its_replica_dies():
     finally:
         await service.stop()
         await caller_procs.stop()
-        monarch.actor.unhandled_fault_hook = after_run_fault_hook(
-            [service], previous_hook
-        )  # late reports of the killed replica
+        # late reports of the killed replica
+        monarch.actor.unhandled_fault_hook = after_run_fault_hook([service], previous_hook)
 
 
 async def test_a_judge_in_a_reward_actor_grades_through_the_gateway_to_the_frozen_models_service():

@@ -104,9 +104,8 @@ async def test_a_dead_replicas_requests_go_to_the_other_and_a_prepared_replaceme
     assert host.actors["generator_0_0"].calls == [("generate", "seed=7")]
     assert service.handle_failure(Failure(f"generator_0_0_s{service._serial}-Ab3xYz"))
     assert not service.handle_failure(Failure("trainer-Ab3xYz"))
-    assert service.handle_failure(
-        Failure(f"generator_1_0_s{service._serial + 1}-Ab3xYz")
-    )  # another run's replica, reported late: ignored
+    # another run's replica, reported late: ignored
+    assert service.handle_failure(Failure(f"generator_1_0_s{service._serial + 1}-Ab3xYz"))
     late: list[str] = []
     hook = after_run_fault_hook([service], late.append)
     for name in (f"generator_0_0_s{service._serial}-Ab3xYz", "logger-Ab3xYz", "trainer-Ab3xYz"):
@@ -167,9 +166,8 @@ async def test_the_run_stops_when_the_restart_budget_leaves_too_few_replicas():
 
 async def test_endpoints_are_typed_handles_that_route_to_one_replica_or_fan_out_to_all():
     service = make_service(FakeHost())
-    service.actor_class = type(
-        "DeclaredEndpoints", (), {"generate": None, "update": None}
-    )  # what the actor class declares
+    # what the actor class declares
+    service.actor_class = type("DeclaredEndpoints", (), {"generate": None, "update": None})
     await service.start()
     assert await service.generate.route(1, key="row=0") == ("generator_0_0", 1)
     assert await service.update.fanout(3, timeout_s=1.0) == [3, 3]
