@@ -36,7 +36,7 @@ from rl.processes.heap import (
     return_large_blocks_to_the_system,
 )
 from rl.processes.titles import name_process
-from rl.services.replica import ReplicaId, ServiceReplica, test_only_hang
+from rl.services.replica import ReplicaId, ServiceReplica, injected_fault
 from rl.weights import sync as weight_sync
 from rl.weights import vllm_worker
 from rl.weights.adapter import AdapterFolders, lora_request_id
@@ -245,7 +245,7 @@ class Generator(MetricsActor, ServiceReplica):
 
         Requests enter the engine one by one and batch there with every other caller's.
         """
-        await test_only_hang(self.replica)
+        await injected_fault(self.replica)
 
         async def one(request: GenerationRequest) -> Completion | GenerationFailed:
             try:

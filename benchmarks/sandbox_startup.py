@@ -1,6 +1,6 @@
 """Start-up cost of one sandboxed tool call: the median wall time of N sequential calls of a tool
-that returns at once (`tests.support.sandbox_tools:add`), so nearly all of it is the sandbox and Python
-starting. Usage: python benchmarks/sandbox_startup.py [--calls 100] [--no-isolate]"""
+that returns at once (the shipped calculator on "1 + 2": `tools.calculator:calculate`), so nearly all of it is the
+sandbox and Python starting. Usage: python benchmarks/sandbox_startup.py [--calls 100] [--no-isolate]"""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ async def measure(calls: int, isolate: bool) -> list[float]:
     try:
         for _ in range(calls):
             start = time.perf_counter()
-            assert await sandbox.run("tests.support.sandbox_tools:add", {"a": 1, "b": 2}) == "3"
+            assert await sandbox.run("tools.calculator:calculate", {"expression": "1 + 2"}) == "3"
             seconds.append(time.perf_counter() - start)
     finally:
         sandbox.close()

@@ -1,4 +1,4 @@
-"""What an actor needs to be served as a replica: a health probe, an identity, and the test-only hang hook."""
+"""What an actor needs to be served as a replica: a health probe, an identity, and the fault a drill injects."""
 
 from __future__ import annotations
 
@@ -11,8 +11,10 @@ from typing import Any
 
 from monarch.actor import Actor, concurrent_endpoint, this_host
 
-TEST_ONLY_HANG_ENV = "RLMESH_TEST_ONLY_HANG_REPLICA"
-"""Test-only fault injection: a replica whose `ReplicaId` (e.g. "generator/0#0") this names never answers a generate call."""
+FAULT_ENV = "RLMESH_FAULT"
+"""Fault injection, for drills of the services' fault handling (docs/checkpoints.md, "Fault tolerance"):
+`hang:<replica id>` (e.g. `hang:generator/0#0`) makes that replica take calls and never answer them, as a wedged
+engine does. Read by the replica's own process: set it where the run starts, its actor processes inherit it."""
 
 
 @dataclass(frozen=True)
@@ -38,9 +40,9 @@ class ServiceReplica(Actor):
         return socket.gethostname()
 
 
-async def test_only_hang(replica: ReplicaId | None) -> None:
-    """Never return if `RLMESH_TEST_ONLY_HANG_REPLICA` names this replica (the hang-detection test's fault)."""
-    if replica is not None and os.environ.get(TEST_ONLY_HANG_ENV) == str(replica):
+async def injected_fault(replica: ReplicaId | None) -> None:
+    """The fault `RLMESH_FAULT` injects into a call on `replica`: it never returns when the fault hangs this replica."""
+    if replica is not None and os.environ.get(FAULT_ENV) == f"hang:{replica}":
         await asyncio.Event().wait()
 
 

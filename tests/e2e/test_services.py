@@ -2,7 +2,7 @@
 opens the circuit breaker: tests/unit/rl/loop/test_controller_failures.py; the CLI's message: tests/e2e/test_interrupt.py.)
 
 Each test is one short run. A replica is killed with SIGKILL by the pid its `ping` reports, while
-it holds requests of the second step; a hang is the test-only `RLMESH_TEST_ONLY_HANG_REPLICA` hook.
+it holds requests of the second step; a hang is injected by `RLMESH_FAULT` (`rl.services.replica.FAULT_ENV`).
 """
 
 import asyncio
@@ -18,7 +18,7 @@ from rl.checkpoint import store as checkpoint
 from rl.config import load_config
 from rl.loop.controller import Controller
 from rl.loop.state import row_index_of
-from rl.services.replica import TEST_ONLY_HANG_ENV
+from rl.services.replica import FAULT_ENV
 from tests.support.paths import E2E_CONFIGS
 
 DEADLINE_S = 600
@@ -99,7 +99,7 @@ async def test_a_killed_generator_replica_is_replaced_and_no_row_is_lost(tmp_pat
 
 
 async def test_a_hung_generator_replica_misses_its_deadline_and_the_other_serves_its_requests(tmp_path, monkeypatch):
-    monkeypatch.setenv(TEST_ONLY_HANG_ENV, "generator/0#0")  # inherited by the actor processes
+    monkeypatch.setenv(FAULT_ENV, "hang:generator/0#0")  # inherited by the actor processes
     controller = Controller(two_replica_config(tmp_path, **{"services.generator.call_timeout_s": "20"}))
     await asyncio.wait_for(controller.setup(), DEADLINE_S)
     try:
