@@ -1,4 +1,4 @@
-"""`rlmesh export RUN_DIR [--step N] --out DIR [--dtype float32|bfloat16]`: a trained policy as a Hugging Face model folder.
+"""A trained policy as a Hugging Face model folder (`rlmesh export`: `rl.commands.export`).
 
 A checkpoint's trainer state is torch.distributed.checkpoint shards, however many trainer ranks wrote it. The
 export reads the model's tensors back whole with DCP's own reader (as `dcp_to_torch_save` does: no process group,
@@ -17,7 +17,6 @@ alone: the base weights are read from the run's `model.path`. The folder is writ
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import tempfile
 import time
@@ -27,7 +26,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rl.assets import resolve_model_path
-from rl.console import fail
 
 if TYPE_CHECKING:
     import torch
@@ -159,29 +157,3 @@ def run_checkpoint(run_dir: Path, step: int | None) -> Path:
     if (reason := store.damage(path)) is not None:
         raise ValueError(f"checkpoint {path.name} cannot be exported: {reason}")
     return path
-
-
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser("export", help="write a checkpoint's policy as a Hugging Face model folder")
-    parser.add_argument("run_dir", type=Path, help="the run directory, e.g. runs/sum_digits_smollm2_cpu")
-    parser.add_argument("--step", type=int, help="the checkpoint's step (default: the newest committed one)")
-    parser.add_argument("--out", type=Path, required=True, help="the folder to write (must not exist or be empty)")
-    parser.add_argument("--dtype", choices=EXPORT_DTYPES, default="float32", help="weights dtype")
-
-
-def export_command(args: argparse.Namespace) -> int:
-    try:
-        exported = export_checkpoint(run_checkpoint(args.run_dir, args.step), args.out, args.dtype)
-    except (OSError, ValueError) as exc:
-        return fail(f"cannot export: {exc}", 2)
-    print(
-        f"exported {exported.checkpoint} to {exported.out} ({exported.bytes / 1e6:.1f} MB, {exported.seconds:.1f} s);"
-        f" load it with transformers.AutoModelForCausalLM.from_pretrained({str(exported.out)!r})"
-        f" or serve it with `vllm serve {exported.out} --dtype {args.dtype}`"
-        + (
-            f"; its LoRA adapter alone: peft.PeftModel.from_pretrained(base, {str(exported.out / 'adapter')!r})"
-            if (exported.out / "adapter").is_dir()
-            else ""
-        )
-    )
-    return 0

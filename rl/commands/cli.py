@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from rl.checkpoint import export
+from rl.commands import export
 from rl.commands.arguments import import_from_launch_directory
 from rl.commands.evaluate import eval_command
 from rl.commands.new_task import new_task_command
@@ -136,7 +136,7 @@ COMMANDS: dict[str, Handler] = {
     "validate": validate_command,
     "bench": bench_command,
     "eval": eval_command,
-    "export": lambda args, extra, argv: export.export_command(args),
+    "export": export.export_command,
     "report": report_command,
     "new-task": new_task_command,
     "worker": worker_command,
