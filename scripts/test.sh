@@ -4,7 +4,7 @@
 # sets the number). An end-to-end run keeps ~1.2 cores busy on average (waits on deadlines, restarts and stops), so
 # the other worker fills the rest; a third made the heaviest runs slower than the CPU it saved on 2 cores
 # (benchmarks/README.md, "The test suite").
-# With arguments: one pytest run with them, e.g. scripts/test.sh -m "not e2e",
+# With arguments: one pytest run with them, e.g. scripts/test.sh -m "not processes" (in-process tests only),
 # scripts/test.sh tests/e2e/test_resume.py, scripts/test.sh -n 2 -m e2e.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

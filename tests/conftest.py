@@ -5,17 +5,26 @@ from pathlib import Path
 import pytest
 
 from tests.support.deadline import pytest_runtest_protocol  # noqa: F401 (every test runs under a deadline)
+from tests.support.spawns import (  # noqa: F401 (a test that starts a process is marked `processes`)
+    _starts_processes_only_if_marked,
+    pytest_configure,
+    pytest_terminal_summary,
+)
 
 TESTS = Path(__file__).resolve().parent
-MARKER_OF_FOLDER = {"e2e": "e2e", "adversarial": "adversarial", "gpu": "gpu"}  # tests/<folder>/... gets the marker
+MARKERS_OF_FOLDER = {  # tests/<folder>/... gets the markers
+    "e2e": ("e2e", "processes"),
+    "adversarial": ("adversarial",),
+    "gpu": ("gpu", "processes"),
+}
 
 
 def pytest_collection_modifyitems(items):
-    """Markers come from the folder (`tests/e2e/` is `e2e`, ...)."""
+    """Markers come from the folder (`tests/e2e/` is `e2e` and `processes`, ...)."""
     for item in items:
         folder = Path(item.fspath).resolve().relative_to(TESTS).parts[0]
-        if folder in MARKER_OF_FOLDER:
-            item.add_marker(MARKER_OF_FOLDER[folder])
+        for marker in MARKERS_OF_FOLDER.get(folder, ()):
+            item.add_marker(marker)
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,8 @@ a judge prompt -- stays text: the rendered prompt has exactly as many control to
 
 import json
 
+import pytest
+
 from env_types.message_env import ResetOutput
 from env_types.renderer import render_prompt
 from rl.config.tasks import RendererEnvConfig
@@ -50,6 +52,7 @@ class EchoTask(SumDigitsTask):
         return EchoEnv([tool])
 
 
+@pytest.mark.processes
 async def test_a_tool_result_cannot_forge_turns(renderer, tokenizer):
     replies = iter(
         [

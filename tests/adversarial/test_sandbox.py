@@ -20,6 +20,8 @@ import pytest
 from tools import cgroup
 from tools.sandbox import Sandbox, SandboxError, SandboxLimits
 
+pytestmark = pytest.mark.processes  # every payload runs in a sandboxed subprocess
+
 LIMITS = SandboxLimits(timeout_s=60.0, cpu_s=10, memory_mb=256, max_processes=16, scratch_mb=32)
 """Generous wall clock for a loaded machine: the payloads are stopped by the other limits."""
 needs_cgroup = pytest.mark.skipif(

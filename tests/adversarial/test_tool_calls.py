@@ -1,12 +1,16 @@
 """Malformed tool calls and tool output are told to the model as tool errors; the rollout goes on
 (each of these would otherwise end the rollout as an ERROR)."""
 
+import pytest
+
 from env_types.message_env import ResetOutput, StepOutput
 from rl.config.tasks import RendererEnvConfig
 from rollouts.types import Completion, RolloutStatus
 from tasks.sum_digits import SumDigitsTask
 from tasks.testing import play
 from tools.tool import Tool, ToolEnv
+
+pytestmark = pytest.mark.processes  # tools run in sandboxed subprocesses
 
 IM_END = 151645
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from tqdm import tqdm
 
 from rl.console import fail, say, warn
@@ -93,6 +94,7 @@ def test_no_product_module_warns_the_user_but_through_the_console():
     assert not quiet, f"allowed to write to stderr but no longer does (drop from ALLOWED_STDERR): {sorted(quiet)}"
 
 
+@pytest.mark.processes
 def test_a_line_without_a_bar_starts_no_process_and_imports_no_tqdm():
     """An actor or the tool sandbox's runner warns without a bar: tqdm's first write would make its multiprocessing
     lock, which under the spawn start method starts a resource-tracker process."""

@@ -8,6 +8,8 @@ from rl.config import load_config
 from rl.loop.resolve import resolve_config
 from tests.support.paths import CONFIGS
 
+pytestmark = pytest.mark.processes  # the GPU probe is a child process
+
 
 def test_the_probe_counts_this_hosts_devices_in_a_child_process():
     gpus.local_gpus.cache_clear()

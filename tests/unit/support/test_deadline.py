@@ -7,8 +7,11 @@ import sys
 import time
 
 import psutil
+import pytest
 
 from tests.support.paths import REPO
+
+pytestmark = pytest.mark.processes  # a hung pytest run as a child process
 
 HUNG_TEST = """
 import subprocess, time

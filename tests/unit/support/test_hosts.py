@@ -14,7 +14,7 @@ from tests.support import hosts as namespaced
 from tests.support.paths import REPO
 
 REASON = namespaced.unavailable()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+pytestmark = [pytest.mark.processes, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
 SERVE = """
 import socket, sys

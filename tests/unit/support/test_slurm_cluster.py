@@ -8,7 +8,7 @@ from tests.support import hosts as namespaced
 from tests.support.slurm_cluster import slurm_cluster, unavailable
 
 REASON = unavailable()
-pytestmark = [pytest.mark.slurm, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
+pytestmark = [pytest.mark.processes, pytest.mark.slurm, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
 
 
 def daemons_of(state_dir) -> list[int]:

@@ -13,6 +13,8 @@ from tasks.build import build_task
 from tasks.openenv_env import OpenEnvTask
 from tests.support.gateway_rollouts import play
 
+pytestmark = pytest.mark.processes  # each task starts its OpenEnv server as a subprocess
+
 GUESS = {"app": "tests.support.openenv_guess:app", "observation_key": "prompt", "num_train": 4, "num_validation": 2}
 PROMPT = "I picked a number from 1 to 4. Guess it: answer with just the number."
 

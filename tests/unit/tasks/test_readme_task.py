@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from transformers import AutoTokenizer
 
 from env_types.renderer import build_renderer
@@ -14,6 +15,8 @@ from rollouts.fanout import RolloutContext, rollout_group, task_rollout
 from rollouts.types import Completion, RolloutStatus
 from rubrics.rubric import apply_reward
 from tests.support.paths import REPO
+
+pytestmark = pytest.mark.processes  # the page's configs validated in child processes
 
 
 def page_blocks(language: str) -> list[str]:

@@ -6,7 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rl.commands.cli import main
+
+pytestmark = pytest.mark.processes  # the generated package's test runs in a child process
 
 
 def test_generated_package_passes_its_own_test_and_validates(tmp_path, capsys, monkeypatch):

@@ -12,6 +12,8 @@ from tasks.calculator_tool import CalculatorToolTask
 from tasks.reverse_text import ReverseTextTask
 from tasks.testing import play_group
 
+pytestmark = pytest.mark.processes  # reward functions run in worker processes, tools in sandboxes
+
 IM_END = 151645
 
 

@@ -10,6 +10,8 @@ from tasks.build import build_task
 from tasks.verifiers_env import VerifiersTask
 from tests.support.gateway_rollouts import IM_END, play
 
+pytestmark = pytest.mark.processes  # the taskset's interception server and reward workers
+
 QUIZ = "tests.support.verifiers_quiz"
 
 

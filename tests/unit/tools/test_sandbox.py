@@ -28,6 +28,7 @@ def test_interpreter_resolves_the_directory_but_keeps_the_venv_entry(tmp_path, m
     assert os.path.islink(executable) == os.path.islink(expected)  # venv/bin/python itself is not resolved
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not namespaces_available(), reason="no unprivileged user namespaces here")
 async def test_tool_runs_when_the_venv_is_reached_through_a_symlink(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "executable", symlinked_interpreter(tmp_path))

@@ -17,6 +17,8 @@ from tasks.testing import play
 from tools.sandbox import Sandbox, SandboxError, SandboxLimits
 from tools.tool import Tool, ToolEnv
 
+pytestmark = pytest.mark.processes  # tools run in sandboxed subprocesses
+
 IM_END = 151645
 LIMITS = SandboxLimits(timeout_s=120.0, cpu_s=2, memory_mb=256)
 """Wall-clock timeout far above what a loaded machine needs to start a tool: only CPU and memory limits stop these."""

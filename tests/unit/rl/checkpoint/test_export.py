@@ -19,6 +19,8 @@ from rl.checkpoint.export import export_checkpoint, read_model_state
 from rl.commands import cli
 from tests.support.score_export import score_in_fresh_process
 
+pytestmark = pytest.mark.processes  # the export is loaded in a Python without rlmesh
+
 PROBE = [[151644, 872, 198, 3838, 374, 279, 2629, 315, 279, 18509, 315, 220, 19, 22, 30], list(range(100, 140))]
 
 

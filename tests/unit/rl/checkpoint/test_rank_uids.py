@@ -20,7 +20,7 @@ from rl.checkpoint import store as checkpoint
 
 LAUNCHER_UID, RANK_UID, SHARED_GID = 1, 65534, 4242
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="switching to other uids needs root")
+pytestmark = [pytest.mark.processes, pytest.mark.skipif(os.geteuid() != 0, reason="switching to other uids needs root")]
 
 
 def as_user(uid: int, umask: int, work: Callable[[], str | None]) -> str | None:

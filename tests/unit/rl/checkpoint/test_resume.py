@@ -158,6 +158,7 @@ def test_checkpoint_files_and_directories_are_on_disk_before_committed(tmp_path,
     ]  # then COMMITTED
 
 
+@pytest.mark.processes
 def test_a_commit_removes_only_its_own_or_dead_writers_temporaries(tmp_path):
     import socket
 

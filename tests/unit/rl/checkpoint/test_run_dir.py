@@ -14,6 +14,8 @@ from rl.checkpoint.resume import open_run_dir
 from tests.support.paths import REPO
 from tests.support.runs import fake_run
 
+pytestmark = pytest.mark.processes  # other writers of a run directory are processes
+
 
 def test_a_new_run_never_appends_to_an_old_run_directory(tmp_path):
     claimed, held = run_dir.claim_fresh(tmp_path / "run")  # missing: created

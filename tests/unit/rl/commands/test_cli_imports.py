@@ -3,7 +3,11 @@
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.paths import REPO
+
+pytestmark = pytest.mark.processes  # the CLI is imported in a fresh Python
 
 
 def test_importing_the_cli_starts_no_thread():

@@ -107,6 +107,7 @@ def test_shipped_configs_validate(config_file, capsys, monkeypatch):
         assert returncode == 0, stderr
 
 
+@pytest.mark.processes
 def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
     result = subprocess.run(
         [
@@ -189,6 +190,7 @@ def test_precision_defaults_keep_fp32_master_weights_and_an_exact_sampler():
     assert (gpu.trainer.param_dtype, gpu.trainer.dtype, gpu.generator.dtype) == ("float32", "bfloat16", "bfloat16")
 
 
+@pytest.mark.processes
 def test_fp64_sampling_noise_reaches_the_engine_the_generator_builds():
     from vllm.engine.arg_utils import EngineArgs
 
@@ -205,6 +207,7 @@ def test_fp64_sampling_noise_reaches_the_engine_the_generator_builds():
         assert model_config.use_fp64_gumbel is fp64
 
 
+@pytest.mark.processes
 def test_a_lora_policys_engine_serves_its_rank():
     from vllm.engine.arg_utils import EngineArgs
 

@@ -133,6 +133,7 @@ def test_bf16_sampler_configs_train_with_decoupled_token_is(name):
     )
 
 
+@pytest.mark.processes
 def test_a_task_package_beside_the_config_is_found_from_the_launch_directory(tmp_path):
     (tmp_path / "my_tasks").mkdir()
     (tmp_path / "my_tasks" / "__init__.py").write_text("")

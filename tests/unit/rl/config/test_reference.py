@@ -4,6 +4,7 @@ import difflib
 import subprocess
 import sys
 
+import pytest
 from pydantic import Field
 
 from rl.config.reference import REGENERATE, anchor, render, sections, undescribed
@@ -81,6 +82,7 @@ def test_anchor_matches_githubs_slugs():
     assert anchor("`[sample_logging]`") == "sample_logging"
 
 
+@pytest.mark.processes
 def test_reference_imports_no_runtime_code():
     code = "import sys, rl.config.reference; print(sorted({'torch', 'vllm', 'monarch'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)

@@ -9,6 +9,8 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from rl.config import load_config
 from rl.loop.controller import Controller
 from rl.metrics.reduce import drain_states
@@ -16,6 +18,8 @@ from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 from rubrics.rubric import apply_reward
 from tests.support.e2e_rewards import flaky_rows_fail
 from tests.support.paths import E2E_CONFIGS
+
+pytestmark = pytest.mark.processes  # reward functions run in worker processes
 
 ROWS, GROUP_SIZE, GROUPS_PER_STEP = 30, 4, 2
 

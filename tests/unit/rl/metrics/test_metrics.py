@@ -191,6 +191,7 @@ def test_a_failing_backend_warns_once_and_the_others_go_on(tmp_path, config, cap
     assert [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
 
 
+@pytest.mark.processes
 def test_wandb_backend_logs_scalars_and_a_samples_table_per_step(tmp_path):
     from rl.metrics.backends import WandbBackend
     from tests.support.wandb_records import history

@@ -5,6 +5,8 @@ import subprocess
 import sys
 import warnings
 
+import pytest
+
 from rl.metrics.run_log import LOG_FILE_ENV, RunLog
 from tests.support.paths import REPO
 
@@ -20,6 +22,7 @@ def actor_process(env):
     )
 
 
+@pytest.mark.processes
 def test_warnings_and_actor_stderr_land_in_the_run_log_even_when_an_actor_opens_it_late(tmp_path):
     run_log = RunLog(tmp_path)
     try:

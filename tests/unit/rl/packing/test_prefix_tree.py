@@ -24,6 +24,8 @@ from rl.training.train_step import train_step
 from tests.support.hardware import NATIVE_BF16
 from tests.support.tree_samples import grouped_samples
 
+pytestmark = pytest.mark.processes  # compiled FlexAttention (inductor's workers) and two gloo ranks
+
 
 def _sample(ids: list[int], prompt: int, advantage: float = 1.0) -> TrainSample:
     mask = [False] * prompt + [True] * (len(ids) - prompt)

@@ -4,6 +4,10 @@ import os
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.processes  # a pinned child process
+
 
 def test_pin_process_takes_its_share_of_the_cores():
     code = (

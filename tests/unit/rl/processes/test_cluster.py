@@ -53,6 +53,7 @@ def built_job(config_name: str, with_trainer: bool = True) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.processes
 def test_shipped_slurm_config_builds_its_job_without_submitting():
     job = built_job("qwen3_8b_slurm_2x8.toml")
     assert job == {
@@ -64,6 +65,7 @@ def test_shipped_slurm_config_builds_its_job_without_submitting():
     }
 
 
+@pytest.mark.processes
 def test_an_evaluation_of_a_slurm_config_asks_for_no_trainer_host():
     job = built_job("qwen3_8b_slurm_2x8.toml", with_trainer=False)
     assert job["meshes"] == {"generator": 1}  # `rlmesh eval` starts no trainer: its 8-GPU node is not requested

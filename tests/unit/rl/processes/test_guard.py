@@ -7,6 +7,10 @@ import sys
 import textwrap
 import time
 
+import pytest
+
+pytestmark = pytest.mark.processes  # the guard and its launcher are processes
+
 GUARD = textwrap.dedent(
     """
     import sys

@@ -12,6 +12,8 @@ import pytest
 
 from tests.support.paths import REPO
 
+pytestmark = pytest.mark.processes  # each measurement in a fresh process
+
 PROBE = """
 import ctypes, sys
 from rl.processes.heap import return_free_heap_pages, return_large_blocks_to_the_system

@@ -11,6 +11,8 @@ import time
 import psutil
 import pytest
 
+pytestmark = pytest.mark.processes  # runs interrupted in child processes
+
 # A "run" that swallows cancellation (a teardown stuck in some await) and has started a child process.
 STUBBORN_RUN = textwrap.dedent(
     """

@@ -5,9 +5,12 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 
 from rl.processes.titles import role_of
 from tests.support.paths import REPO
+
+pytestmark = pytest.mark.processes  # a named child process
 
 
 def test_a_named_process_keeps_its_command_line_and_environment():

@@ -5,6 +5,7 @@ import os
 import signal
 
 import monarch.actor
+import pytest
 from monarch.actor import this_host
 
 from rl.config.services import ServiceConfig
@@ -13,6 +14,8 @@ from rl.services.replica import local_procs
 from rl.services.service import Service, after_run_fault_hook
 from tests.support.gateway_actors import Caller, Echo
 from tests.support.paths import E2E_CONFIGS
+
+pytestmark = pytest.mark.processes  # Monarch actors in processes of their own
 
 
 async def test_a_call_through_the_gateway_fails_over_when_its_replica_dies():

@@ -16,6 +16,8 @@ from rl.loop.resolve import resolve_config
 from rl.weights.sync import parameter_bytes, shared_memory_needed
 from tests.support.paths import CONFIGS, REPO, TINY
 
+pytestmark = pytest.mark.processes  # validation and a weight file in child processes
+
 
 def _in_a_64mb_shm(python: str) -> subprocess.CompletedProcess:
     if shutil.which("unshare") is None:
