@@ -30,7 +30,8 @@ class RunConfig(Section):
     eval_samples_per_row: int = Field(1, ge=1)
     """Samples drawn per held-out row at `generator.eval_sampling`. 1 (the default, with greedy eval sampling): one
     answer per row. k > 1 (needs a temperature above 0): also the unbiased `eval/pass@1` and `eval/pass@<k>`
-    (Chen et al. 2021) per task and overall; `eval/reward/mean` is then the mean over all k samples."""
+    (Chen et al. 2021) per task and overall; `eval/reward/mean` is then the mean over all k samples (failed samples
+    are left out of both and counted in `eval/failed`)."""
     eval_pass_threshold: float = 1.0
     """A held-out sample passes (for `eval/pass@<k>`) when its reward is at least this."""
     log_rollouts: bool = True

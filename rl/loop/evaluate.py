@@ -27,7 +27,7 @@ from rl.loop.resolve import resolve_config
 from rl.loop.roles import Roles
 from rl.loop.scored_groups import ScoredGroups, built_tasks
 from rl.metrics.logger import MetricsLogger
-from rl.metrics.pass_at_k import eval_metrics
+from rl.metrics.pass_at_k import eval_failure_line, eval_metrics
 from rollouts.types import RolloutGroup
 from tasks.build import BuiltTask
 
@@ -61,6 +61,8 @@ async def validate(
     run = config.run
     groups = await held_out_groups(scored_groups, rows, step, run, config.generator.eval_sampling)
     logger.log_rollouts(step, "eval", groups)
+    if line := eval_failure_line(step, groups):
+        say(line)
     return eval_metrics(groups, run.eval_samples_per_row, run.eval_pass_threshold)
 
 
@@ -149,6 +151,8 @@ class Evaluation:
                 self.roles.run_log.move_into(log_dir)
             say(f"evaluating {len(self.rows)} rows x {run.eval_samples_per_row} sample(s)")
             groups = await held_out_groups(self.scored_groups, self.rows, self.step, run, sampling)
+            if line := eval_failure_line(self.step, groups):
+                say(line)
             say("stopping the services")
         except asyncio.CancelledError:
             if not self.failures:

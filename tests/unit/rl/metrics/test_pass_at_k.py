@@ -1,12 +1,15 @@
 """pass@k against values worked out by hand and against counting k-subsets directly."""
 
+import asyncio
 import itertools
 from fractions import Fraction
 
 import pytest
 
-from rl.metrics.pass_at_k import eval_metrics, pass_at_k, pass_metrics
-from rollouts.types import Rollout, RolloutGroup
+from rl.metrics.backends import ConsoleBackend
+from rl.metrics.pass_at_k import eval_failure_line, eval_metrics, pass_at_k, pass_metrics
+from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
+from rubrics.rubric import RewardFn, Rubric, apply_reward
 
 
 @pytest.mark.parametrize(
@@ -99,4 +102,79 @@ def test_a_validations_metrics_are_the_mean_reward_over_every_sample_and_pass_at
         "eval/pass@2/a": 1.0,
         "eval/pass@2/b": 0.0,
         "eval/pass@2/rows_left_out": 0,
+        "eval/failed": 0,
     }
+
+
+def scored_row(index: int, outcomes: list[str]) -> RolloutGroup:
+    """A held-out row's samples scored by a real rubric (default `error_reward` 0.0) whose one reward function gives
+    1.0 to every answer and raises on `'raise'`; `'generator'` marks a sample whose generator call failed."""
+
+    async def right(rollout, example):
+        if rollout.metadata.get("outcome") == "raise":
+            raise ValueError("the reward service's database is down")
+        return 1.0
+
+    rollouts = []
+    for i, outcome in enumerate(outcomes):
+        turn = RolloutTurn(
+            prompt_messages=[],
+            prompt_token_ids=[1],
+            completion_token_ids=[2],
+            completion_logprobs=[-0.1],
+            policy_version=0,
+        )
+        rollout = Rollout(
+            rollout_id=f"eval/step=0/{index}/{i}", group_id=f"eval/step=0/{index}", task_name="t", sample_index=i,
+            turns=[turn], metadata={"outcome": outcome},
+        )  # fmt: skip
+        if outcome == "generator":
+            rollout.fail(RolloutStatus.ERROR, "generator call failed: replica 0 is gone")
+        else:
+            rollout.status = RolloutStatus.COMPLETED
+        rollouts.append(rollout)
+    rubric = Rubric([RewardFn(right)])
+    for rollout, scored in zip(rollouts, asyncio.run(rubric.score_group(rollouts, {})), strict=True):
+        apply_reward(rollout, scored)
+    return RolloutGroup(group_id=f"eval/step=0/{index}", task_name="t", example={}, rollouts=rollouts)
+
+
+def test_failed_held_out_samples_are_left_out_of_pass_at_k_and_the_mean_reward_and_counted():
+    row = scored_row(0, ["ok", "ok", "ok", "generator"])
+    assert [r.reward for r in row.rollouts] == [1.0, 1.0, 1.0, 0.0]  # the rubric's error_reward on the failure
+    metrics = eval_metrics([row], k=4, threshold=1.0)
+    # three right answers over n = 3: pass@1 1.0, not 3/4; too few scored samples for pass@4
+    assert metrics == {
+        "eval/reward/mean": 1.0,
+        "eval/reward/t/mean": 1.0,
+        "eval/reward/right": 1.0,
+        "eval/reward/t/right": 1.0,
+        "eval/pass@1": 1.0,
+        "eval/pass@1/t": 1.0,
+        "eval/pass@4/rows_left_out": 1,
+        "eval/failed": 1,
+    }
+
+
+def test_a_reward_function_that_raised_on_a_held_out_sample_is_a_failure_not_a_wrong_answer():
+    rows = [scored_row(0, ["ok", "raise"]), scored_row(1, ["ok", "ok"])]
+    assert rows[0].rollouts[1].status is RolloutStatus.ERROR
+    metrics = eval_metrics(rows, k=2, threshold=1.0)
+    assert metrics["eval/pass@1"] == 1.0 and metrics["eval/reward/mean"] == 1.0 and metrics["eval/failed"] == 1
+    assert metrics["eval/pass@2"] == 1.0 and metrics["eval/pass@2/rows_left_out"] == 1
+    line = eval_failure_line(5, rows)
+    assert line.startswith("validation at step 5: 1 of 4 held-out samples failed and were left out")
+    assert "the reward service's database is down" in line
+    assert eval_failure_line(5, [rows[1]]) is None
+
+
+def test_every_held_out_sample_failed_gives_no_reward_or_pass_numbers_but_the_count():
+    assert eval_metrics([scored_row(0, ["generator", "generator"])], k=1, threshold=1.0) == {"eval/failed": 2}
+
+
+def test_the_console_line_shows_failed_held_out_samples_only_when_there_are_some(capsys):
+    console = ConsoleBackend()
+    console.log({"eval/reward/mean": 1.0, "eval/failed": 2}, step=3)
+    console.log({"eval/reward/mean": 1.0, "eval/failed": 0}, step=4)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("eval/reward/mean=1 eval/failed=2") and "failed" not in lines[1]
