@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from rl.checkpoint import export
 from rl.components import import_object
 from rl.config import Config, ConfigError, dump_toml, load_config
-from rl.config.algorithm import bypass_origin, correction_origin, correction_warnings
+from rl.config.correction import bypass_origin, correction_origin, correction_warnings
 from rl.config.loss import loss_warnings
 from rl.console import say, warn
 from rl.processes.preflight import launcher_address_problem

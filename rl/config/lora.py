@@ -25,7 +25,8 @@ class LoraConfig(Section):
     """Scale: an adapter adds (alpha / rank) * B A x to its layer's output."""
     dropout: float = Field(0.0, ge=0, lt=1)
     """Dropout on the adapters' input in the trainer's forward passes of a step. Above 0 those see a noisy policy, not
-    the sampler's: the importance ratios no longer start at exactly 1. 0 keeps training on-policy."""
+    the sampler's: the importance ratios no longer start at exactly 1, so the run resolves decoupled mode with token IS
+    (a sampler gap: docs/algorithms.md). 0 keeps training on-policy."""
     target_modules: list[str] = Field(default_factory=lambda: list(LLAMA_QWEN3_LINEAR_LAYERS), min_length=1)
     """Names (last component) of the linear layers that get adapters; the default covers the attention and MLP
     projections of Llama (SmolLM2) and Qwen3, all of which vLLM serves adapters on."""

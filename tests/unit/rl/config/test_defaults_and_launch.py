@@ -34,6 +34,8 @@ from tests.support.paths import REPO
             False,
         ),
         ({"generator.dtype": "'bfloat16'", "loss.rollout_correction.bypass_mode": "true"}, True),  # explicit wins
+        ({"trainer.dtype": "'float32'", "trainer.lora.enabled": "true", "trainer.lora.dropout": "0.1"}, False),
+        ({"trainer.dtype": "'float32'", "trainer.lora.enabled": "true"}, True),
         ({"generator.dtype": "'bfloat16'", "loss.rollout_correction.use_policy_gradient": "true"}, True),
     ],
 )
@@ -87,7 +89,14 @@ def test_validate_prints_the_decided_mode_and_why(capsys):
             "sequence",
             2.0,
         ),
-        ({"run.max_policy_staleness": "2", "loss.rollout_correction.bypass_mode": "false"}, None, 2.0),
+        # choosing decoupled mode is not choosing no correction: the default token IS stays
+        ({"run.max_policy_staleness": "2", "loss.rollout_correction.bypass_mode": "false"}, "token", 2.0),
+        ({"generator.dtype": "'bfloat16'", "loss.rollout_correction.bypass_mode": "false"}, "token", 2.0),
+        # a veto is a chosen rejection: no IS added
+        ({"run.max_policy_staleness": "2", "loss.rollout_correction.rollout_token_veto_threshold": "1e-4"}, None, 2.0),
+        # LoRA dropout: the trainer's passes see a noised policy, not the sampler's
+        ({"trainer.dtype": "'float32'", "trainer.lora.enabled": "true", "trainer.lora.dropout": "0.1"}, "token", 2.0),
+        ({"trainer.dtype": "'float32'", "trainer.lora.enabled": "true"}, None, 2.0),
     ],
 )
 def test_token_is_comes_with_decoupled_mode_over_a_sampler_gap(overrides, rollout_is, threshold):
@@ -120,6 +129,19 @@ def test_validate_with_a_staleness_budget_shows_token_is_on_and_why(capsys):
     captured = capsys.readouterr()
     assert "rollout_is = " not in captured.out
     assert "warning: loss.rollout_correction: decoupled mode without IS or rejection" in captured.err
+
+
+def test_validate_says_how_to_get_is_back_only_where_a_chosen_correction_turned_it_off(capsys):
+    gap = ["validate", "--run.max_policy_staleness", "2"]
+    assert main([*gap, "--loss.rollout_correction.bypass_mode", "false"]) == 0
+    captured = capsys.readouterr()
+    assert "rollout_is = 'token'" in captured.out and "warning" not in captured.err
+    assert main([*gap, "--loss.rollout_correction.rollout_token_veto_threshold", "1e-4"]) == 0
+    assert "warning" not in capsys.readouterr().err  # the veto rejects: something corrects π_rollout
+    assert main([*gap, "--loss.rollout_correction.preset", "disabled"]) == 0
+    err = capsys.readouterr().err
+    assert "decoupled mode without IS or rejection (preset = 'disabled' turns them off)" in err
+    assert "Remove preset = 'disabled' for the default token IS" in err
 
 
 @pytest.mark.parametrize("name", ["sum_digits_smollm2_gpu", "qwen3_8b_slurm_2x8", "qwen3_8b_kubernetes_2x8"])
