@@ -382,8 +382,10 @@ def _interrupted_message(controller: Controller, resume_from: Path | None) -> st
     """Where an interrupted run stands: the Ctrl-C checkpoint's report, or (stopped during start-up) what is left."""
     if controller.checkpoints.report is not None:
         return controller.checkpoints.report.message()
+    if (recovery := controller.recovery.interrupted_message()) is not None:  # a recovery starts from a checkpoint
+        return recovery
     if resume_from is not None:
-        return f"stopped during start-up; {resume_from} is unchanged: resume with: rlmesh train --resume {resume_from.parent.parent}"
+        return f"stopped during start-up; {resume_from} is unchanged: resume with: .venv/bin/rlmesh train --resume {resume_from.parent.parent}"
     return "stopped during start-up: nothing was trained and there is nothing to resume"
 
 

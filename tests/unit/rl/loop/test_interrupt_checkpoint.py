@@ -117,7 +117,7 @@ async def test_ctrl_c_while_the_next_batch_generates_commits_the_last_step(tmp_p
     assert logged_steps(run_dir) == [1, 2]
     assert report.message() == (
         f"rlmesh: interrupted after step 2; it is saved in {report.checkpoint}\n"
-        f"resume with: rlmesh train --resume {run_dir}"
+        f"resume with: .venv/bin/rlmesh train --resume {run_dir}"
     )
 
 
