@@ -111,6 +111,15 @@ class TrainerRecovery:
             self._training = False
             watch.cancel()
 
+    def keeps_run_dir(self, ended_by: BaseException | None) -> bool:
+        """Whether the training, ended by `ended_by`, ended on a trainer loss that a recovery follows: the run directory
+        then stays locked through the recovery (a second launcher could otherwise take it over and write its logs)."""
+        if ended_by is None or isinstance(ended_by, TrainerLost) or self.count >= self.budget:
+            return False
+        if self.lost is not None:
+            return True
+        return not isinstance(ended_by, asyncio.CancelledError) and self._trainer_failed(ended_by)
+
     def interrupted_message(self) -> str | None:
         """What a Ctrl-C between a trainer's loss and the new trainer's training leaves on disk and how to go on; None
         when no loss or recovery was under way (the Ctrl-C checkpoint's report says it then)."""
