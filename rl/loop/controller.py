@@ -148,17 +148,12 @@ class Controller:
                 await self.checkpoints.after_interrupt(run_dir, self._end_step_in_flight(run_dir, summary))
             raise
         finally:
-            keep_lock = self.recovery.keeps_run_dir(sys.exception())  # a recovery follows: no second launcher meanwhile
+            lock = None if self.recovery.keeps_run_dir(sys.exception()) else self.run_lock  # kept through a recovery
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
             if warning := self.group_failures.summary():
                 self._warn(warning)
-            close_run_logs(
-                self.logger,
-                None if keep_lock else self.run_lock,
-                self.state.step + 1,
-                self.generation_stats.drain().dropped_failed,
-            )
+            close_run_logs(self.logger, lock, self.state.step + 1, self.generation_stats.drain().dropped_failed)
         return summary
 
     def _open_run_dir(self) -> Path:
