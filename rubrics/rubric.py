@@ -8,12 +8,14 @@ with weights normalized to sum to 1, and never lets one failing function take th
 that rollout gets the rubric's `error_reward` and the exception text, the others are scored
 normally (a failing group function fails every rollout it was to score). Sync functions run in
 worker processes (`rubrics.workers`), so one that spins past `timeout_s` is killed there (the
-rollout becomes TIMEOUT) instead of freezing the scoring process's event loop.
+rollout becomes TIMEOUT) instead of freezing the scoring process's event loop; each call's `random`
+(and numpy's global RNG) is seeded from the run's seed and the rollout's id (`call_seed`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import pickle
 import threading
@@ -108,6 +110,10 @@ class Rubric:
         self.error_reward = error_reward
         self.timeout_s = timeout_s
         self.max_abs_reward = max_abs_reward
+        self.seed = 0
+        """The run's seed (`run.seed`, set by the RewardActor): with each rollout's id it seeds the RNG of every call of
+        a sync reward function in its worker process (`call_seed`), so what the function draws is the same in a
+        resumed or recovered run, whichever worker serves the call."""
 
     @property
     def _fallback_reward(self) -> float:
@@ -197,7 +203,8 @@ class Rubric:
         try:
             if not _is_async(reward_fn.fn):
                 try:
-                    return await workers.pool().call(reward_fn.fn, args, self.timeout_s)
+                    seed = call_seed(self.seed, args[0], reward_fn.key)
+                    return await workers.pool().call(reward_fn.fn, args, self.timeout_s, seed)
                 except (pickle.PicklingError, TypeError, AttributeError) as exc:
                     _warn_thread_fallback(reward_fn.key, exc)
             return await asyncio.wait_for(_call_off_loop(reward_fn.fn, *args), self.timeout_s)
@@ -210,6 +217,13 @@ class Rubric:
         except Exception as exc:
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             raise RewardFunctionError(f"reward function {reward_fn.key!r} raised: {detail}") from exc
+
+
+def call_seed(run_seed: int, scored: Rollout | list[Rollout], key: str) -> int:
+    """The RNG seed of one sync reward call: a stable hash of the run's seed, the rollout's id (a group function's:
+    the group's id) and the function's name; 64 bits."""
+    scope = scored.rollout_id if isinstance(scored, Rollout) else scored[0].group_id if scored else ""
+    return int.from_bytes(hashlib.sha256(f"{run_seed}/{scope}/{key}".encode()).digest()[:8], "little")
 
 
 def _settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> None:
