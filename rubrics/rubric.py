@@ -4,7 +4,7 @@ A reward function takes `(rollout, example)` and returns a number, sync or async
 model call, a sandboxed test run). A group reward function takes `(rollouts, example)` -- the
 whole group -- and returns one number per rollout (ranks, pairwise preferences, a diversity
 bonus). The rubric runs all functions of all rollouts of a group concurrently, combines them
-with weights normalized to sum to 1, and never lets one failing function take the group down:
+as a weighted mean (weights normalized to sum to 1), and never lets one failing function take the group down:
 that rollout gets the rubric's `error_reward` and the exception text, the others are scored
 normally (a failing group function fails every rollout it was to score). Sync functions run in
 worker processes (`rubrics.workers`), so one that spins past `timeout_s` is killed there (the
@@ -34,6 +34,18 @@ from rubrics import workers
 
 RewardFnType = Callable[[Rollout, dict[str, Any]], "float | Awaitable[float]"]
 GroupRewardFnType = Callable[[list[Rollout], dict[str, Any]], "list[float] | Awaitable[list[float]]"]
+
+
+def best_value(value: float) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare the largest value a reward function can return (`@best_value(1.0)`): with it for every function a
+    rubric can say the largest reward it gives (`Rubric.best_total`), which `rlmesh validate` compares with
+    `run.eval_pass_threshold`."""
+
+    def declare(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.best_value = value
+        return fn
+
+    return declare
 
 
 @dataclass(frozen=True)
@@ -114,6 +126,14 @@ class Rubric:
         """The run's seed (`run.seed`, set by the RewardActor): with each rollout's id it seeds the RNG of every call of
         a sync reward function in its worker process (`call_seed`), so what the function draws is the same in a
         resumed or recovered run, whichever worker serves the call."""
+
+    def best_total(self) -> float | None:
+        """The largest reward the rubric gives (its weighted mean of each function's declared `best_value`), None when
+        a function declares none."""
+        best = [getattr(getattr(f.fn, "func", f.fn), "best_value", None) for f in self.reward_fns]  # partials too
+        if None in best:
+            return None
+        return sum(self.weights[f.key] * value for f, value in zip(self.reward_fns, best))
 
     @property
     def _fallback_reward(self) -> float:

@@ -223,8 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             config = load_config(args.config, overrides)
         config = resolve_config(config)
-        for task_config in config.tasks:
-            build_task(task_config)
+        rubrics = {task_config.key: build_task(task_config).rubric for task_config in config.tasks}
         if problems := runtime_problems(config):
             raise ConfigError("this machine cannot run the config:\n" + "\n".join(f"  {p}" for p in problems))
         if config.sample_logging.filters.predicate:
@@ -250,9 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"rlmesh: {exc}", file=sys.stderr)
         return 2
+    from rl.metrics.pass_at_k import unreachable_threshold_warnings
     from rl.precision import precision_warnings
 
     for warning in precision_warnings(config) + correction_warnings(config) + loss_warnings(config.loss):
+        warn(warning)
+    for warning in unreachable_threshold_warnings(rubrics, config.run):
         warn(warning)
     if args.command == "validate":
         print(f"# {bypass_origin(config)}")

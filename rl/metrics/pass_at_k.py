@@ -15,8 +15,10 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+from rl.config.run import RunConfig
 from rl.metrics.standard import reward_metrics
 from rollouts.types import FAILED_STATUSES, Rollout, RolloutGroup
+from rubrics.rubric import Rubric
 
 
 def scored(rollout: Rollout) -> bool:
@@ -73,3 +75,22 @@ def eval_failure_line(step: int, groups: list[RolloutGroup]) -> str | None:
         f"validation at step {step}: {len(failed)} of {total} held-out samples failed and were left out of eval/reward"
         f" and eval/pass@k (eval/failed); first: {cause[-1][:300]}"
     )
+
+
+def unreachable_threshold_warnings(rubrics: dict[str, Rubric], run: RunConfig) -> list[str]:
+    """A warning per task whose rubric can never reach `run.eval_pass_threshold` (its largest reward, from every
+    function's declared best value, is below it) in a run that validates: every pass@k of that task would read 0
+    however right the answers."""
+    threshold, warnings = run.eval_pass_threshold, []
+    if not run.eval_every:
+        return []
+    for name, rubric in sorted(rubrics.items()):
+        best = rubric.best_total()
+        if best is not None and best < threshold - 1e-9:
+            warnings.append(
+                f"task {name!r}: its rubric gives at most {best:.4g} (a weighted mean: "
+                + ", ".join(f"{f.key} weight {rubric.weights[f.key]:.3g}" for f in rubric.reward_fns)
+                + f"), below run.eval_pass_threshold = {threshold:g}: no held-out sample can pass, eval/pass@k would "
+                f"read 0. Set run.eval_pass_threshold to at most {best:.4g}, or change the rubric's weights"
+            )
+    return warnings

@@ -6,10 +6,21 @@ from fractions import Fraction
 
 import pytest
 
+from rl.commands.cli import main
+from rl.config.run import RunConfig
+from rl.config.tasks import RubricConfig
 from rl.metrics.backends import ConsoleBackend
-from rl.metrics.pass_at_k import eval_failure_line, eval_metrics, pass_at_k, pass_metrics
+from rl.metrics.pass_at_k import (
+    eval_failure_line,
+    eval_metrics,
+    pass_at_k,
+    pass_metrics,
+    unreachable_threshold_warnings,
+)
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 from rubrics.rubric import RewardFn, Rubric, apply_reward
+from tasks.build import build_rubric
+from tests.support.paths import CONFIGS
 
 
 @pytest.mark.parametrize(
@@ -178,3 +189,34 @@ def test_the_console_line_shows_failed_held_out_samples_only_when_there_are_some
     console.log({"eval/reward/mean": 1.0, "eval/failed": 0}, step=4)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("eval/reward/mean=1 eval/failed=2") and "failed" not in lines[1]
+
+
+SHAPED = RubricConfig(
+    reward_fns=[
+        {"fn": "math_verify", "weight": 1.0},
+        {"fn": "length_penalty", "weight": 0.2, "args": {"target_tokens": 8, "max_tokens": 32}},
+    ]
+)
+
+
+def test_a_threshold_the_rubric_can_never_reach_is_warned_about():
+    rubrics = {"math": build_rubric(SHAPED), "plain": build_rubric(RubricConfig(reward_fns=[{"fn": "exact_match"}]))}
+    assert rubrics["math"].best_total() == pytest.approx(1 / 1.2)  # a right, short reply: (1 * 1 + 0.2 * 0) / 1.2
+    [warning] = unreachable_threshold_warnings(rubrics, RunConfig(eval_every=5))
+    assert warning.startswith("task 'math': its rubric gives at most 0.8333 (a weighted mean: math_verify weight 0.833")
+    assert "below run.eval_pass_threshold = 1: no held-out sample can pass" in warning
+    assert unreachable_threshold_warnings(rubrics, RunConfig(eval_every=5, eval_pass_threshold=0.8)) == []
+    assert unreachable_threshold_warnings(rubrics, RunConfig(eval_every=0)) == []  # no validation: nothing to pass
+    unknown = Rubric([RewardFn(lambda rollout, example: 2.0, weight=1.0, name="custom")])
+    assert unreachable_threshold_warnings({"t": unknown}, RunConfig(eval_every=5)) == []  # its best is not declared
+
+
+def test_validate_warns_about_the_main_jobs_task_with_a_shaping_term(capsys):
+    main_job = str(CONFIGS / "sum_digits_smollm2_cpu.toml")
+    assert main(["validate", "--config", main_job]) == 0
+    assert "eval_pass_threshold" not in capsys.readouterr().err  # right answers in the right format reach 1
+    shaped = "[{fn = 'digit_sum_correct'}, {fn = 'length_penalty', weight = 0.25, args = {target_tokens = 8, max_tokens = 32}}]"
+    assert main(["validate", "--config", main_job, "--tasks.0.rubric.reward_fns", shaped]) == 0
+    err = capsys.readouterr().err  # (1 * 1 + 0.25 * 0) / 1.25
+    assert "task 'sum_digits': its rubric gives at most 0.8 (a weighted mean" in err
+    assert "below run.eval_pass_threshold = 1: no held-out sample can pass" in err
