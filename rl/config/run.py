@@ -52,6 +52,9 @@ class RunConfig(Section):
     mismatch_warn_floor: float = Field(1e-3, ge=0)
     """The mismatch warning's absolute floor, so that an exactly on-policy run (mismatch ~1e-9) does not warn on
     noise."""
+    no_signal_warn_steps: int = Field(5, ge=0)
+    """Warn when, for this many consecutive steps, every trained group of a task had equal rewards (group-relative
+    advantages all zero: nothing is learned from it; commonly a reward that never fires); 0 = never."""
     max_concurrent_rollouts: int = Field(64, ge=1)
     """Most rows (each a whole group) generating at once."""
     max_concurrent_scoring: int = Field(16, ge=1)

@@ -46,6 +46,7 @@ from rl.loop.state import Checkpoints, RunState, due_after, row_index_of, train_
 from rl.loop.weight_update import sync_policy
 from rl.metrics import timer
 from rl.metrics.generation import GenerationStats, GroupFailures, batch_metrics, failure_line, overlap_metrics
+from rl.metrics.signal import SignalWatch
 from rl.packing.prefix_tree import pack_for_trainer, packing_metrics
 from rl.packing.rows import split_micro_batches
 from rl.precision import MismatchWatch, NonfiniteSteps
@@ -73,6 +74,7 @@ class Controller:
         self.nonfinite_steps = NonfiniteSteps(config.trainer.max_nonfinite_steps)
         self.generation_stats = GenerationStats()
         self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
+        self.signal_watch = SignalWatch(config.run.no_signal_warn_steps, self._warn)
         self.algorithms = config.task_algorithms()
         self.roles = Roles(config, stop_run=self._stop_run, policy_version=lambda: self.state.policy_version)
         self.samples = SampleBuilder(self.algorithms, self.renderers, self.roles.prompt_logprobs)
@@ -174,6 +176,7 @@ class Controller:
         await log_step_rollouts(self.logger, self.sample_logger, self.state.step + 1, groups, stats.dropped_failed)
         if line := failure_line(self.state.step + 1, groups + stats.dropped_failed):
             self._warn(line)
+        self.signal_watch.observe(self.state.step + 1, groups)
         for key in ("rollouts/dropped_groups", "rollouts/dropped_zero_adv_groups"):
             step_metrics[key] += metrics[key]  # the producer's drops and the step's
         metrics |= step_metrics | overlap_metrics(wait_seconds, busy)

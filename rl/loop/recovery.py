@@ -36,6 +36,7 @@ from rl.loop.weight_update import sync_policy
 from rl.metrics.actor import gather_states
 from rl.metrics.generation import GenerationStats
 from rl.metrics.reduce import Reduce, drain_states, record_metric
+from rl.metrics.signal import SignalWatch
 from rl.precision import MismatchWatch, NonfiniteSteps
 
 PID_CHECK_S = 1.0
@@ -235,6 +236,7 @@ def rewind(controller: Any, checkpoint_dir: Path) -> None:
     controller.nonfinite_steps = NonfiniteSteps(config.trainer.max_nonfinite_steps)
     controller.generation_stats = GenerationStats()
     controller.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
+    controller.signal_watch = SignalWatch(config.run.no_signal_warn_steps, controller._warn)
     controller.checkpoints.state, controller.checkpoints.committed_step = state, state.step
     controller._unlogged = None
 
