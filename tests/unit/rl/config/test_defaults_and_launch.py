@@ -178,6 +178,29 @@ def test_a_task_package_beside_the_config_is_found_from_the_launch_directory(tmp
     ]  # actor processes inherit it
 
 
+def test_a_task_package_beside_the_config_launched_from_elsewhere_names_the_directories_searched(tmp_path):
+    beside = tmp_path / "project"
+    (beside / "my_tasks").mkdir(parents=True)
+    (beside / "my_tasks" / "__init__.py").write_text("")
+    (beside / "capitals.toml").write_text('[[tasks]]\nname = "my_tasks.capitals:CapitalsTask"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-P", "-m", "rl.commands.cli", "validate", "--config", str(beside / "capitals.toml")],
+        cwd=elsewhere,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert (
+        f"no package or module 'my_tasks' on the import path, which holds the directory rlmesh was started from ({elsewhere})"
+        in result.stderr
+    )
+    assert f"searched: {elsewhere}, {REPO}" in result.stderr
+    assert "starts in the directory holding my_tasks/ (cd there) or with that directory on PYTHONPATH" in result.stderr
+
+
 @pytest.mark.parametrize("config", sorted(path.name for path in (REPO / "configs").glob("*.toml")))
 def test_every_shipped_config_validates_from_the_repo_root(config, monkeypatch, capsys):
     if refuses_bf16_compute(REPO / "configs" / config):
