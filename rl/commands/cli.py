@@ -231,11 +231,12 @@ def main(argv: list[str] | None = None) -> int:
         address_problem = launcher_address_problem(config)
         if address_problem is not None and args.command == "train":
             raise ConfigError(address_problem)
-        from rl.commands.footprint import footprint_lines, run_footprint, slurm_memory_warning
+        from rl.commands.footprint import default_lr_warning, footprint_lines, run_footprint, slurm_memory_warning
 
         run_size = run_footprint(config)
         memory_warning = slurm_memory_warning(config, run_size)
-        for warning in [problem for problem in (memory_warning, address_problem) if problem]:
+        lr_warning = default_lr_warning(config, run_size)
+        for warning in [problem for problem in (memory_warning, address_problem, lr_warning) if problem]:
             warn(warning)
         if args.command == "validate" and run_size is not None:
             for line in footprint_lines(run_size, config):

@@ -13,6 +13,9 @@ from rl.loop.resolve import resolve_config
 from tests.support.hardware import NATIVE_BF16, NO_NATIVE_BF16, refuses_bf16_compute, refuses_cuda
 from tests.support.paths import REPO
 
+LR = ["--trainer.lr", "2e-5"]
+"""A learning rate the default SmolLM2-135M learns at (the default one is warned about)."""
+
 
 @pytest.mark.parametrize(
     "overrides, bypass",
@@ -119,7 +122,7 @@ def test_the_bare_default_is_fp32_on_both_sides_and_on_policy_with_or_without_na
 
 
 def test_validate_with_a_staleness_budget_shows_token_is_on_and_why(capsys):
-    assert main(["validate", "--run.max_policy_staleness", "2"]) == 0
+    assert main(["validate", "--run.max_policy_staleness", "2", *LR]) == 0
     captured = capsys.readouterr()
     second = captured.out.splitlines()[1]
     assert second.startswith("# loss.rollout_correction.rollout_is = 'token' (threshold 2.0): IS on")
@@ -132,7 +135,7 @@ def test_validate_with_a_staleness_budget_shows_token_is_on_and_why(capsys):
 
 
 def test_validate_says_how_to_get_is_back_only_where_a_chosen_correction_turned_it_off(capsys):
-    gap = ["validate", "--run.max_policy_staleness", "2"]
+    gap = ["validate", "--run.max_policy_staleness", "2", *LR]
     assert main([*gap, "--loss.rollout_correction.bypass_mode", "false"]) == 0
     captured = capsys.readouterr()
     assert "rollout_is = 'token'" in captured.out and "warning" not in captured.err
@@ -215,7 +218,7 @@ def test_every_shipped_config_validates_from_the_repo_root(config, monkeypatch, 
 
 
 def test_validate_warns_about_a_precision_pair_known_not_to_learn(capsys):
-    pair = ["validate", "--generator.dtype", "bfloat16", "--trainer.dtype", "float32"]
+    pair = ["validate", "--generator.dtype", "bfloat16", "--trainer.dtype", "float32", *LR]
     assert main([*pair, "--loss.rollout_correction.preset", "disabled"]) == 0  # without the default token IS
     assert "rlmesh: warning: generator.dtype = bfloat16 samples below the trainer's float32" in capsys.readouterr().err
     assert main(pair) == 0  # the default token IS corrects it
@@ -223,12 +226,12 @@ def test_validate_warns_about_a_precision_pair_known_not_to_learn(capsys):
 
 
 def test_validate_warns_once_about_gspo_with_a_per_token_aggregation(capsys):
-    assert main(["validate", "--loss.type", "gspo", "--loss.aggregation", "token-mean"]) == 0
+    assert main(["validate", "--loss.type", "gspo", "--loss.aggregation", "token-mean", *LR]) == 0
     err = capsys.readouterr().err
     assert err.count("rlmesh: warning: loss.type = 'gspo' with aggregation = 'token-mean'") == 1, err
-    assert main(["validate", "--loss.type", "gspo"]) == 0  # its default: one mean per sequence
+    assert main(["validate", "--loss.type", "gspo", *LR]) == 0  # its default: one mean per sequence
     assert "warning" not in capsys.readouterr().err
-    assert main(["validate"]) == 0  # no [trainer] section: float32 for both, nothing to warn about
+    assert main(["validate", *LR]) == 0  # no dtypes set: float32 for both, nothing to warn about
     assert "warning" not in capsys.readouterr().err
 
 
@@ -245,3 +248,15 @@ def test_validate_refuses_cuda_where_no_device_is_present(capsys, monkeypatch):
     assert main(["validate", "--trainer.device", "cuda", "--generator.device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert "trainer.device and generator.device = 'cuda' but this machine has no CUDA device" in err
+
+
+def test_validate_says_when_the_default_lr_is_left_for_a_small_model(capsys):
+    assert main(["validate"]) == 0  # no [trainer]: the default SmolLM2-135M at the default lr
+    assert (
+        "warning: trainer.lr is left at its default 1e-06, a rate for models of a billion parameters and more; "
+        "smollm2-135m-instruct has 135M and barely moves at it" in capsys.readouterr().err
+    )
+    assert main(["validate", "--trainer.lr", "1e-6"]) == 0  # chosen: no word
+    assert "trainer.lr" not in capsys.readouterr().err
+    assert main(["validate", "--config", str(REPO / "configs" / "sum_digits_smollm2_cpu.toml")]) == 0
+    assert "trainer.lr" not in capsys.readouterr().err
