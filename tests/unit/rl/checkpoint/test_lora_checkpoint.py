@@ -97,11 +97,14 @@ def test_a_resumed_lora_run_continues_bitwise(trained):
     assert resumed[2].state_dict() == uninterrupted[2].state_dict()
 
 
-def test_the_export_is_the_peft_adapter_and_the_merged_model(trained, tmp_path):
+def test_the_export_is_the_peft_adapter_and_the_merged_model(trained, tmp_path, capsys):
     run_dir, model, _, _ = trained
     model = model.eval()
     out = tmp_path / "export"
     assert cli.main(["export", str(run_dir), "--step", "2", "--out", str(out)]) == 0
+    # the adapter's hint loads the base as the run trained it (float32), whatever dtype the base folder is in
+    hint = f"peft.AutoPeftModelForCausalLM.from_pretrained({str(out / 'adapter')!r}, dtype=torch.float32)"
+    assert f"its LoRA adapter alone: {hint} (the base in float32, as the run trained it)" in capsys.readouterr().out
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {path.name for path in (out / "adapter").iterdir()}
     scored = score_in_fresh_process(out, PROBE, ["transformers", "peft"], tmp_path)
     base = base_model()
