@@ -74,8 +74,11 @@ class CheckpointConfig(Section):
     resumable with `rlmesh train --resume`; about 3x the fp32 weights), "weights" (the model alone: `rlmesh export` and
     `rlmesh eval` read it, a resume cannot) or "none" (regular `every_steps` checkpoints and Ctrl-C's are still
     written). The start-up line states the choice and its estimated size."""
-    keep: int = Field(2, ge=1)
-    """Newest committed checkpoints kept; older ones are deleted after each commit."""
+    keep: int = Field(1, ge=1)
+    """Newest committed checkpoints kept; older ones are deleted after each commit. One by default: a full checkpoint
+    is about 3x the fp32 weights (1.7 GB at 135M, ~80 GB at 7B) and a commit is atomic (written aside, fsynced,
+    hashed, renamed), so the newest is whole and the only one a resume needs. 2 keeps a fallback for a checkpoint
+    damaged after its commit, and a resumable one behind a `final = "weights"` checkpoint."""
     interrupt_save_s: float = Field(40.0, ge=0)
     """On the first Ctrl-C (or SIGTERM) of `rlmesh train`, the run commits a checkpoint of its last completed step
     within this many seconds (a train step in flight finishes first); 0 saves nothing. A second Ctrl-C stops at once."""

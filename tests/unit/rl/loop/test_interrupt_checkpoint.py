@@ -220,3 +220,12 @@ async def test_a_recovering_run_keeps_its_run_directory_locked_until_it_stops(tm
     assert run_dirs.held_here(run_dir) and controller.run_lock is not None
     controller.run_lock.release()  # what Controller.run does when the run stops
     assert not run_dirs.held_here(run_dir)
+
+
+async def test_a_run_keeps_one_checkpoint_by_default(tmp_path):
+    """A full checkpoint is ~80 GB at 7B: by default only the newest (whole, as every commit is atomic) stays."""
+    run = StubbedRun(tmp_path, generation_stops_at=4, every_steps="1")
+    controller = run.controller
+    await run.interrupt(lambda: controller.state.step == 3 and controller._unlogged is None)
+    committed = checkpoint.committed_checkpoints(controller.checkpoints.report.run_dir)
+    assert [path.name for path in committed] == ["step_00000003"]  # steps 1 and 2 were committed, then deleted
