@@ -35,14 +35,18 @@ class RewardActor(MetricsActor, ServiceReplica):
         concurrency: int,
         model_paths: dict[str, str],
         judge_sampling: SamplingConfig,
+        seed: int = 0,
         replica: ReplicaId | None = None,
     ):
         """`concurrency`: `run.reward_concurrency`; `model_paths`: each frozen model's path (`[models.<name>]`), for
-        rendering what `judge` reward functions send it; `judge_sampling`: how judges sample (`generator.eval_sampling`)."""
+        rendering what `judge` reward functions send it; `judge_sampling`: how judges sample (`generator.eval_sampling`);
+        `seed`: `run.seed`, which with each rollout's id seeds every sync reward call (`Rubric.seed`)."""
         self.rng_name = f"reward_{replica.index}" if replica is not None else "reward"
         """This replica's RNG file in a checkpoint (each replica draws its own numbers)."""
         name_process(str(replica) if replica else "reward")
         self.tasks = {task.name: task.task for task in map(build_task, tasks)}
+        for task in self.tasks.values():
+            task.rubric.seed = seed
         self.limit = asyncio.Semaphore(concurrency)
         self.model_paths = model_paths
         self.judge_sampling = judge_sampling
@@ -72,7 +76,8 @@ class RewardActor(MetricsActor, ServiceReplica):
 
     @endpoint
     async def save_rng(self, path: str) -> None:
-        """Reward functions may draw random numbers: every replica's process RNG goes into checkpoints."""
+        """Async reward functions draw from this process's RNG, which goes into checkpoints; sync ones run in worker
+        processes whose RNG is seeded per call (`rubrics.rubric.call_seed`), so they need none."""
         checkpoint.write(Path(path), checkpoint.RNG, self.rng_name)
 
     @endpoint

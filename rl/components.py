@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
+import sys
 from typing import Any
 
 TASKS: dict[str, str] = {
@@ -52,6 +54,17 @@ def import_object(path: str) -> Any:
         raise ValueError(f"{path!r} is not an import path of the form 'package.module:Name'")
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = module_name.partition(".")[0]
+        if exc.name != top:  # the package imports, something inside it does not
+            raise ValueError(f"cannot import module {module_name!r} for {path!r}: {exc}") from exc
+        searched = [entry or os.getcwd() for entry in sys.path if os.path.isdir(entry or ".")]
+        raise ValueError(
+            f"cannot import {path!r}: no package or module {top!r} on the import path, which holds the directory "
+            f"rlmesh was started from ({os.getcwd()}) and PYTHONPATH; searched: {', '.join(searched[:6])}"
+            f"{' ...' if len(searched) > 6 else ''}. A task package beside the config is found when rlmesh starts "
+            f"in the directory holding {top}/ (cd there) or with that directory on PYTHONPATH"
+        ) from exc
     except ImportError as exc:
         raise ValueError(f"cannot import module {module_name!r} for {path!r}: {exc}") from exc
     try:

@@ -12,6 +12,7 @@ import re
 from typing import Any, Literal
 
 from rollouts.types import Rollout
+from rubrics.rubric import best_value
 
 Extract = Literal["text", "answer_tag", "boxed", "last_number", "last_line"]
 
@@ -71,6 +72,7 @@ def extract_answer(text: str, how: Extract) -> str | None:
     return lines[-1] if lines else None
 
 
+@best_value(1.0)
 def exact_match(
     rollout: Rollout,
     example: dict[str, Any],
@@ -89,6 +91,7 @@ def exact_match(
     return float(answer == reference)
 
 
+@best_value(1.0)
 def numeric_match(
     rollout: Rollout,
     example: dict[str, Any],
@@ -111,6 +114,7 @@ def numeric_match(
     return float(abs(value - reference) <= allowed)
 
 
+@best_value(1.0)
 def math_verify(
     rollout: Rollout, example: dict[str, Any], *, answer_key: str = "answer", numeric_fallback: bool = True
 ) -> float:
@@ -151,18 +155,21 @@ def numbers_equal(reply: str, reference: str, tolerance: float = 1e-6) -> bool:
     return abs(float(found[0]) - float(gold)) <= tolerance
 
 
+@best_value(1.0)
 def answer_tag_format(rollout: Rollout, example: dict[str, Any], *, tag: str = "answer") -> float:
     """1 when the reply has exactly one non-empty `<tag>...</tag>` block, else 0."""
     matches = tag_contents(rollout.last_assistant_text(), tag)
     return float(len(matches) == 1 and bool(matches[0].strip()))
 
 
+@best_value(1.0)
 def boxed_format(rollout: Rollout, example: dict[str, Any]) -> float:
     r"""1 when the reply has a closed, non-empty `\boxed{...}`, else 0."""
     found = last_boxed(rollout.last_assistant_text())
     return float(found is not None and bool(found.strip()))
 
 
+@best_value(0.0)
 def length_penalty(rollout: Rollout, example: dict[str, Any], *, target_tokens: int, max_tokens: int) -> float:
     """0 up to `target_tokens` sampled tokens (all turns), falling linearly to -1 at `max_tokens` and beyond.
 
@@ -179,6 +186,7 @@ def env_reward(rollout: Rollout, example: dict[str, Any]) -> float:
     return sum(turn.reward or 0.0 for turn in rollout.turns)
 
 
+@best_value(1.0)
 def diversity_bonus(rollouts: list[Rollout], example: dict[str, Any]) -> list[float]:
     """Group function: per rollout, the share of the other rollouts whose reply text differs from its own."""
     texts = [rollout.last_assistant_text().strip() for rollout in rollouts]

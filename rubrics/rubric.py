@@ -4,16 +4,18 @@ A reward function takes `(rollout, example)` and returns a number, sync or async
 model call, a sandboxed test run). A group reward function takes `(rollouts, example)` -- the
 whole group -- and returns one number per rollout (ranks, pairwise preferences, a diversity
 bonus). The rubric runs all functions of all rollouts of a group concurrently, combines them
-with weights normalized to sum to 1, and never lets one failing function take the group down:
+as a weighted mean (weights normalized to sum to 1), and never lets one failing function take the group down:
 that rollout gets the rubric's `error_reward` and the exception text, the others are scored
 normally (a failing group function fails every rollout it was to score). Sync functions run in
 worker processes (`rubrics.workers`), so one that spins past `timeout_s` is killed there (the
-rollout becomes TIMEOUT) instead of freezing the scoring process's event loop.
+rollout becomes TIMEOUT) instead of freezing the scoring process's event loop; each call's `random`
+(and numpy's global RNG) is seeded from the run's seed and the rollout's id (`call_seed`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import inspect
 import pickle
 import threading
@@ -32,6 +34,18 @@ from rubrics import workers
 
 RewardFnType = Callable[[Rollout, dict[str, Any]], "float | Awaitable[float]"]
 GroupRewardFnType = Callable[[list[Rollout], dict[str, Any]], "list[float] | Awaitable[list[float]]"]
+
+
+def best_value(value: float) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Declare the largest value a reward function can return (`@best_value(1.0)`): with it for every function a
+    rubric can say the largest reward it gives (`Rubric.best_total`), which `rlmesh validate` compares with
+    `run.eval_pass_threshold`."""
+
+    def declare(fn: Callable[..., Any]) -> Callable[..., Any]:
+        fn.best_value = value
+        return fn
+
+    return declare
 
 
 @dataclass(frozen=True)
@@ -108,6 +122,18 @@ class Rubric:
         self.error_reward = error_reward
         self.timeout_s = timeout_s
         self.max_abs_reward = max_abs_reward
+        self.seed = 0
+        """The run's seed (`run.seed`, set by the RewardActor): with each rollout's id it seeds the RNG of every call of
+        a sync reward function in its worker process (`call_seed`), so what the function draws is the same in a
+        resumed or recovered run, whichever worker serves the call."""
+
+    def best_total(self) -> float | None:
+        """The largest reward the rubric gives (its weighted mean of each function's declared `best_value`), None when
+        a function declares none."""
+        best = [getattr(getattr(f.fn, "func", f.fn), "best_value", None) for f in self.reward_fns]  # partials too
+        if None in best:
+            return None
+        return sum(self.weights[f.key] * value for f, value in zip(self.reward_fns, best))
 
     @property
     def _fallback_reward(self) -> float:
@@ -197,7 +223,8 @@ class Rubric:
         try:
             if not _is_async(reward_fn.fn):
                 try:
-                    return await workers.pool().call(reward_fn.fn, args, self.timeout_s)
+                    seed = call_seed(self.seed, args[0], reward_fn.key)
+                    return await workers.pool().call(reward_fn.fn, args, self.timeout_s, seed)
                 except (pickle.PicklingError, TypeError, AttributeError) as exc:
                     _warn_thread_fallback(reward_fn.key, exc)
             return await asyncio.wait_for(_call_off_loop(reward_fn.fn, *args), self.timeout_s)
@@ -210,6 +237,13 @@ class Rubric:
         except Exception as exc:
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             raise RewardFunctionError(f"reward function {reward_fn.key!r} raised: {detail}") from exc
+
+
+def call_seed(run_seed: int, scored: Rollout | list[Rollout], key: str) -> int:
+    """The RNG seed of one sync reward call: a stable hash of the run's seed, the rollout's id (a group function's:
+    the group's id) and the function's name; 64 bits."""
+    scope = scored.rollout_id if isinstance(scored, Rollout) else scored[0].group_id if scored else ""
+    return int.from_bytes(hashlib.sha256(f"{run_seed}/{scope}/{key}".encode()).digest()[:8], "little")
 
 
 def _settle(future: asyncio.Future, value: Any, exc: BaseException | None) -> None:

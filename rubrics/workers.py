@@ -19,6 +19,7 @@ import concurrent.futures
 import importlib
 import os
 import pickle
+import random
 import signal
 import struct
 import subprocess
@@ -89,11 +90,15 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
-    async def call(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float) -> Any:
+    async def call(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float, seed: int | None = None
+    ) -> Any:
         """`fn(*args)` in a worker; `WorkerTimeout` after `timeout_s` seconds of running, `WorkerFailed` if the
         worker died, `FunctionRaised` with the function's exception line. Raises `pickle.PicklingError` (or
-        the `TypeError`/`AttributeError` pickle gives) before running anything when `fn` or `args` cannot be sent."""
-        payload = pickle.dumps((list(sys.path), pickle.dumps((fn, args))))  # the import path as it is now
+        the `TypeError`/`AttributeError` pickle gives) before running anything when `fn` or `args` cannot be sent.
+        `seed`: `random` (and numpy's global RNG, when the worker has numpy) is seeded with it before the call, so
+        what the function draws does not depend on which worker serves it or what it ran before."""
+        payload = pickle.dumps((list(sys.path), seed, pickle.dumps((fn, args))))  # the import path as it is now
         slots = self._slots.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(self.size))
         async with slots:
             with self._lock:
@@ -137,17 +142,26 @@ def _serve(parent_pid: int) -> None:
     requests, replies = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # what the functions print must not corrupt the replies
     while header := requests.read(_HEADER.size):
-        path, call = pickle.loads(requests.read(_HEADER.unpack(header)[0]))
+        path, seed, call = pickle.loads(requests.read(_HEADER.unpack(header)[0]))
         try:
             if path != sys.path:
                 sys.path[:] = path
                 importlib.invalidate_caches()
             fn, args = pickle.loads(call)
+            if seed is not None:
+                _seed(seed)
             reply = pickle.dumps((True, fn(*args)))
         except BaseException as exc:
             reply = pickle.dumps((False, "".join(traceback.format_exception_only(type(exc), exc)).strip()))
         replies.write(_HEADER.pack(len(reply)) + reply)
         replies.flush()
+
+
+def _seed(seed: int) -> None:
+    """Seed the worker's `random` and, when a function imported it, numpy's global RNG (which takes 32 bits)."""
+    random.seed(seed)
+    if (numpy := sys.modules.get("numpy")) is not None:
+        numpy.random.seed(seed % 2**32)
 
 
 if __name__ == "__main__":

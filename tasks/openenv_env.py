@@ -6,8 +6,9 @@
     env = { max_turns = 2, max_new_tokens = 16, max_total_tokens = 512, max_prompt_tokens = 448 }
 
 `app` is the import path of an OpenEnv server's ASGI app (what openenv-core's `create_app(env, Action, Observation)`
-returns); the task runs it with uvicorn in a subprocess it owns (loopback, a free port; started by the first
-rollout, stopped at exit, and killed with the process that started it). Each rollout opens its own session on the
+returns); the task runs it with uvicorn in a subprocess it owns (loopback, on a socket the task binds and the server
+inherits, so no other process can take its port; started by the first rollout, stopped at exit, and killed with the
+process that started it). Each rollout opens its own session on the
 server's WebSocket (openenv-core's `GenericEnvClient`): `reset(seed=row["seed"])`'s observation is the user message,
 each reply is sent as the action `{action_key: reply text}`, and the step's observation is the next user message
 until the server says `done`. The step rewards are the turns' rewards; the rubric sums them (`env_reward`).
@@ -55,10 +56,18 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to `host`:`port` (0: the kernel picks a free one) and listening, which the server inherits:
+    the port is held from the bind on, so no other process can be handed it before the server serves (a port probed
+    by bind and close returns to the pool, and another process may take it, or already answer on it)."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind((host, port))
+        listener.listen(128)
+    except OSError:
+        listener.close()
+        raise
+    return listener
 
 
 class OpenEnvServer:
@@ -107,13 +116,21 @@ class OpenEnvServer:
                         f"the OpenEnv server {self.app!r} exited with {self.process.returncode}: {self._log()}"
                     )
                 return
-            self.port = self.port or _free_port(self.host)
-            with tempfile.NamedTemporaryFile(prefix="rlmesh-openenv-", suffix=".log", delete=False) as log:
+            with (
+                _listening_socket(self.host, self.port) as listener,
+                tempfile.NamedTemporaryFile(prefix="rlmesh-openenv-", suffix=".log", delete=False) as log,
+            ):
+                self.port = listener.getsockname()[1]
                 self.log_path = log.name
                 env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
-                command = [sys.executable, "-m", "uvicorn", self.app, "--host", self.host, "--port", str(self.port)]
+                command = [sys.executable, "-m", "uvicorn", self.app, "--fd", str(listener.fileno())]
                 self.process = subprocess.Popen(
-                    command, stdout=log, stderr=subprocess.STDOUT, env=env, preexec_fn=_die_with_parent
+                    command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    pass_fds=(listener.fileno(),),
+                    preexec_fn=_die_with_parent,
                 )
             atexit.register(self.stop)
 

@@ -62,7 +62,12 @@ def score_answer(
 ) -> float:
     """The dataset's own `score_answer` of the reply's answer, against the generator's entry when the row is one
     the task made (`index` and question match: its metadata as generated), else against the row itself (rows
-    from `[tasks.data]` files). Module-level, so the rubric runs it in a worker process with a deadline."""
+    from `[tasks.data]` files). Module-level, so the rubric runs it in a worker process with a deadline.
+
+    Some scorers raise on malformed text (an unparsable number, a float overflow): an answer the scorer cannot read is
+    a wrong answer, reward 0.0, so a malformed reply is penalised like any other instead of dropping out of its group
+    as a failed rollout. The scorer is then tried on the row's own answer: when that raises too, the row or the
+    config is at fault and the error is raised, naming it."""
     generator = _dataset(*dataset)
     entry: dict[str, Any] = example
     index = example.get("index")
@@ -71,7 +76,22 @@ def score_answer(
         if own["question"] == example["question"]:
             entry = own
     answer = extract_answer(rollout.last_assistant_text(), answer_tag, answer_pattern)
-    return float(generator.score_answer(answer, entry))
+    try:
+        return float(generator.score_answer(answer, entry))
+    except Exception:
+        _check_scorable(generator, entry, dataset[0])
+        return 0.0  # the row scores its own answer: the model's answer was unreadable, a wrong answer
+
+
+def _check_scorable(generator: Any, entry: dict[str, Any], name: str) -> None:
+    """Raise, naming the row, when dataset `name`'s scorer cannot score the row's own answer (a broken row or config)."""
+    try:
+        generator.score_answer(str(entry["answer"]), entry)
+    except Exception as exc:
+        raise ValueError(
+            f"reasoning-gym {name!r} cannot score the row {str(entry.get('question'))[:200]!r}: its scorer fails on"
+            f" the row's own answer too ({type(exc).__name__}: {exc}); check the row and the task's config"
+        ) from exc
 
 
 class SinglePromptEnv(MessageEnv):

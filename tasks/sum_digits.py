@@ -8,7 +8,7 @@ from typing import Any
 
 from env_types.message_env import MessageEnv, ResetOutput, StepOutput
 from rollouts.types import Message, Rollout
-from rubrics.rubric import RewardFn, Rubric
+from rubrics.rubric import RewardFn, Rubric, best_value
 from tasks.task import Split, Task
 
 _INTEGER = re.compile(r"-?\d+")
@@ -20,11 +20,13 @@ def parse_last_integer(text: str) -> int | None:
     return int(matches[-1]) if matches else None
 
 
+@best_value(1.0)
 def digit_sum_correct(rollout: Rollout, example: dict[str, Any]) -> float:
     """1 when the last integer of the reply is the digit sum, else 0."""
     return float(parse_last_integer(rollout.last_assistant_text()) == example["answer"])
 
 
+@best_value(1.0)
 def answer_is_number(rollout: Rollout, example: dict[str, Any]) -> float:
     """1 when the reply is just a number, as the prompt asks."""
     return float(re.fullmatch(r"\s*-?\d+\s*\.?\s*", rollout.last_assistant_text()) is not None)

@@ -12,8 +12,9 @@ the taskset's own, else `SingleAgentEnv`). Each rollout runs `Env.run_episode` w
 `tasks.verifiers_harness:GatewayChatHarness` (a single-turn chat run in-process: no uv program, no network) on the
 local runtime; its model call goes through verifiers' interception server to an `EvalClientConfig` pointed at the
 rollout's own gateway URL, so every call is sampled by the policy and recorded token-exact as one turn. The
-episode's trace is scored by the task's own rewards (`trace.reward`); an episode that fails (its errors) or records
-no reward is an ERROR rollout.
+episode's trace is scored by the task's own rewards (`trace.reward`); an episode with several seats (traces) gets
+the mean of their rewards, with a warning (`seats_reward`); an episode that fails (its errors) or records no reward is
+an ERROR rollout.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import traceback
 from typing import Any
 
 from env_types.message_env import MessageEnv
+from rl.console import warn
 from rollouts.fanout import RolloutContext, RolloutFn
 from rollouts.openai_gateway import OpenAIGateway
 from rollouts.reward_value import InvalidReward, checked_reward
@@ -46,6 +48,21 @@ def plugin_id(module_path: str) -> str:
     alias = "rlmesh_vf_" + module_path.replace(".", "__").lower()
     sys.modules.setdefault(alias, importlib.import_module(module_path))
     return alias
+
+
+def seats_reward(rewards: list[float]) -> tuple[float, str | None]:
+    """The rollout's reward from an episode's rewards, one per seat (trace): their mean, which every seat's turns train
+    on (all seats call the policy through the rollout's one gateway session, so their turns are one rollout); with a
+    warning when there are several seats (in a zero-sum game the mean is constant: no learning signal)."""
+    mean = sum(rewards) / len(rewards)
+    if len(rewards) == 1:
+        return mean, None
+    return mean, (
+        f"verifiers episodes have {len(rewards)} seats (rewards {rewards} in the first): every seat's turns train on "
+        "their mean, one reward for all (in a zero-sum game a constant: no learning signal). Train one seat per "
+        "environment, or give the seats a shared objective; each episode's seat rewards are in the rollout's "
+        "metadata `verifiers_seat_rewards`"
+    )
 
 
 def verifiers_reward(rollout: Rollout, example: dict[str, Any]) -> float:
@@ -87,6 +104,7 @@ class VerifiersTask(Task):
             role.runtime = vf.SubprocessConfig()  # on this host (a remote runtime would need a Prime tunnel)
         self.env = vf.load_environment(self.env_config)
         self.tasks = list(self.env.taskset)
+        self._warned_seats = False  # the multi-seat warning, once per task
         if len(self.tasks) <= num_validation:
             raise ValueError(
                 f"verifiers taskset {taskset!r} has {len(self.tasks)} tasks, not more than num_validation = "
@@ -184,6 +202,10 @@ class VerifiersTask(Task):
         except InvalidReward as exc:
             rollout.fail(RolloutStatus.ERROR, str(exc))
             return rollout
-        rollout.metadata["verifiers_reward"] = sum(rewards) / len(rewards)
+        rollout.metadata["verifiers_reward"], warning = seats_reward(rewards)
+        rollout.metadata["verifiers_seat_rewards"] = rewards
+        if warning is not None and not self._warned_seats:
+            self._warned_seats = True
+            warn(warning)
         rollout.status = RolloutStatus.TRUNCATED if session.hit_limit else RolloutStatus.COMPLETED
         return rollout

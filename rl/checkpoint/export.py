@@ -71,6 +71,23 @@ def checkpoint_model_path(checkpoint: Path) -> str:
     return config.get("model", {}).get("path", "smollm2-135m-instruct")
 
 
+def checkpoint_param_dtype(checkpoint: Path) -> str:
+    """The dtype the run trained its parameters in (`trainer.param_dtype`), from the checkpoint's config."""
+    config = tomllib.loads((checkpoint / "config.toml").read_text())
+    return config.get("trainer", {}).get("param_dtype", "float32")
+
+
+def adapter_hint(exported: Exported) -> str:
+    """How to load an exported LoRA adapter so that it computes the run's policy: on its base (the adapter config's
+    `base_model_name_or_path`) in the dtype the run trained, not the base folder's own (a bf16 base loaded as bf16
+    is not the fp32 policy the adapters were trained on)."""
+    dtype = checkpoint_param_dtype(exported.checkpoint)
+    return (
+        f"peft.AutoPeftModelForCausalLM.from_pretrained({str(exported.out / 'adapter')!r}, dtype=torch.{dtype})"
+        f" (the base in {dtype}, as the run trained it)"
+    )
+
+
 def checkpoint_lora(checkpoint: Path) -> LoraConfig:
     """The run's `[trainer.lora]`, from the config the checkpoint was written with (off when it has none: a trainer's
     own checkpoint, written outside a run)."""

@@ -36,6 +36,7 @@ class RunDirLock:
 
     def __init__(self, run_dir: Path):
         self.run_dir = run_dir
+        self._held = False
         # not inherited by actor processes
         self._fd: int | None = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -60,11 +61,14 @@ class RunDirLock:
             0,
         )
         _HELD.add(run_dir.resolve())
+        self._held = True
 
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)  # closing the only descriptor of the open file drops the flock
             self._fd = None
+        if self._held:  # a refused attempt leaves the holder in this process its mark
+            self._held = False
             _HELD.discard(self.run_dir.resolve())
 
 

@@ -163,7 +163,7 @@ def begin(run_dir: Path, step: int) -> Path:
 
 def commit(run_dir: Path, tmp: Path, step: int, keep: int) -> Path:
     """Sync `tmp` to disk with its manifest, rename it into place, mark it COMMITTED (synced), then prune
-    to the newest `keep` and remove this writer's or dead writers' temporaries."""
+    to the newest `keep` (`pruned`) and remove this writer's or dead writers' temporaries."""
     root = checkpoint_root(run_dir)
     final = root / f"{_PREFIX}{step:08d}"
     files = sorted(path for path in tmp.rglob("*") if path.is_file())
@@ -179,13 +179,22 @@ def commit(run_dir: Path, tmp: Path, step: int, keep: int) -> Path:
     _fsync(root)
     _write_synced(final / COMMITTED, f"{step}\n")
     _fsync(final)
-    for old in committed_checkpoints(run_dir)[:-keep]:
+    for old in pruned(committed_checkpoints(run_dir), keep):
         shutil.rmtree(old)
     for stale in root.glob(f"{_TMP}{_PREFIX}*"):
         writer = stale.name.rpartition("@")[2]  # "" for a temporary of a version that did not name its writer
         if writer in ("", writer_identity()) or not _writer_alive(writer):
             shutil.rmtree(stale, ignore_errors=True)
     return final
+
+
+def pruned(committed: list[Path], keep: int) -> list[Path]:
+    """The checkpoints a commit deletes: all but the newest `keep`, and but the newest resumable one when those hold
+    weights only (a `final = "weights"` checkpoint never takes the place of the run's last resumable one)."""
+    kept = committed[-keep:]
+    if all(is_weights_only(path) for path in kept):
+        kept += [path for path in committed if not is_weights_only(path)][-1:]
+    return [path for path in committed if path not in kept]
 
 
 def set_aside(run_dir: Path, after: Path) -> list[Path]:

@@ -20,7 +20,7 @@ from rl.loop.resolve import resolve_config
 from rl.loop.roles import Roles
 from rl.loop.scored_groups import ScoredGroups, built_tasks
 from rl.loop.validation import held_out_groups, held_out_rows
-from rl.metrics.pass_at_k import eval_metrics
+from rl.metrics.pass_at_k import eval_failure_line, eval_metrics
 from rollouts.types import RolloutGroup
 
 
@@ -109,6 +109,8 @@ class Evaluation:
                 self.roles.run_log.move_into(log_dir)
             say(f"evaluating {len(self.rows)} rows x {run.eval_samples_per_row} sample(s)")
             groups = await held_out_groups(self.scored_groups, self.rows, self.step, run, sampling)
+            if line := eval_failure_line(self.step, groups):
+                say(line)
             say("stopping the services")
         except asyncio.CancelledError:
             if not self.failures:

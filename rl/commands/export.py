@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rl.checkpoint.export import EXPORT_DTYPES, export_checkpoint, run_checkpoint
+from rl.checkpoint.export import EXPORT_DTYPES, adapter_hint, export_checkpoint, run_checkpoint
 from rl.console import fail
 
 
@@ -29,10 +29,6 @@ def export_command(args: argparse.Namespace, extra: list[str], argv: list[str]) 
         f"exported {exported.checkpoint} to {exported.out} ({exported.bytes / 1e6:.1f} MB, {exported.seconds:.1f} s);"
         f" load it with transformers.AutoModelForCausalLM.from_pretrained({str(exported.out)!r})"
         f" or serve it with `vllm serve {exported.out} --dtype {args.dtype}`"
-        + (
-            f"; its LoRA adapter alone: peft.PeftModel.from_pretrained(base, {str(exported.out / 'adapter')!r})"
-            if (exported.out / "adapter").is_dir()
-            else ""
-        )
+        + (f"; its LoRA adapter alone: {adapter_hint(exported)}" if (exported.out / "adapter").is_dir() else "")
     )
     return 0

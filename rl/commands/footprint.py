@@ -136,6 +136,22 @@ def run_footprint(config: Config) -> Footprint | None:
     return footprint(config, size)
 
 
+SMALL_MODEL_PARAMETERS = 1_000_000_000
+"""Below this, the default `trainer.lr` (1e-6, a rate for models of a billion parameters and more) barely moves a
+model: the main job's SmolLM2-135M learns at 2e-5."""
+
+
+def default_lr_warning(config: Config, found: Footprint | None) -> str | None:
+    """A warning when `trainer.lr` is left at its default for a model well below a billion parameters."""
+    if found is None or "lr" in config.trainer.model_fields_set or found.model.parameters >= SMALL_MODEL_PARAMETERS:
+        return None
+    return (
+        f"trainer.lr is left at its default {config.trainer.lr:g}, a rate for models of a billion parameters and "
+        f"more; {config.model.path} has {found.model.parameters / 1e6:.0f}M and barely moves at it (the main job, "
+        "SmolLM2-135M in fp32, learns at 2e-5): set trainer.lr"
+    )
+
+
 def _gib(nbytes: int) -> str:
     """`nbytes` in GiB, or in MiB below one GiB."""
     return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.1f} MiB"

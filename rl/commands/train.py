@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from rl.commands.arguments import parse_overrides, runtime_problems
 from rl.components import import_object
 from rl.config import Config, ConfigError, dump_toml, load_config
-from rl.config.algorithm import bypass_origin, correction_origin, correction_warnings
+from rl.config.correction import bypass_origin, correction_origin, correction_warnings
 from rl.config.loss import loss_warnings
 from rl.console import fail, say, warn
 from rl.processes.preflight import launcher_address_problem
@@ -90,8 +90,9 @@ def checked_config(args: argparse.Namespace, extra: list[str]) -> tuple[Config, 
     """The run's resolved config and, for `--resume`, the checkpoint it continues from; ConfigError (or ValueError,
     `NothingToResume`) when it cannot run here. `rlmesh validate` also prints the run's memory estimate."""
     from rl.checkpoint.resume import resume_config
-    from rl.commands.footprint import footprint_lines, run_footprint, slurm_memory_warning
+    from rl.commands.footprint import default_lr_warning, footprint_lines, run_footprint, slurm_memory_warning
     from rl.loop.resolve import resolve_config  # imports torch: after SIGINT is blocked
+    from rl.metrics.pass_at_k import unreachable_threshold_warnings
     from rl.weights.sync import check_shared_memory
 
     resume_from = None
@@ -103,8 +104,7 @@ def checked_config(args: argparse.Namespace, extra: list[str]) -> tuple[Config, 
     else:
         config = load_config(args.config, overrides)
     config = resolve_config(config)
-    for task_config in config.tasks:
-        build_task(task_config)
+    rubrics = {task_config.key: build_task(task_config).rubric for task_config in config.tasks}
     if problems := runtime_problems(config):
         raise ConfigError("this machine cannot run the config:\n" + "\n".join(f"  {p}" for p in problems))
     if config.sample_logging.filters.predicate:
@@ -114,7 +114,10 @@ def checked_config(args: argparse.Namespace, extra: list[str]) -> tuple[Config, 
         raise ConfigError(address_problem)
     run_size = run_footprint(config)
     memory_warning = slurm_memory_warning(config, run_size)
-    for warning in [problem for problem in (memory_warning, address_problem) if problem]:
+    lr_warning = default_lr_warning(config, run_size)
+    for warning in [problem for problem in (memory_warning, address_problem, lr_warning) if problem]:
+        warn(warning)
+    for warning in unreachable_threshold_warnings(rubrics, config.run):
         warn(warning)
     if args.command == "validate" and run_size is not None:
         for line in footprint_lines(run_size, config):
@@ -235,8 +238,10 @@ def _interrupted_message(controller: Controller, resume_from: Path | None) -> st
     """Where an interrupted run stands: the Ctrl-C checkpoint's report, or (stopped during start-up) what is left."""
     if controller.checkpoints.report is not None:
         return controller.checkpoints.report.message()
+    if (recovery := controller.recovery.interrupted_message()) is not None:  # a recovery starts from a checkpoint
+        return recovery
     if resume_from is not None:
-        return f"stopped during start-up; {resume_from} is unchanged: resume with: rlmesh train --resume {resume_from.parent.parent}"
+        return f"stopped during start-up; {resume_from} is unchanged: resume with: .venv/bin/rlmesh train --resume {resume_from.parent.parent}"
     return "stopped during start-up: nothing was trained and there is nothing to resume"
 
 

@@ -1,5 +1,5 @@
-"""The `[algorithm]` section (how scored groups become training samples), its per-task overrides, and the rules that
-decide `loss.rollout_correction`'s unset bypass mode and IS.
+"""The `[algorithm]` section (how scored groups become training samples) and its per-task overrides; the rules that
+decide `loss.rollout_correction`'s mode and IS from the run are `rl.config.correction`.
 
 `[algorithm]` is every task's default; a task may override its credit fields (`CreditConfig`) with
 `[[tasks]] algorithm = { type = ..., ... }`. The trainer-wide loss is `[loss]` (`rl.config.loss`).
@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import Field, create_model, model_validator
 
-from rl.config.loss import PRESETS, LossConfig
+from rl.config.loss import LossConfig
 from rl.config.section import Section
 
 POLICY = "policy"
@@ -114,99 +114,3 @@ class AlgorithmConfig(CreditConfig):
 def task_algorithm_key(index: int, override: Any) -> str:
     """The key an error about task `index`'s algorithm names: its override when that sets the type."""
     return f"tasks.{index}.algorithm" if override is not None and override.type is not None else "algorithm"
-
-
-def sampler_gaps(config: Any) -> list[str]:
-    """Why the policy's sampler (π_rollout) is not the trainer's π_old at the step: a lower-precision sampler or
-    trainer, a staleness budget, later minibatches starting from a moved policy. Empty: π_rollout = π_old."""
-    trainer, generator = config.trainer, config.generator
-    gaps = []
-    if generator.dtype not in ("auto", trainer.param_dtype) or trainer.dtype != trainer.param_dtype:
-        gaps.append(
-            f"the sampler (generator.dtype = {generator.dtype}) is not the trainer's exact policy "
-            f"(trainer.param_dtype = {trainer.param_dtype}, trainer.dtype = {trainer.dtype})"
-        )
-    if config.run.max_policy_staleness > 0:
-        gaps.append(f"run.max_policy_staleness = {config.run.max_policy_staleness} (rollouts of older policies)")
-    if trainer.ppo_n_minibatches > 1:
-        gaps.append(
-            f"trainer.ppo_n_minibatches = {trainer.ppo_n_minibatches} (later minibatches start from a moved policy)"
-        )
-    return gaps
-
-
-def bypass_rule(config: Any) -> tuple[bool, str]:
-    """The default `bypass_mode` of a run and why: bypass (PPO anchored on the sampler's logprobs, no extra
-    forward) only where π_rollout = π_old holds by construction, decoupled otherwise (verl's default)."""
-    reasons = sampler_gaps(config)
-    frozen = sorted({config.algorithm.for_task(task.algorithm).sampler for task in config.tasks} - {POLICY})
-    if frozen:
-        reasons.append(f"frozen samplers {frozen}")
-    if reasons:
-        return False, "decoupled: " + "; ".join(reasons)
-    return True, "bypass: the sampler runs the trainer's exact weights, staleness 0, one minibatch, no frozen sampler"
-
-
-CORRECTION_CHOICES = frozenset({"preset", "rollout_is", "rollout_rs", "rollout_token_veto_threshold"})
-"""Keys of `[loss.rollout_correction]` that are the config's own choice of correction (`preset = "disabled"`
-turns it off)."""
-
-
-def decide_bypass_mode(config: Any) -> None:
-    """Resolve an unset `loss.rollout_correction.bypass_mode` by `bypass_rule` (use_policy_gradient needs bypass),
-    after the dtypes are resolved (the rule compares them): `rl.loop.resolve` runs it.
-
-    Where the rule resolves decoupled mode because the sampler is not the trainer's policy (`sampler_gaps`) and the
-    config chose no correction, token IS (`decoupled_token_is`) comes with it: PPO anchored on π_old with nothing
-    for π_rollout is what verl's rollout-correction guide calls the common implementation mistake (and what did not
-    learn here)."""
-    correction = config.loss.rollout_correction
-    if correction.bypass_mode is not None:
-        return
-    chosen = bool(correction.model_fields_set & CORRECTION_CHOICES)
-    correction.bypass_mode = correction.use_policy_gradient or bypass_rule(config)[0]
-    if not correction.bypass_mode and sampler_gaps(config) and not chosen:
-        preset = PRESETS["decoupled_token_is"]
-        if "rollout_is_threshold" not in correction.model_fields_set:
-            correction.rollout_is_threshold = preset["rollout_is_threshold"]
-        correction.rollout_is = preset["rollout_is"]
-
-
-def correction_origin(config: Any) -> str | None:
-    """For `rlmesh validate`: token IS and why, where the run's rule asks for it (decoupled over a sampler gap)."""
-    correction = config.loss.rollout_correction
-    gaps = sampler_gaps(config)
-    if correction.bypass_mode or not gaps:
-        return None
-    if correction.rollout_is is None:
-        return None  # `correction_warnings` says it
-    return (
-        f"loss.rollout_correction.rollout_is = {correction.rollout_is!r} (threshold "
-        f"{correction.rollout_is_threshold}): IS on, as decoupled mode needs where the sampler is not π_old (on by "
-        "default there unless the config chooses a correction): " + "; ".join(gaps)
-    )
-
-
-def correction_warnings(config: Any) -> list[str]:
-    """A decoupled run over a sampler gap whose config turned IS (and rejection) off: nothing corrects π_rollout."""
-    correction = config.loss.rollout_correction
-    gaps = sampler_gaps(config)
-    if correction.bypass_mode or not gaps or correction.rollout_is is not None or correction.rollout_rs is not None:
-        return []
-    return [
-        "loss.rollout_correction: decoupled mode without IS or rejection, although "
-        + "; ".join(gaps)
-        + ": PPO anchors on π_old and nothing accounts for π_rollout (verl's rollout-correction guide: the common mistake; such runs did not "
-        "learn here). Unset the correction keys for the default token IS, or set preset = 'decoupled_token_is'"
-    ]
-
-
-def bypass_origin(config: Any) -> str:
-    """A validated config's `bypass_mode` and the run's rule beside it, for `rlmesh validate` (they differ only
-    where the config, its preset or use_policy_gradient set it)."""
-    correction = config.loss.rollout_correction
-    rule, reason = bypass_rule(config)
-    value = str(correction.bypass_mode).lower()
-    if correction.bypass_mode == rule:
-        return f"loss.rollout_correction.bypass_mode = {value}, as the run's rule decides: {reason}"
-    return f"loss.rollout_correction.bypass_mode = {value}, set by the config; the run's rule would choose {reason}"

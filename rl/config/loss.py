@@ -52,7 +52,8 @@ class RolloutCorrectionConfig(Section):
     """Fills the correction keys a config leaves unset (the presets are listed in docs/algorithms.md)."""
     rollout_is: Literal["token", "sequence"] | None = None
     """Importance weights π_train/π_rollout per token or per sequence (product), truncated at the threshold. Unset
-    in a config that chooses no correction: "token" where the run resolves decoupled mode over a sampler gap."""
+    in a config that chooses no correction: "token" where the run is decoupled (resolved or `bypass_mode = false`)
+    over a sampler gap (`rl.config.correction`)."""
     rollout_is_threshold: float = 2.0
     """Upper truncation of the IS weights."""
     rollout_is_batch_normalize: bool = False
@@ -68,7 +69,7 @@ class RolloutCorrectionConfig(Section):
     bypass_mode: bool | None = None
     """True: π_old = π_rollout (PPO anchors on the sampler's logprobs; no extra forward). False (decoupled):
     π_old comes from a no-grad pass at the start of the step; IS/RS correct π_old vs π_rollout. Unset: decided
-    from the run (`bypass_rule`, applied by `rl.loop.resolve`): bypass only where π_rollout = π_old holds by construction."""
+    from the run (`rl.config.correction.bypass_rule`): bypass only where π_rollout = π_old holds by construction."""
     use_policy_gradient: bool = False
     """Replace the PPO loss by a plain policy gradient weighted by the IS weights (needs bypass_mode)."""
 

@@ -104,7 +104,8 @@ class TrainerConfig(Section):
     lr: float = Field(1e-6, gt=0)
     """AdamW's learning rate (the peak, after warm-up). The default 1e-6 is TRL's GRPO default, a rate for models of a
     billion parameters and more (the shipped Qwen3 GPU configs use it). A small model needs a larger one: the main
-    job (SmolLM2-135M, fp32) and the `rlmesh new-task` config use 2e-5, where its reward rises within a few steps."""
+    job (SmolLM2-135M, fp32) and the `rlmesh new-task` config use 2e-5, where its reward rises within a few steps;
+    `rlmesh validate` and `train` warn when it is left at the default for a model below a billion parameters."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW's decoupled weight decay."""
     betas: tuple[float, float] = (0.9, 0.999)

@@ -30,7 +30,8 @@ class RunConfig(Section):
     eval_samples_per_row: int = Field(1, ge=1)
     """Samples drawn per held-out row at `generator.eval_sampling`. 1 (the default, with greedy eval sampling): one
     answer per row. k > 1 (needs a temperature above 0): also the unbiased `eval/pass@1` and `eval/pass@<k>`
-    (Chen et al. 2021) per task and overall; `eval/reward/mean` is then the mean over all k samples."""
+    (Chen et al. 2021) per task and overall; `eval/reward/mean` is then the mean over all k samples (failed samples
+    are left out of both and counted in `eval/failed`)."""
     eval_pass_threshold: float = 1.0
     """A held-out sample passes (for `eval/pass@<k>`) when its reward is at least this."""
     log_rollouts: bool = True
@@ -51,6 +52,9 @@ class RunConfig(Section):
     mismatch_warn_floor: float = Field(1e-3, ge=0)
     """The mismatch warning's absolute floor, so that an exactly on-policy run (mismatch ~1e-9) does not warn on
     noise."""
+    no_signal_warn_steps: int = Field(5, ge=0)
+    """Warn when, for this many consecutive steps, every trained group of a task had equal rewards (group-relative
+    advantages all zero: nothing is learned from it; commonly a reward that never fires); 0 = never."""
     max_concurrent_rollouts: int = Field(64, ge=1)
     """Most rows (each a whole group) generating at once."""
     max_concurrent_scoring: int = Field(16, ge=1)
@@ -70,8 +74,11 @@ class CheckpointConfig(Section):
     resumable with `rlmesh train --resume`; about 3x the fp32 weights), "weights" (the model alone: `rlmesh export` and
     `rlmesh eval` read it, a resume cannot) or "none" (regular `every_steps` checkpoints and Ctrl-C's are still
     written). The start-up line states the choice and its estimated size."""
-    keep: int = Field(2, ge=1)
-    """Newest committed checkpoints kept; older ones are deleted after each commit."""
+    keep: int = Field(1, ge=1)
+    """Newest committed checkpoints kept; older ones are deleted after each commit. One by default: a full checkpoint
+    is about 3x the fp32 weights (1.7 GB at 135M, ~80 GB at 7B) and a commit is atomic (written aside, fsynced,
+    hashed, renamed), so the newest is whole and the only one a resume needs. 2 keeps a fallback for a checkpoint
+    damaged after its commit, and a resumable one behind a `final = "weights"` checkpoint."""
     interrupt_save_s: float = Field(40.0, ge=0)
     """On the first Ctrl-C (or SIGTERM) of `rlmesh train`, the run commits a checkpoint of its last completed step
     within this many seconds (a train step in flight finishes first); 0 saves nothing. A second Ctrl-C stops at once."""

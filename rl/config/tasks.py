@@ -62,7 +62,9 @@ class RubricConfig(Section):
         """Keyword arguments bound to the function (`functools.partial`), e.g. `{ tolerance = 0.01 }`."""
 
     reward_fns: list[RewardFnEntry] = Field(default_factory=list)
-    """Functions of `(rollout, example)` returning a number; the reward is the weighted sum of these and the group functions."""
+    """Functions of `(rollout, example)` returning a number; the reward is the weighted mean of these and the group
+    functions: sum(weight * value) / sum(weight), so it stays in the range of its components (a right answer with a
+    shaping term below 1 scores below 1: mind `run.eval_pass_threshold`)."""
     group_reward_fns: list[RewardFnEntry] = Field(default_factory=list)
     """Functions of `(rollouts, example)` returning one number per rollout of the group."""
     truncation_reward: float | None = None

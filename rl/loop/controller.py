@@ -23,6 +23,7 @@ sync: `rl.loop.weight_update`; the run's directory and logs: `rl.loop.run_files`
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -143,6 +144,8 @@ class Controller:
             return await self.recovery.train()  # train(), again from the newest checkpoint after a trainer loss
         finally:
             await self.shutdown()
+            if self.run_lock is not None:  # kept for a recovery that did not train again
+                self.run_lock.release()
 
     async def setup(self) -> None:
         """Start every role; a resumed run then loads its checkpoint into them and this process."""
@@ -182,20 +185,20 @@ class Controller:
                 await self.checkpoints.after_interrupt(run_dir, self._end_step_in_flight(run_dir, summary))
             raise
         finally:
+            lock = None if self.recovery.keeps_run_dir(sys.exception()) else self.run_lock  # kept through a recovery
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
             if warning := self.group_failures.summary():
                 self._warn(warning)
-            close_run_logs(
-                self.logger, self.run_lock, self.state.step + 1, self.generation_stats.drain().dropped_failed
-            )
+            close_run_logs(self.logger, lock, self.state.step + 1, self.generation_stats.drain().dropped_failed)
         return summary
 
     def _open_run_dir(self) -> Path:
         """The run's directory and its loggers (`rl.loop.run_files`)."""
-        run_dir, self.run_lock, self.logger, self.sample_logger = open_run_logs(
+        run_dir, lock, self.logger, self.sample_logger = open_run_logs(
             self.config, self.tasks, self.roles, self.resume_from
         )
+        self.run_lock = lock or self.run_lock  # a recovery's training goes on under the lock its run kept
         return run_dir
 
     async def _step(self, groups: list[RolloutGroup], evicted: list[RolloutGroup], wait_seconds: float) -> Trained:
@@ -208,6 +211,8 @@ class Controller:
         await log_step_rollouts(self.logger, self.sample_logger, self.state.step + 1, groups, stats.dropped_failed)
         if line := failure_line(self.state.step + 1, groups + stats.dropped_failed):
             self._warn(line)
+        for warning in self.progress.signal_watch.observe(self.state.step + 1, groups):
+            self._warn(warning)
         for key in ("rollouts/dropped_groups", "rollouts/dropped_zero_adv_groups"):
             step_metrics[key] += metrics[key]  # the producer's drops and the step's
         metrics |= step_metrics | overlap_metrics(wait_seconds, busy)

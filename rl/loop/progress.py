@@ -18,6 +18,7 @@ from rl.loop.buffer import RolloutBuffer
 from rl.loop.data import RowStream, training_stream
 from rl.loop.state import RunState
 from rl.metrics.generation import GenerationStats
+from rl.metrics.signal import SignalWatch
 from rl.precision import MismatchWatch, NonfiniteSteps
 from tasks.build import BuiltTask
 
@@ -36,6 +37,7 @@ class LoopProgress:
     nonfinite_steps: NonfiniteSteps
     generation_stats: GenerationStats
     mismatch_watch: MismatchWatch
+    signal_watch: SignalWatch
 
 
 def progress_at(config: Config, tasks: dict[str, BuiltTask], checkpoint_dir: Path | None) -> LoopProgress:
@@ -51,4 +53,5 @@ def progress_at(config: Config, tasks: dict[str, BuiltTask], checkpoint_dir: Pat
         nonfinite_steps=NonfiniteSteps(config.trainer.max_nonfinite_steps),
         generation_stats=GenerationStats(),
         mismatch_watch=MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor),
+        signal_watch=SignalWatch(config.run.no_signal_warn_steps),
     )

@@ -82,6 +82,9 @@ class TrainerRecovery:
         self.lost: str | None = None
         """Why the trainer was lost, from the loss until a new trainer runs."""
         self._lost_at = 0.0
+        self.recovering = False
+        """From a recovery's start until the new trainer trains: a Ctrl-C then leaves the run directory as
+        `interrupted_message` says."""
         self._train_task: asyncio.Task | None = None
         self._training = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -111,7 +114,9 @@ class TrainerRecovery:
             while True:
                 try:
                     if self.lost is not None:
+                        self.recovering = True
                         await self._recover()
+                        self.recovering = False
                     self._train_task = asyncio.create_task(self.controller.train())
                     return await self._train_task
                 except (Exception, asyncio.CancelledError) as exc:
@@ -129,6 +134,33 @@ class TrainerRecovery:
         finally:
             self._training = False
             watch.cancel()
+
+    def keeps_run_dir(self, ended_by: BaseException | None) -> bool:
+        """Whether the training, ended by `ended_by`, ended on a trainer loss that a recovery follows: the run directory
+        then stays locked through the recovery (a second launcher could otherwise take it over and write its logs)."""
+        if ended_by is None or isinstance(ended_by, TrainerLost) or self.count >= self.budget:
+            return False
+        if self.lost is not None:
+            return True
+        return not isinstance(ended_by, asyncio.CancelledError) and self._trainer_failed(ended_by)
+
+    def interrupted_message(self) -> str | None:
+        """What a Ctrl-C between a trainer's loss and the new trainer's training leaves on disk and how to go on; None
+        when no loss or recovery was under way (the Ctrl-C checkpoint's report says it then)."""
+        if self.lost is None and not self.recovering:
+            return None
+        run_dir = self.controller.run_dir
+        committed = checkpoint.committed_checkpoints(run_dir)
+        aside = sorted(checkpoint.checkpoint_root(run_dir).glob("damaged-*"))
+        where = f"trainer recovery {self.count} of {self.budget}" if self.recovering else "the trainer's loss"
+        if not committed:
+            return f"rlmesh: interrupted during {where}; no checkpoint was committed: nothing to resume, start it again"
+        kept = f"; kept aside (not resumed from): {', '.join(path.name for path in aside)}" if aside else ""
+        return (
+            f"rlmesh: interrupted during {where}; {run_dir} holds committed checkpoint(s) "
+            f"{', '.join(path.name for path in committed)} (the steps after {committed[-1].name} are not saved){kept}\n"
+            f"resume with: .venv/bin/rlmesh train --resume {run_dir}"
+        )
 
     def _trainer_failed(self, exc: BaseException) -> bool:
         """Whether `exc` ended the training because of the trainer: its loss seen already, a trainer call that failed or

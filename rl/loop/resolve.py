@@ -16,7 +16,7 @@ from rl.algorithms.registry import check_algorithms
 from rl.assets import BUILTIN_MODELS, check_model_path
 from rl.components import TASKS, resolve
 from rl.config import Config, ConfigError
-from rl.config.algorithm import decide_bypass_mode
+from rl.config.correction import decide_bypass_mode
 from rl.packing.attention_kinds import prefix_sharing_refusal
 from rl.precision import native_bf16, resolve_precision
 from rl.training.losses import policy_loss_fn

@@ -172,7 +172,13 @@ class Roles:
             spawn_procs=self.placement.replica_procs("generator", gpus_per_proc=config.generator.tensor_parallel_size),
         )
         model_paths = {name: model.path for name, model in config.models.items()}
-        reward_args = (config.tasks, config.run.reward_concurrency, model_paths, config.generator.eval_sampling)
+        reward_args = (
+            config.tasks,
+            config.run.reward_concurrency,
+            model_paths,
+            config.generator.eval_sampling,
+            config.run.seed,
+        )
         self.reward = Service(
             "reward",
             RewardActor,

@@ -100,7 +100,7 @@ class InterruptReport:
 
     def message(self) -> str:
         """The console's lines: where the run is and the exact resume command, or how many steps were lost."""
-        resume = f"resume with: rlmesh train --resume {self.run_dir}"
+        resume = f"resume with: .venv/bin/rlmesh train --resume {self.run_dir}"
         if self.error is None and self.checkpoint is not None:
             return f"rlmesh: interrupted after step {self.step}; it is saved in {self.checkpoint}\n{resume}"
         if self.error is None:

@@ -12,9 +12,10 @@ import asyncio
 from rl.config import Config
 from rl.config.roles import SamplingConfig
 from rl.config.run import RunConfig
+from rl.console import say
 from rl.loop.scored_groups import ScoredGroups
 from rl.metrics.logger import MetricsLogger
-from rl.metrics.pass_at_k import eval_metrics
+from rl.metrics.pass_at_k import eval_failure_line, eval_metrics
 from rollouts.types import RolloutGroup
 from tasks.build import BuiltTask
 
@@ -48,4 +49,6 @@ async def validate(
     run = config.run
     groups = await held_out_groups(scored_groups, rows, step, run, config.generator.eval_sampling)
     logger.log_rollouts(step, "eval", groups)
+    if line := eval_failure_line(step, groups):
+        say(line)
     return eval_metrics(groups, run.eval_samples_per_row, run.eval_pass_threshold)

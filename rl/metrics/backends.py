@@ -75,6 +75,8 @@ class ConsoleBackend:
     def log(self, metrics: dict[str, float], step: int) -> None:
         shown = {key: metrics[key] for key in CONSOLE_KEYS if key in metrics}
         text = " ".join(f"{key}={value:.4g}" for key, value in shown.items())
+        if metrics.get("eval/failed"):  # held-out samples left out of the eval numbers beside them
+            text += f" eval/failed={int(metrics['eval/failed'])}"
         tqdm.write(f"step {step:>4} v{int(metrics.get('policy_version', 0))} {text}")
         if self.bar is not None:
             self.latest.update({short_name(key): f"{value:.3g}" for key, value in shown.items()})

@@ -1,8 +1,11 @@
 import asyncio
+import hashlib
 import math
+import random
 import threading
 import time
 
+import numpy
 import pytest
 
 from rollouts.types import Rollout, RolloutStatus, RolloutTurn
@@ -289,3 +292,29 @@ async def test_a_reward_function_that_cannot_go_to_a_worker_runs_in_a_thread_wit
     assert len(warnings) == 1, warnings
     assert "reward function 'closure_reward_once' cannot be sent to a worker process" in warnings[0]
     assert "runs in a thread" in warnings[0]
+
+
+def draws_a_number(rollout, example):
+    """A sync reward that draws from the global RNGs (a sampled judge, a random tie-break)."""
+    import numpy
+
+    return (random.random() + float(numpy.random.random())) / 2
+
+
+def seeded_draws(seed: int) -> float:
+    """What `draws_a_number` returns after both global RNGs are seeded with `seed`, computed here."""
+    return (random.Random(seed).random() + float(numpy.random.RandomState(seed % 2**32).random_sample())) / 2
+
+
+async def test_a_sync_reward_draws_the_same_numbers_for_a_rollout_in_any_worker_after_any_calls():
+    rubric = Rubric([RewardFn(draws_a_number, name="noisy")])
+    rubric.seed = 7
+    rollouts = [make_rollout("x", index=i) for i in range(6)]
+    first = [reward.total for reward in await rubric.score_group(rollouts, {})]
+    again = [reward.total for reward in await rubric.score_group(rollouts[::-1], {})][::-1]  # other workers, order
+    assert first == again and len(set(first)) == 6
+    # each call's RNGs are seeded with sha256("<run seed>/<rollout id>/<function name>")'s first 8 bytes
+    seeds = [int.from_bytes(hashlib.sha256(f"7/g/{i}/noisy".encode()).digest()[:8], "little") for i in range(6)]
+    assert first == [seeded_draws(seed) for seed in seeds]
+    rubric.seed = 8  # another run draws other numbers
+    assert [reward.total for reward in await rubric.score_group(rollouts, {})] != first

@@ -4,13 +4,15 @@ that answer a step with text that is not JSON, a NaN reward, or nothing; those r
 
 import asyncio
 import random
+import socket
 
+import httpx
 import pytest
 
 from rl.config.tasks import TaskConfig
 from rollouts.types import RolloutStatus
 from tasks.build import build_task
-from tasks.openenv_env import OpenEnvTask
+from tasks.openenv_env import OpenEnvServer, OpenEnvTask
 from tests.support.gateway_rollouts import play
 
 pytestmark = pytest.mark.processes  # each task starts its OpenEnv server as a subprocess
@@ -93,3 +95,18 @@ def test_bad_arguments_are_named():
         OpenEnvTask(app="tests.support.openenv_guess")
     with pytest.raises(ValueError, match="num_train must be >= 1"):
         OpenEnvTask(app="x:app", num_train=0)
+
+
+async def test_the_servers_port_is_held_from_the_start_so_no_other_process_can_take_it():
+    server = OpenEnvServer("tests.support.openenv_guess:app")
+    try:
+        server._spawn()  # the process started; uvicorn has not even imported yet
+        squatter = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        with squatter, pytest.raises(OSError, match="Address already in use"):
+            squatter.bind((server.host, server.port))
+        url = await server.ensure_started()
+        assert url == f"http://127.0.0.1:{server.port}"
+        async with httpx.AsyncClient(timeout=5.0) as client:
+            assert (await client.get(f"{url}/health")).status_code == 200  # served on the inherited socket
+    finally:
+        server.stop()

@@ -1,13 +1,17 @@
 """`tasks.reasoning_gym` with the real reasoning-gym package: seeded disjoint splits, the dataset's own scorer
 (through the rubric's worker process) on scripted replies, and clear errors for bad arguments."""
 
+import json
+import math
+
 import pytest
+import reasoning_gym
 
 from rl.config.tasks import TaskConfig
 from rollouts.renderer_env import RendererEnvConfig
-from rollouts.types import Completion, RolloutStatus
+from rollouts.types import Completion, Rollout, RolloutStatus, RolloutTurn
 from tasks.build import build_task
-from tasks.reasoning_gym import ReasoningGymTask
+from tasks.reasoning_gym import ReasoningGymTask, score_answer
 from tasks.testing import play_group
 
 IM_END = 151645
@@ -33,6 +37,13 @@ async def score(renderer, tokenizer, task, row, reply):
     [rollout] = group.rollouts
     assert rollout.status is RolloutStatus.COMPLETED, rollout.error
     return rollout
+
+
+async def failed(renderer, tokenizer, task, row, reply):
+    """The error of one rollout of `row` whose scoring failed."""
+    with pytest.raises(AssertionError, match="reward function 'score_answer' raised") as failure:
+        await score(renderer, tokenizer, task, row, reply)
+    return str(failure.value)
 
 
 def test_splits_are_seeded_sized_and_disjoint_by_question():
@@ -153,3 +164,48 @@ def test_a_bad_answer_pattern_is_named():
         ReasoningGymTask("chain_sum", answer_pattern="(")
     with pytest.raises(ValueError, match="at most one group"):
         ReasoningGymTask("chain_sum", answer_pattern=r"(\d)(\d)")
+
+
+async def test_an_answer_the_scorer_cannot_read_is_a_wrong_answer_not_a_failed_rollout(renderer, tokenizer):
+    # prime_factorization's scorer parses every factor with int(): "((" raises ValueError inside reasoning-gym
+    task = ReasoningGymTask("prime_factorization", num_train=4, num_validation=2, answer_tag="")
+    row = task.load_dataset("train")[0]
+    assert (await score(renderer, tokenizer, task, row, row["answer"])).reward == 1.0
+    assert (await score(renderer, tokenizer, task, row, "42")).reward == 0.01  # wrong, in the right format
+    for unreadable in ("((", "2 x (3", "1e999"):
+        rollout = await score(renderer, tokenizer, task, row, unreadable)  # COMPLETED, not ERROR
+        assert rollout.reward == 0.0 and rollout.reward_components == {"score_answer": 0.0}
+
+
+async def test_a_row_the_scorer_cannot_score_still_fails_loudly_naming_it(renderer, tokenizer):
+    task = ReasoningGymTask("prime_factorization", num_train=4, num_validation=2, answer_tag="")
+    broken = {"question": "Factor 6.", "answer": "two times three"}  # a [tasks.data] row with an unparsable answer
+    error = await failed(renderer, tokenizer, task, broken, "2 × 3")
+    assert "cannot score the row 'Factor 6.'" in error and "fails on the row's own answer too" in error
+    unanswered = {"question": "Factor 6."}  # no answer at all
+    assert "cannot score the row 'Factor 6.'" in await failed(renderer, tokenizer, task, unanswered, "2 × 3")
+
+
+HOSTILE_REPLIES = ["((", "1e999", "", "-1", "nan", "[[{", "\u202e\x00ü漢字🙂" * 3, "9" * 5000, "x (" * 20000]
+"""Answers that broke or could break a scorer's parsing: unbalanced brackets, a float overflow, nothing, unicode
+controls, a number too long for a float, a 60 kB reply."""
+
+
+@pytest.mark.parametrize("name", sorted(set(reasoning_gym.factory.DATASETS) - {"composite"}))
+def test_every_datasets_scorer_gives_hostile_answers_a_reward_in_0_1(name):
+    # composite only mixes the other datasets (scored by their own scorers, fuzzed here) and cannot be built from
+    # a task's JSON config
+    key = (name, json.dumps({}), 0, 1)
+    entry = reasoning_gym.create_dataset(name, size=1, seed=0)[0]  # given as the row: scored against itself
+    for answer_tag, replies in [("", HOSTILE_REPLIES), ("answer", ["no tag: extract_answer gives None"])]:
+        for reply in replies:
+            turn = RolloutTurn(
+                prompt_messages=[], prompt_token_ids=[1], assistant_message={"role": "assistant", "content": reply}
+            )
+            rollout = Rollout(rollout_id="r", group_id="g", task_name=name, sample_index=0, turns=[turn])
+            reward = score_answer(rollout, entry, dataset=key, answer_tag=answer_tag)
+            assert isinstance(reward, float) and math.isfinite(reward) and 0.0 <= reward <= 1.0, (
+                name,
+                reply[:20],
+                reward,
+            )

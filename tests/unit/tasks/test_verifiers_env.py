@@ -7,7 +7,7 @@ import pytest
 from rl.config.tasks import TaskConfig
 from rollouts.types import RolloutStatus
 from tasks.build import build_task
-from tasks.verifiers_env import VerifiersTask
+from tasks.verifiers_env import VerifiersTask, seats_reward
 from tests.support.gateway_rollouts import IM_END, play
 
 pytestmark = pytest.mark.processes  # the taskset's interception server and reward workers
@@ -44,6 +44,7 @@ async def test_an_episode_is_one_gateway_turn_scored_by_the_environments_rubric(
         assert turn.completion_token_ids == [*tokenizer.encode(reply, add_special_tokens=False), IM_END]
         assert turn.completion_logprobs == [-0.5] * len(turn.completion_token_ids) and turn.policy_version == 7
         assert rollout.reward == reward and rollout.reward_components == {"verifiers_reward": reward}
+        assert rollout.metadata["verifiers_seat_rewards"] == [reward]  # one seat
     [server] = task.env._interception.servers  # one interception server, shared by the group's rollouts,
     assert server.clients == {}  # which keeps no client of a finished rollout's gateway URL
 
@@ -69,3 +70,10 @@ def test_bad_arguments_are_named():
         VerifiersTask(taskset=QUIZ, num_validation=12)
     with pytest.raises(ValueError, match="must be > 0"):
         VerifiersTask(taskset=QUIZ, timeout_s=0)
+
+
+def test_several_seats_share_their_mean_reward_and_say_so():
+    assert seats_reward([0.25]) == (0.25, None)  # one seat: its reward, no word
+    mean, warning = seats_reward([1.0, 0.0])  # a zero-sum game: the mean is the same whoever wins
+    assert mean == 0.5 and warning.startswith("verifiers episodes have 2 seats (rewards [1.0, 0.0] in the first)")
+    assert "no learning signal" in warning and "verifiers_seat_rewards" in warning

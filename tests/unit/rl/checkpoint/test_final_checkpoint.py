@@ -91,4 +91,4 @@ def test_the_start_up_line_states_the_final_checkpoint_its_size_and_the_alternat
     )
     line = checkpoint_line(load_config(TINY, {"checkpoint.final": "none", "checkpoint.every_steps": "5"}))
     assert line.startswith("final checkpoint: none (--checkpoint.final full: ")
-    assert line.endswith("; and a full one every 5 steps (newest 2 kept)")
+    assert line.endswith("; and a full one every 5 steps (newest 1 kept)")

@@ -99,11 +99,14 @@ def test_a_resumed_lora_run_continues_bitwise(trained):
     assert resumed[2].state_dict() == uninterrupted[2].state_dict()
 
 
-def test_the_export_is_the_peft_adapter_and_the_merged_model(trained, tmp_path):
+def test_the_export_is_the_peft_adapter_and_the_merged_model(trained, tmp_path, capsys):
     run_dir, model, _, _ = trained
     model = model.eval()
     out = tmp_path / "export"
     assert cli.main(["export", str(run_dir), "--step", "2", "--out", str(out)]) == 0
+    # the adapter's hint loads the base as the run trained it (float32), whatever dtype the base folder is in
+    hint = f"peft.AutoPeftModelForCausalLM.from_pretrained({str(out / 'adapter')!r}, dtype=torch.float32)"
+    assert f"its LoRA adapter alone: {hint} (the base in float32, as the run trained it)" in capsys.readouterr().out
     assert {"adapter_config.json", "adapter_model.safetensors"} <= {path.name for path in (out / "adapter").iterdir()}
     scored = score_in_fresh_process(out, PROBE, ["transformers", "peft"], tmp_path)
     base = base_model()
@@ -112,3 +115,39 @@ def test_the_export_is_the_peft_adapter_and_the_merged_model(trained, tmp_path):
         assert max(abs(a - b) for a, b in zip(from_merged, expected)) <= 1e-5  # W + s B A rounded once
         assert max(abs(a - b) for a, b in zip(from_adapter, expected)) <= 1e-6
         assert max(abs(a - b) for a, b in zip(logprobs(base, ids), expected)) > 1e-2  # the adapters matter
+
+
+def test_the_printed_adapter_hint_loads_the_runs_policy_on_a_base_folder_in_bf16(tmp_path, capsys):
+    """The base folder says bf16 (as SmolLM2's does), the run trained on it in fp32: the printed hint, run as printed,
+    gives the trained policy; loading the base in its folder's dtype does not."""
+    import shutil
+
+    import peft
+
+    bf16_base = tmp_path / "bf16-base"
+    shutil.copytree(resolve_model_path("tiny-qwen3"), bf16_base)
+    config = json.loads((bf16_base / "config.json").read_text())
+    (bf16_base / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    torch.manual_seed(0)
+    model = with_adapters(AutoModelForCausalLM.from_pretrained(bf16_base, dtype=torch.float32), LORA)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    update(model, optimizer, scheduler, 1)
+    run_dir = tmp_path / "run"
+    tmp = store.begin(run_dir, 1)
+    store.write(tmp, store.TRAINER, model, optimizer, scheduler)
+    (tmp / "run_state.json").write_text(json.dumps({"step": 1}))
+    lora = "".join(f"{key} = {json.dumps(value)}\n" for key, value in LORA.model_dump().items())
+    trainer = '[trainer]\nparam_dtype = "float32"\n'
+    (tmp / "config.toml").write_text(f'[model]\npath = "{bf16_base}"\n{trainer}[trainer.lora]\n{lora}')
+    store.commit(run_dir, tmp, 1, keep=1)
+    out = tmp_path / "export"
+    assert cli.main(["export", str(run_dir), "--out", str(out)]) == 0
+    hint = capsys.readouterr().out.split("its LoRA adapter alone: ")[1].split(" (the base in")[0]
+    loaded = eval(hint, {"peft": peft, "torch": torch}).eval()  # the hint as printed
+    as_folder = peft.AutoPeftModelForCausalLM.from_pretrained(out / "adapter").eval()  # the base folder's bf16
+    model = model.eval()
+    for ids in PROBE:
+        expected = logprobs(model, ids)
+        assert max(abs(a - b) for a, b in zip(logprobs(loaded, ids), expected)) <= 1e-6
+        assert max(abs(a - b) for a, b in zip(logprobs(as_folder, ids), expected)) > 1e-4  # another policy

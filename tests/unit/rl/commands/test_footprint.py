@@ -58,7 +58,7 @@ def test_everything_on_one_host_through_shared_memory():
     assert launcher.shm_bytes == 2 * SMOLLM2_P * 4 == 1_076_120_064  # the trainer's two slots
     assert found.rank.training_bytes == 4 * SMOLLM2_P * 4
     assert found.checkpoint_bytes == 1_727_426_304  # (S + 2P) x 4: the 1.73 GB of rl.checkpoint.estimate
-    assert found.checkpoint_disk_bytes == 3 * 1_727_426_304  # keep = 2, and the one committing
+    assert found.checkpoint_disk_bytes == 2 * 1_727_426_304  # keep = 1, and the one committing
 
 
 def test_a_kl_reference_is_loaded_whole_after_the_policy_is_sharded():

@@ -224,6 +224,20 @@ def test_a_lora_policys_engine_serves_its_rank():
     assert lora_engine_args(None) == {}
 
 
+def test_lora_settings_without_enabled_are_refused_by_name_not_ignored(tmp_path, capsys):
+    # LoRA is off by default: rank = 8 alone would train every parameter while looking like an adapter run
+    with pytest.raises(ConfigError, match=r"trainer.lora: sets rank but not enabled: .*Add enabled = true"):
+        load_config(write(tmp_path, "[trainer.lora]\nrank = 8\n"))
+    with pytest.raises(ConfigError, match=r"trainer.lora: sets alpha, dropout but not enabled"):
+        load_config(None, {"trainer.lora.alpha": "4.0", "trainer.lora.dropout": "0.1"})
+    assert main(["validate", "--config", str(write(tmp_path, "[trainer.lora]\nrank = 8\n"))]) == 2
+    assert "sets rank but not enabled" in capsys.readouterr().err
+    chosen = {"trainer.lora.rank": "8"}
+    assert load_config(None, {**chosen, "trainer.lora.enabled": "true"}).trainer.lora.rank == 8
+    assert not load_config(None, {**chosen, "trainer.lora.enabled": "false"}).trainer.lora.enabled  # an explicit off
+    assert not load_config(None).trainer.lora.enabled  # no section: full fine-tuning, nothing to refuse
+
+
 @pytest.fixture
 def hub(tmp_path, monkeypatch):
     """An empty Hugging Face cache and a hub endpoint nobody listens on (connections refused at once)."""

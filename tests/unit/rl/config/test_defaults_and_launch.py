@@ -13,6 +13,9 @@ from rl.loop.resolve import resolve_config
 from tests.support.hardware import NATIVE_BF16, NO_NATIVE_BF16, refuses_bf16_compute, refuses_cuda
 from tests.support.paths import REPO
 
+LR = ["--trainer.lr", "2e-5"]
+"""A learning rate the default SmolLM2-135M learns at (the default one is warned about)."""
+
 
 @pytest.mark.parametrize(
     "overrides, bypass",
@@ -35,6 +38,8 @@ from tests.support.paths import REPO
             False,
         ),
         ({"generator.dtype": "'bfloat16'", "loss.rollout_correction.bypass_mode": "true"}, True),  # explicit wins
+        ({"trainer.dtype": "'float32'", "trainer.lora.enabled": "true", "trainer.lora.dropout": "0.1"}, False),
+        ({"trainer.dtype": "'float32'", "trainer.lora.enabled": "true"}, True),
         ({"generator.dtype": "'bfloat16'", "loss.rollout_correction.use_policy_gradient": "true"}, True),
     ],
 )
@@ -88,7 +93,14 @@ def test_validate_prints_the_decided_mode_and_why(capsys):
             "sequence",
             2.0,
         ),
-        ({"run.max_policy_staleness": "2", "loss.rollout_correction.bypass_mode": "false"}, None, 2.0),
+        # choosing decoupled mode is not choosing no correction: the default token IS stays
+        ({"run.max_policy_staleness": "2", "loss.rollout_correction.bypass_mode": "false"}, "token", 2.0),
+        ({"generator.dtype": "'bfloat16'", "loss.rollout_correction.bypass_mode": "false"}, "token", 2.0),
+        # a veto is a chosen rejection: no IS added
+        ({"run.max_policy_staleness": "2", "loss.rollout_correction.rollout_token_veto_threshold": "1e-4"}, None, 2.0),
+        # LoRA dropout: the trainer's passes see a noised policy, not the sampler's
+        ({"trainer.dtype": "'float32'", "trainer.lora.enabled": "true", "trainer.lora.dropout": "0.1"}, "token", 2.0),
+        ({"trainer.dtype": "'float32'", "trainer.lora.enabled": "true"}, None, 2.0),
     ],
 )
 def test_token_is_comes_with_decoupled_mode_over_a_sampler_gap(overrides, rollout_is, threshold):
@@ -111,7 +123,7 @@ def test_the_bare_default_is_fp32_on_both_sides_and_on_policy_with_or_without_na
 
 
 def test_validate_with_a_staleness_budget_shows_token_is_on_and_why(capsys):
-    assert main(["validate", "--run.max_policy_staleness", "2"]) == 0
+    assert main(["validate", "--run.max_policy_staleness", "2", *LR]) == 0
     captured = capsys.readouterr()
     second = captured.out.splitlines()[1]
     assert second.startswith("# loss.rollout_correction.rollout_is = 'token' (threshold 2.0): IS on")
@@ -121,6 +133,19 @@ def test_validate_with_a_staleness_budget_shows_token_is_on_and_why(capsys):
     captured = capsys.readouterr()
     assert "rollout_is = " not in captured.out
     assert "warning: loss.rollout_correction: decoupled mode without IS or rejection" in captured.err
+
+
+def test_validate_says_how_to_get_is_back_only_where_a_chosen_correction_turned_it_off(capsys):
+    gap = ["validate", "--run.max_policy_staleness", "2", *LR]
+    assert main([*gap, "--loss.rollout_correction.bypass_mode", "false"]) == 0
+    captured = capsys.readouterr()
+    assert "rollout_is = 'token'" in captured.out and "warning" not in captured.err
+    assert main([*gap, "--loss.rollout_correction.rollout_token_veto_threshold", "1e-4"]) == 0
+    assert "warning" not in capsys.readouterr().err  # the veto rejects: something corrects π_rollout
+    assert main([*gap, "--loss.rollout_correction.preset", "disabled"]) == 0
+    err = capsys.readouterr().err
+    assert "decoupled mode without IS or rejection (preset = 'disabled' turns them off)" in err
+    assert "Remove preset = 'disabled' for the default token IS" in err
 
 
 @pytest.mark.parametrize("name", ["sum_digits_smollm2_gpu", "qwen3_8b_slurm_2x8", "qwen3_8b_kubernetes_2x8"])
@@ -158,6 +183,29 @@ def test_a_task_package_beside_the_config_is_found_from_the_launch_directory(tmp
     ]  # actor processes inherit it
 
 
+def test_a_task_package_beside_the_config_launched_from_elsewhere_names_the_directories_searched(tmp_path):
+    beside = tmp_path / "project"
+    (beside / "my_tasks").mkdir(parents=True)
+    (beside / "my_tasks" / "__init__.py").write_text("")
+    (beside / "capitals.toml").write_text('[[tasks]]\nname = "my_tasks.capitals:CapitalsTask"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-P", "-m", "rl.commands.cli", "validate", "--config", str(beside / "capitals.toml")],
+        cwd=elsewhere,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2
+    assert (
+        f"no package or module 'my_tasks' on the import path, which holds the directory rlmesh was started from ({elsewhere})"
+        in result.stderr
+    )
+    assert f"searched: {elsewhere}, {REPO}" in result.stderr
+    assert "starts in the directory holding my_tasks/ (cd there) or with that directory on PYTHONPATH" in result.stderr
+
+
 @pytest.mark.parametrize("config", sorted(path.name for path in (REPO / "configs").glob("*.toml")))
 def test_every_shipped_config_validates_from_the_repo_root(config, monkeypatch, capsys):
     if refuses_bf16_compute(REPO / "configs" / config):
@@ -172,7 +220,7 @@ def test_every_shipped_config_validates_from_the_repo_root(config, monkeypatch, 
 
 
 def test_validate_warns_about_a_precision_pair_known_not_to_learn(capsys):
-    pair = ["validate", "--generator.dtype", "bfloat16", "--trainer.dtype", "float32"]
+    pair = ["validate", "--generator.dtype", "bfloat16", "--trainer.dtype", "float32", *LR]
     assert main([*pair, "--loss.rollout_correction.preset", "disabled"]) == 0  # without the default token IS
     assert "rlmesh: warning: generator.dtype = bfloat16 samples below the trainer's float32" in capsys.readouterr().err
     assert main(pair) == 0  # the default token IS corrects it
@@ -180,12 +228,12 @@ def test_validate_warns_about_a_precision_pair_known_not_to_learn(capsys):
 
 
 def test_validate_warns_once_about_gspo_with_a_per_token_aggregation(capsys):
-    assert main(["validate", "--loss.type", "gspo", "--loss.aggregation", "token-mean"]) == 0
+    assert main(["validate", "--loss.type", "gspo", "--loss.aggregation", "token-mean", *LR]) == 0
     err = capsys.readouterr().err
     assert err.count("rlmesh: warning: loss.type = 'gspo' with aggregation = 'token-mean'") == 1, err
-    assert main(["validate", "--loss.type", "gspo"]) == 0  # its default: one mean per sequence
+    assert main(["validate", "--loss.type", "gspo", *LR]) == 0  # its default: one mean per sequence
     assert "warning" not in capsys.readouterr().err
-    assert main(["validate"]) == 0  # no [trainer] section: float32 for both, nothing to warn about
+    assert main(["validate", *LR]) == 0  # no dtypes set: float32 for both, nothing to warn about
     assert "warning" not in capsys.readouterr().err
 
 
@@ -202,3 +250,15 @@ def test_validate_refuses_cuda_where_no_device_is_present(capsys, monkeypatch):
     assert main(["validate", "--trainer.device", "cuda", "--generator.device", "cuda"]) == 2
     err = capsys.readouterr().err
     assert "trainer.device and generator.device = 'cuda' but this machine has no CUDA device" in err
+
+
+def test_validate_says_when_the_default_lr_is_left_for_a_small_model(capsys):
+    assert main(["validate"]) == 0  # no [trainer]: the default SmolLM2-135M at the default lr
+    assert (
+        "warning: trainer.lr is left at its default 1e-06, a rate for models of a billion parameters and more; "
+        "smollm2-135m-instruct has 135M and barely moves at it" in capsys.readouterr().err
+    )
+    assert main(["validate", "--trainer.lr", "1e-6"]) == 0  # chosen: no word
+    assert "trainer.lr" not in capsys.readouterr().err
+    assert main(["validate", "--config", str(REPO / "configs" / "sum_digits_smollm2_cpu.toml")]) == 0
+    assert "trainer.lr" not in capsys.readouterr().err

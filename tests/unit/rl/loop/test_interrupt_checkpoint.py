@@ -5,13 +5,18 @@ The controller's own loop runs; generation, the trainer and the actors' part of 
 state, the step's record and the commit are the real ones). A real Ctrl-C and resume: tests/e2e/test_interrupt.py."""
 
 import asyncio
+import contextlib
 import json
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 
+from rl.checkpoint import run_dir as run_dirs
 from rl.checkpoint import store as checkpoint
 from rl.config import load_config
 from rl.loop.controller import Controller
+from rl.loop.roles import DeadlineMissed
 from rl.loop.state import row_index_of
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
 from tests.support.paths import E2E_CONFIGS
@@ -44,7 +49,7 @@ class StubbedRun:
     """A controller whose rows of step `generation_stops_at` never finish generating and whose train step
     `train_step_waits_at` waits for `release`."""
 
-    def __init__(self, tmp_path, generation_stops_at=None, train_step_waits_at=None, save_s="40"):
+    def __init__(self, tmp_path, generation_stops_at=None, train_step_waits_at=None, save_s="40", every_steps="0"):
         self.controller = controller = Controller(
             load_config(
                 E2E_CONFIGS / "tiny_qwen3_e2e.toml",
@@ -54,6 +59,7 @@ class StubbedRun:
                     "run.eval_every": "0",
                     "algorithm.group_size": "2",
                     "checkpoint.interrupt_save_s": save_s,
+                    "checkpoint.every_steps": every_steps,
                     "wandb.enabled": "false",
                 },
             )
@@ -117,7 +123,7 @@ async def test_ctrl_c_while_the_next_batch_generates_commits_the_last_step(tmp_p
     assert logged_steps(run_dir) == [1, 2]
     assert report.message() == (
         f"rlmesh: interrupted after step 2; it is saved in {report.checkpoint}\n"
-        f"resume with: rlmesh train --resume {run_dir}"
+        f"resume with: .venv/bin/rlmesh train --resume {run_dir}"
     )
 
 
@@ -163,3 +169,63 @@ async def test_a_run_stopped_again_during_the_save_still_reports_where_it_stands
         "committed): 2 step(s) lost, nothing is saved."
     )
     run.release.set()
+
+
+class Updating:
+    """The generators' service as the recovery uses it, with no generator: its `updating()` pause, its metrics."""
+
+    @contextlib.asynccontextmanager
+    async def updating(self):
+        yield
+
+    def metrics(self) -> dict[str, float]:
+        return {}
+
+
+async def test_a_recovering_run_keeps_its_run_directory_locked_until_it_stops(tmp_path):
+    run = StubbedRun(tmp_path, train_step_waits_at=None, every_steps="1")
+    controller = run.controller
+    trained = controller.train_step
+    held_during_restart: list[bool] = []
+    restarting = asyncio.Event()
+
+    async def trainer_lost_at_step_3(groups):
+        if controller.state.step == 2:
+            raise DeadlineMissed("trainer train step took longer than trainer.call_timeout_s=1 s")
+        return await trained(groups)
+
+    async def restart_trainer():  # a large model's reload: the Ctrl-C lands here
+        try:
+            run_dirs.lock(controller.logger.run_dir).release()
+            held_during_restart.append(False)
+        except run_dirs.RunDirBusy:
+            held_during_restart.append(True)
+        restarting.set()
+        await NEVER().wait()
+
+    async def loadable_trainer_part(path, weights_only=False):  # what a recovery checks it can load
+        dcp.save({"model": {"w": torch.arange(8.0)}}, checkpoint_id=path / "trainer")
+
+    controller.train_step = trainer_lost_at_step_3
+    controller.roles.save_checkpoint = loadable_trainer_part
+    controller.roles.restart_trainer = restart_trainer
+    controller.roles.generators = Updating()
+    recovering = asyncio.create_task(controller.recovery.train())
+    await asyncio.wait_for(restarting.wait(), 30)
+    recovering.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await recovering
+    run_dir = controller.logger.run_dir
+    assert held_during_restart == [True]  # a second `rlmesh train --resume` would have been refused
+    assert run_dirs.held_here(run_dir) and controller.run_lock is not None
+    controller.run_lock.release()  # what Controller.run does when the run stops
+    assert not run_dirs.held_here(run_dir)
+
+
+async def test_a_run_keeps_one_checkpoint_by_default(tmp_path):
+    """A full checkpoint is ~80 GB at 7B: by default only the newest (whole, as every commit is atomic) stays."""
+    run = StubbedRun(tmp_path, generation_stops_at=4, every_steps="1")
+    controller = run.controller
+    await run.interrupt(lambda: controller.state.step == 3 and controller._unlogged is None)
+    committed = checkpoint.committed_checkpoints(controller.checkpoints.report.run_dir)
+    assert [path.name for path in committed] == ["step_00000003"]  # steps 1 and 2 were committed, then deleted

@@ -2,7 +2,9 @@
 controller whose training fails as a lost trainer makes it fail; the recovery itself runs in tests/e2e/test_trainer_recovery.py."""
 
 import asyncio
+import contextlib
 import threading
+import types
 
 import pytest
 
@@ -10,6 +12,7 @@ from rl.config import load_config
 from rl.loop.recovery import TrainerLost, TrainerRecovery
 from rl.loop.roles import RESUME_HINT, DeadlineMissed
 from tests.support.paths import TINY
+from tests.support.runs import fake_run
 
 
 class StandInRoles:
@@ -36,6 +39,9 @@ class StandInController:
     async def train(self):
         self.trained += 1
         return await self.training()
+
+    async def drop_step_in_flight(self):
+        pass
 
 
 def test_a_missed_trainer_deadline_with_no_recovery_left_stops_the_run_naming_it():
@@ -107,3 +113,52 @@ def test_a_loss_before_the_training_starts_stops_the_run_as_any_actor_failure():
     recovery.lose("the trainer died while loading the model")
     assert controller.roles.stopped == [f"the trainer died while loading the model\n{RESUME_HINT}"]
     assert recovery.lost is None
+
+
+class RecoveringRoles(StandInRoles):
+    """Roles whose trainer restart never ends (a slow reload of a large model), so a Ctrl-C lands inside the recovery."""
+
+    def __init__(self):
+        super().__init__()
+        self.restarting = asyncio.Event()
+        self.generators = self
+
+    @contextlib.asynccontextmanager
+    async def updating(self):
+        yield
+
+    async def restart_trainer(self):
+        self.restarting.set()
+        await asyncio.Event().wait()
+
+
+def test_ctrl_c_during_a_recovery_says_which_checkpoints_are_on_disk_and_how_to_resume(tmp_path):
+    from rl.commands.train import _interrupted_message
+
+    async def lost():
+        raise DeadlineMissed("trainer train step took longer than trainer.call_timeout_s=1 s")
+
+    controller = StandInController(2, lost)
+    controller.roles = RecoveringRoles()
+    controller.run_dir = fake_run(tmp_path, [2, 4])
+    controller.state = types.SimpleNamespace(step=5)
+    controller.checkpoints = types.SimpleNamespace(report=None)  # no Ctrl-C checkpoint: the training was not running
+    controller.recovery = recovery = TrainerRecovery(controller)
+
+    async def ctrl_c_while_recovering():
+        training = asyncio.create_task(recovery.train())
+        await asyncio.wait_for(controller.roles.restarting.wait(), 10)
+        training.cancel()  # what the first Ctrl-C does to the run's task
+        with pytest.raises(asyncio.CancelledError):
+            await training
+
+    asyncio.run(ctrl_c_while_recovering())
+    run_dir = controller.run_dir
+    message = _interrupted_message(controller, None)
+    assert "nothing to resume" not in message
+    assert message == (
+        f"rlmesh: interrupted during trainer recovery 1 of 2; {run_dir} holds committed checkpoint(s) step_00000002, "
+        "step_00000004 (the steps after step_00000004 are not saved)\n"
+        f"resume with: .venv/bin/rlmesh train --resume {run_dir}"
+    )
+    assert TrainerRecovery(StandInController(2, lost)).interrupted_message() is None  # no loss: the report says it

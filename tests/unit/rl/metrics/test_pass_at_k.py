@@ -1,12 +1,26 @@
 """pass@k against values worked out by hand and against counting k-subsets directly."""
 
+import asyncio
 import itertools
 from fractions import Fraction
 
 import pytest
 
-from rl.metrics.pass_at_k import eval_metrics, pass_at_k, pass_metrics
-from rollouts.types import Rollout, RolloutGroup
+from rl.commands.cli import main
+from rl.config.run import RunConfig
+from rl.config.tasks import RubricConfig
+from rl.metrics.backends import ConsoleBackend
+from rl.metrics.pass_at_k import (
+    eval_failure_line,
+    eval_metrics,
+    pass_at_k,
+    pass_metrics,
+    unreachable_threshold_warnings,
+)
+from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
+from rubrics.rubric import RewardFn, Rubric, apply_reward
+from tasks.build import build_rubric
+from tests.support.paths import CONFIGS
 
 
 @pytest.mark.parametrize(
@@ -99,4 +113,110 @@ def test_a_validations_metrics_are_the_mean_reward_over_every_sample_and_pass_at
         "eval/pass@2/a": 1.0,
         "eval/pass@2/b": 0.0,
         "eval/pass@2/rows_left_out": 0,
+        "eval/failed": 0,
     }
+
+
+def scored_row(index: int, outcomes: list[str]) -> RolloutGroup:
+    """A held-out row's samples scored by a real rubric (default `error_reward` 0.0) whose one reward function gives
+    1.0 to every answer and raises on `'raise'`; `'generator'` marks a sample whose generator call failed."""
+
+    async def right(rollout, example):
+        if rollout.metadata.get("outcome") == "raise":
+            raise ValueError("the reward service's database is down")
+        return 1.0
+
+    rollouts = []
+    for i, outcome in enumerate(outcomes):
+        turn = RolloutTurn(
+            prompt_messages=[],
+            prompt_token_ids=[1],
+            completion_token_ids=[2],
+            completion_logprobs=[-0.1],
+            policy_version=0,
+        )
+        rollout = Rollout(
+            rollout_id=f"eval/step=0/{index}/{i}", group_id=f"eval/step=0/{index}", task_name="t", sample_index=i,
+            turns=[turn], metadata={"outcome": outcome},
+        )  # fmt: skip
+        if outcome == "generator":
+            rollout.fail(RolloutStatus.ERROR, "generator call failed: replica 0 is gone")
+        else:
+            rollout.status = RolloutStatus.COMPLETED
+        rollouts.append(rollout)
+    rubric = Rubric([RewardFn(right)])
+    for rollout, scored in zip(rollouts, asyncio.run(rubric.score_group(rollouts, {})), strict=True):
+        apply_reward(rollout, scored)
+    return RolloutGroup(group_id=f"eval/step=0/{index}", task_name="t", example={}, rollouts=rollouts)
+
+
+def test_failed_held_out_samples_are_left_out_of_pass_at_k_and_the_mean_reward_and_counted():
+    row = scored_row(0, ["ok", "ok", "ok", "generator"])
+    assert [r.reward for r in row.rollouts] == [1.0, 1.0, 1.0, 0.0]  # the rubric's error_reward on the failure
+    metrics = eval_metrics([row], k=4, threshold=1.0)
+    # three right answers over n = 3: pass@1 1.0, not 3/4; too few scored samples for pass@4
+    assert metrics == {
+        "eval/reward/mean": 1.0,
+        "eval/reward/t/mean": 1.0,
+        "eval/reward/right": 1.0,
+        "eval/reward/t/right": 1.0,
+        "eval/pass@1": 1.0,
+        "eval/pass@1/t": 1.0,
+        "eval/pass@4/rows_left_out": 1,
+        "eval/failed": 1,
+    }
+
+
+def test_a_reward_function_that_raised_on_a_held_out_sample_is_a_failure_not_a_wrong_answer():
+    rows = [scored_row(0, ["ok", "raise"]), scored_row(1, ["ok", "ok"])]
+    assert rows[0].rollouts[1].status is RolloutStatus.ERROR
+    metrics = eval_metrics(rows, k=2, threshold=1.0)
+    assert metrics["eval/pass@1"] == 1.0 and metrics["eval/reward/mean"] == 1.0 and metrics["eval/failed"] == 1
+    assert metrics["eval/pass@2"] == 1.0 and metrics["eval/pass@2/rows_left_out"] == 1
+    line = eval_failure_line(5, rows)
+    assert line.startswith("validation at step 5: 1 of 4 held-out samples failed and were left out")
+    assert "the reward service's database is down" in line
+    assert eval_failure_line(5, [rows[1]]) is None
+
+
+def test_every_held_out_sample_failed_gives_no_reward_or_pass_numbers_but_the_count():
+    assert eval_metrics([scored_row(0, ["generator", "generator"])], k=1, threshold=1.0) == {"eval/failed": 2}
+
+
+def test_the_console_line_shows_failed_held_out_samples_only_when_there_are_some(capsys):
+    console = ConsoleBackend()
+    console.log({"eval/reward/mean": 1.0, "eval/failed": 2}, step=3)
+    console.log({"eval/reward/mean": 1.0, "eval/failed": 0}, step=4)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].endswith("eval/reward/mean=1 eval/failed=2") and "failed" not in lines[1]
+
+
+SHAPED = RubricConfig(
+    reward_fns=[
+        {"fn": "math_verify", "weight": 1.0},
+        {"fn": "length_penalty", "weight": 0.2, "args": {"target_tokens": 8, "max_tokens": 32}},
+    ]
+)
+
+
+def test_a_threshold_the_rubric_can_never_reach_is_warned_about():
+    rubrics = {"math": build_rubric(SHAPED), "plain": build_rubric(RubricConfig(reward_fns=[{"fn": "exact_match"}]))}
+    assert rubrics["math"].best_total() == pytest.approx(1 / 1.2)  # a right, short reply: (1 * 1 + 0.2 * 0) / 1.2
+    [warning] = unreachable_threshold_warnings(rubrics, RunConfig(eval_every=5))
+    assert warning.startswith("task 'math': its rubric gives at most 0.8333 (a weighted mean: math_verify weight 0.833")
+    assert "below run.eval_pass_threshold = 1: no held-out sample can pass" in warning
+    assert unreachable_threshold_warnings(rubrics, RunConfig(eval_every=5, eval_pass_threshold=0.8)) == []
+    assert unreachable_threshold_warnings(rubrics, RunConfig(eval_every=0)) == []  # no validation: nothing to pass
+    unknown = Rubric([RewardFn(lambda rollout, example: 2.0, weight=1.0, name="custom")])
+    assert unreachable_threshold_warnings({"t": unknown}, RunConfig(eval_every=5)) == []  # its best is not declared
+
+
+def test_validate_warns_about_the_main_jobs_task_with_a_shaping_term(capsys):
+    main_job = str(CONFIGS / "sum_digits_smollm2_cpu.toml")
+    assert main(["validate", "--config", main_job]) == 0
+    assert "eval_pass_threshold" not in capsys.readouterr().err  # right answers in the right format reach 1
+    shaped = "[{fn = 'digit_sum_correct'}, {fn = 'length_penalty', weight = 0.25, args = {target_tokens = 8, max_tokens = 32}}]"
+    assert main(["validate", "--config", main_job, "--tasks.0.rubric.reward_fns", shaped]) == 0
+    err = capsys.readouterr().err  # (1 * 1 + 0.25 * 0) / 1.25
+    assert "task 'sum_digits': its rubric gives at most 0.8 (a weighted mean" in err
+    assert "below run.eval_pass_threshold = 1: no held-out sample can pass" in err
