@@ -25,6 +25,7 @@ from rl.config.loss import LossConfig
 from rl.config.roles import TrainerConfig
 from rl.config.section import DType
 from rl.metrics.actor import MetricsActor
+from rl.metrics.memory import MIB, peak_rss_bytes, reset_peaks
 from rl.metrics.reduce import Reduce, record_metric
 from rl.packing.attention_kinds import prefix_sharing_refusal
 from rl.precision import TORCH_DTYPES, compute_context
@@ -56,6 +57,8 @@ def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
 class PolicyTrainer(MetricsActor, ServiceReplica):
     """Owns the trainable policy (and the frozen reference when a KL term is configured); `ping` answers each rank's
     process id (what a trainer recovery watches and kills: `rl.loop.recovery`)."""
+
+    memory_role = "trainer"
 
     def __init__(
         self,
@@ -110,6 +113,9 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, steps))
         self.policy_version = 0
         self.publisher = weight_sync.WeightPublisher(weight_transport)
+        # the peak while the model (and reference) loaded, in the first step's record; the steps' peaks start here
+        record_metric("memory/trainer/load_peak_rss_mb", peak_rss_bytes() / MIB, Reduce.MAX)
+        reset_peaks()
 
     def shard(self, model: torch.nn.Module) -> torch.nn.Module:
         """FSDP2 over the ranks (mixed precision on GPU), or the model itself with one rank."""
