@@ -25,7 +25,7 @@ from rl.config.loss import LossConfig
 from rl.config.roles import TrainerConfig
 from rl.config.section import DType
 from rl.metrics.actor import MetricsActor
-from rl.metrics.memory import MIB, peak_rss_bytes, reset_peaks
+from rl.metrics.memory import MIB, peak_rss_bytes, reset_peaks, rss_bytes
 from rl.metrics.reduce import Reduce, record_metric
 from rl.packing.attention_kinds import prefix_sharing_refusal
 from rl.precision import TORCH_DTYPES, compute_context
@@ -151,6 +151,8 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
                 trainer_config.gpu_memory_fraction
             )  # generators may share the GPU
         self.ranks = distributed.init_process_group(trainer_config.device) if world > 1 else distributed.Ranks.single()
+        reset_peaks()
+        before_load = rss_bytes()
         self.lm, self.model, self.reference = load_policy(model_path, trainer_config, self.ranks, loss.kl_coef > 0)
         """`lm`: the transformers model (sharded in place when there are several ranks), or with `trainer.lora` the
         peft model around it: the trainable part of its state dict is the policy's."""
@@ -164,8 +166,10 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, steps))
         self.policy_version = 0
         self.publisher = weight_sync.WeightPublisher(weight_transport)
-        # the peak while the model (and reference) loaded, in the first step's record; the steps' peaks start here
+        # the peak while the model (and reference) loaded, and its growth over the rank's memory before (what
+        # `rlmesh validate` estimates), in the first step's record; the steps' peaks start here
         record_metric("memory/trainer/load_peak_rss_mb", peak_rss_bytes() / MIB, Reduce.MAX)
+        record_metric("memory/trainer/load_growth_mb", (peak_rss_bytes() - before_load) / MIB, Reduce.MAX)
         reset_peaks()
 
     def compute(self):
