@@ -46,6 +46,7 @@ from rl.weights.shared_file import (
     SharedWeights,
     file_path,
     map_file,
+    pin_for_device_copies,
     plan_layout,
     shm_free_bytes,
     view,
@@ -278,6 +279,8 @@ class WeightPublisher:
             )
             path = file_path(str(slot))
             self._slots[slot] = (SharedWeights(path, nbytes, layout), map_file(path, nbytes, create=True))
+            if any(tensor.is_cuda for tensor in state_dict.values()):
+                pin_for_device_copies(self._slots[slot][1])  # GPU weights reach the file at pinned speed
         return self._slots[slot]
 
     async def publish(

@@ -3,7 +3,9 @@
 Two gloo ranks on the CPU hold row shards of 8 tensors of 32 MiB (256 MiB whole, 128 MiB per rank). Each rank's
 resident high-water mark (`VmHWM`, reset just before) may grow by one whole tensor and the gather's buffer (gloo
 gathers into a staging buffer of the whole tensor's size: 68 MiB measured), not by the model: gathering every tensor
-before fingerprinting any grows rank 0 by 289 MiB.
+before fingerprinting any grows rank 0 by 289 MiB. Large blocks are returned to the system when freed
+(`rl.processes.heap`): otherwise glibc serves the later 32 MiB blocks from its heap, whose holes the alternating
+gathers and buffers fragment (129 MiB seen once), which measures the allocator, not what the code keeps alive.
 """
 
 import os
@@ -29,9 +31,11 @@ def _rank(rank: int, world: int, init_file: str, out: str) -> None:
     from torch.distributed.tensor import DTensor, Shard
 
     from rl.metrics.memory import peak_rss_bytes, reset_peaks, rss_bytes
+    from rl.processes.heap import return_large_blocks_to_the_system
     from rl.training.distributed import Ranks
     from rl.weights.sync import fingerprint_sharded
 
+    return_large_blocks_to_the_system()
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
     norm = torch.linspace(0.5, 1.5, COLS)  # a replicated entry, tied under two names
