@@ -47,8 +47,9 @@ def reset_peaks() -> None:
 
 def peak_states(role: str) -> dict[str, State]:
     """This process's peaks since the last reset as metric states, `memory/<role>/peak_rss_mb` (and `peak_gpu_mb` on
-    a GPU), `Reduce.MAX` over the role's processes; then a new window starts."""
-    peaks = {f"memory/{role}/peak_rss_mb": peak_rss_bytes() / MIB}
+    a GPU), and its resident memory now, at the step's end (`rss_mb`: what it keeps between steps), `Reduce.MAX`
+    over the role's processes; then a new window starts."""
+    peaks = {f"memory/{role}/peak_rss_mb": peak_rss_bytes() / MIB, f"memory/{role}/rss_mb": rss_bytes() / MIB}
     if torch.cuda.is_initialized():
         peaks[f"memory/{role}/peak_gpu_mb"] = torch.cuda.max_memory_allocated() / MIB
     reset_peaks()
