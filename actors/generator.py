@@ -29,6 +29,7 @@ from rl.assets import resolve_model_path
 from rl.config.lora import LoraConfig
 from rl.config.roles import GeneratorConfig, SamplingConfig
 from rl.metrics.actor import MetricsActor
+from rl.metrics.memory import reset_peaks
 from rl.processes.affinity import pin_process
 from rl.processes.heap import (
     no_shared_onednn_primitive_cache,
@@ -220,6 +221,8 @@ class Generator(MetricsActor, ServiceReplica):
         self.on_weight_update = generator_config.on_weight_update
         self.weights = weight_sync.WeightReceiver(weight_transport)
         name_process(str(replica) if replica else "generator")
+        self.memory_role = replica.service if replica else "generator"  # "generator", or a frozen model's service
+        reset_peaks()  # the steps' peaks start after the engine's start-up
 
     async def _generate_one(self, request: GenerationRequest, sampling: SamplingConfig) -> Completion:
         from vllm.inputs import TokensPrompt

@@ -29,6 +29,8 @@ from tasks.build import build_task
 
 
 class RewardActor(MetricsActor, ServiceReplica):
+    memory_role = "reward"
+
     def __init__(
         self,
         tasks: list[TaskConfig],

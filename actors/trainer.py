@@ -25,6 +25,7 @@ from rl.config.loss import LossConfig
 from rl.config.roles import TrainerConfig
 from rl.config.section import DType
 from rl.metrics.actor import MetricsActor
+from rl.metrics.memory import MIB, peak_rss_bytes, reset_peaks, rss_bytes
 from rl.metrics.reduce import Reduce, record_metric
 from rl.packing.attention_kinds import prefix_sharing_refusal
 from rl.precision import TORCH_DTYPES, compute_context
@@ -34,16 +35,23 @@ from rl.services.replica import ServiceReplica
 from rl.training import distributed, lora
 from rl.training.logprobs import token_logprobs
 from rl.training.schedule import lr_lambda
+from rl.training.sharded_load import load_shards
 from rl.training.train_step import train_step
 from rl.weights import sync as weight_sync
 from rl.weights.attestation import Fingerprints
 
 
-def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
-    """The model at `path`; refused under `trainer.prefix_sharing` when its layers are not all softmax attention."""
+def load_causal_lm(path: str, trainer_config: TrainerConfig, empty: bool = False) -> torch.nn.Module:
+    """The model at `path` (`empty`: built on the meta device, nothing allocated or read: a sharded rank fills its
+    shards with `fill_shards`); refused under `trainer.prefix_sharing` when its layers are not all softmax attention."""
     hf_config = AutoConfig.from_pretrained(resolve_model_path(path))
     if trainer_config.prefix_sharing and (refusal := prefix_sharing_refusal(hf_config.to_dict(), path)):
         raise ValueError(refusal)
+    if empty:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(
+                hf_config, dtype=TORCH_DTYPES[trainer_config.param_dtype], attn_implementation=trainer_config.attention
+            )
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model_path(path),
         config=hf_config,
@@ -53,9 +61,68 @@ def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:
     return model.to(trainer_config.device)
 
 
+def fill_shards(sharded: torch.nn.Module, lm: torch.nn.Module, path: str, device: str) -> None:
+    """Allocate this rank's shards of `sharded` (FSDP2 over `lm`, built by `load_causal_lm(..., empty=True)`) on
+    `device` and read them from the model's safetensors files (`rl.training.sharded_load`): no rank holds the whole
+    model."""
+    model_dir = Path(resolve_model_path(path))
+    if not model_dir.is_dir():  # a hub id: its files in the Hugging Face cache (downloaded once if missing)
+        from huggingface_hub import snapshot_download
+
+        model_dir = Path(snapshot_download(path, allow_patterns=["*.safetensors", "*.json"]))
+    sharded.to_empty(device=device)
+    load_shards(lm, model_dir)
+
+
+def load_policy(
+    path: str, trainer_config: TrainerConfig, ranks: distributed.Ranks, kl_reference: bool
+) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module | None]:
+    """(lm, model, reference): the transformers model (with `trainer.lora`, the peft model around it), the model
+    trained (FSDP2 over the ranks, or `lm` itself with one rank) and the frozen KL reference (or None).
+
+    Sharded ranks build both models on the meta device and read their own shards (`fill_shards`); a LoRA policy is
+    loaded whole before sharding (its adapters wrap the loaded layers)."""
+    adapters = trainer_config.lora.enabled
+    empty = ranks.world > 1 and not adapters
+    lm = load_causal_lm(path, trainer_config, empty=empty)
+    if trainer_config.gradient_checkpointing:
+        reentrant = ranks.world == 1 and not adapters  # a reentrant checkpoint of frozen inputs gives no gradient
+        lm.gradient_checkpointing_enable(
+            **({} if reentrant else {"gradient_checkpointing_kwargs": {"use_reentrant": False}})
+        )
+    if adapters:
+        lm = lora.with_adapters(lm, trainer_config.lora)
+    lm.train()
+    model = shard(lm, trainer_config, ranks)
+    if empty:
+        fill_shards(model, lm, path, trainer_config.device)
+    reference = None
+    if kl_reference:
+        frozen = load_causal_lm(path, trainer_config, empty=ranks.world > 1).eval().requires_grad_(False)
+        reference = shard(frozen, trainer_config, ranks)
+        if ranks.world > 1:
+            fill_shards(reference, frozen, path, trainer_config.device)
+    return lm, model, reference
+
+
+def mixed_precision(trainer_config: TrainerConfig, ranks: distributed.Ranks) -> bool:
+    """Sharded on GPU with a lower compute dtype: FSDP2 gathers the weights in it (no autocast)."""
+    return ranks.world > 1 and trainer_config.device == "cuda" and trainer_config.dtype != trainer_config.param_dtype
+
+
+def shard(model: torch.nn.Module, trainer_config: TrainerConfig, ranks: distributed.Ranks) -> torch.nn.Module:
+    """FSDP2 over the ranks (mixed precision on GPU), or the model itself with one rank."""
+    if ranks.world == 1:
+        return model
+    param_dtype = TORCH_DTYPES[trainer_config.dtype] if mixed_precision(trainer_config, ranks) else None
+    return distributed.shard(model, device=trainer_config.device, param_dtype=param_dtype)
+
+
 class PolicyTrainer(MetricsActor, ServiceReplica):
     """Owns the trainable policy (and the frozen reference when a KL term is configured); `ping` answers each rank's
     process id (what a trainer recovery watches and kills: `rl.loop.recovery`)."""
+
+    memory_role = "trainer"
 
     def __init__(
         self,
@@ -84,22 +151,11 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
                 trainer_config.gpu_memory_fraction
             )  # generators may share the GPU
         self.ranks = distributed.init_process_group(trainer_config.device) if world > 1 else distributed.Ranks.single()
-        self.lm = load_causal_lm(model_path, trainer_config)
-        """The transformers model (sharded in place when there are several ranks), or with `trainer.lora` the peft model
-        around it: the trainable part of its state dict is the policy's."""
-        adapters = trainer_config.lora.enabled
-        if trainer_config.gradient_checkpointing:
-            reentrant = world == 1 and not adapters  # a reentrant checkpoint of frozen inputs gives no gradient
-            self.lm.gradient_checkpointing_enable(
-                **({} if reentrant else {"gradient_checkpointing_kwargs": {"use_reentrant": False}})
-            )
-        if adapters:
-            self.lm = lora.with_adapters(self.lm, trainer_config.lora)
-        self.lm.train()
-        self.model = self.shard(self.lm)
-        self.reference = None
-        if loss.kl_coef > 0:
-            self.reference = self.shard(load_causal_lm(model_path, trainer_config).eval().requires_grad_(False))
+        reset_peaks()
+        before_load = rss_bytes()
+        self.lm, self.model, self.reference = load_policy(model_path, trainer_config, self.ranks, loss.kl_coef > 0)
+        """`lm`: the transformers model (sharded in place when there are several ranks), or with `trainer.lora` the
+        peft model around it: the trainable part of its state dict is the policy's."""
         self.optimizer = torch.optim.AdamW(
             [parameter for parameter in self.model.parameters() if parameter.requires_grad],  # LoRA: the adapters
             lr=trainer_config.lr,
@@ -110,29 +166,16 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, steps))
         self.policy_version = 0
         self.publisher = weight_sync.WeightPublisher(weight_transport)
-
-    def shard(self, model: torch.nn.Module) -> torch.nn.Module:
-        """FSDP2 over the ranks (mixed precision on GPU), or the model itself with one rank."""
-        if self.ranks.world == 1:
-            return model
-        trainer_config = self.trainer_config
-        param_dtype = TORCH_DTYPES[trainer_config.dtype] if self.mixed_precision else None
-        return distributed.shard(model, device=trainer_config.device, param_dtype=param_dtype)
-
-    @property
-    def mixed_precision(self) -> bool:
-        """Sharded on GPU with a lower compute dtype: FSDP2 gathers the weights in it (no autocast)."""
-        trainer_config = self.trainer_config
-        return (
-            self.ranks.world > 1
-            and trainer_config.device == "cuda"
-            and trainer_config.dtype != trainer_config.param_dtype
-        )
+        # the peak while the model (and reference) loaded, and its growth over the rank's memory before (what
+        # `rlmesh validate` estimates), in the first step's record; the steps' peaks start here
+        record_metric("memory/trainer/load_peak_rss_mb", peak_rss_bytes() / MIB, Reduce.MAX)
+        record_metric("memory/trainer/load_growth_mb", (peak_rss_bytes() - before_load) / MIB, Reduce.MAX)
+        reset_peaks()
 
     def compute(self):
         """Forward passes run in `trainer.dtype` (autocast, or FSDP2's mixed precision) over the `trainer.param_dtype` weights."""
         trainer_config = self.trainer_config
-        if self.mixed_precision:
+        if mixed_precision(trainer_config, self.ranks):
             return contextlib.nullcontext()
         return compute_context(trainer_config.device, trainer_config.param_dtype, trainer_config.dtype)
 

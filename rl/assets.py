@@ -94,6 +94,20 @@ def _build_smollm2(out: Path) -> None:
 
 def _build_tiny_qwen3(out: Path) -> None:
     """A deterministic random-weight Qwen3 (about 10M params, mostly embeddings) in float32."""
+    _build_random_qwen3(out, hidden_size=64, intermediate_size=128, layers=2, heads=4, kv_heads=2)
+
+
+def _build_random_qwen3_1_5gb(out: Path) -> None:
+    """A deterministic random-weight Qwen3 of 1.52 GB in float32 (380M params: 42 layers of 6.3M, the tied
+    embedding 116M, under a third of the total): the memory paths at a size where a whole extra copy of the model
+    shows, on the tiny model's tokenizer, so any tiny-qwen3 config runs on it by changing `model.path`."""
+    _build_random_qwen3(out, hidden_size=768, intermediate_size=2048, layers=42, heads=12, kv_heads=4, head_dim=64)
+
+
+def _build_random_qwen3(
+    out: Path, *, hidden_size: int, intermediate_size: int, layers: int, heads: int, kv_heads: int, head_dim: int = 32
+) -> None:
+    """A deterministic random-weight Qwen3 of this shape on the real Qwen3 tokenizer, in float32."""
     import torch
     from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
@@ -103,12 +117,12 @@ def _build_tiny_qwen3(out: Path) -> None:
     endoftext = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     config = Qwen3Config(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,  # vLLM's CPU attention supports head sizes >= 32
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,  # vLLM's CPU attention supports head sizes >= 32
         max_position_embeddings=8192,
         rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0},
         tie_word_embeddings=True,
@@ -136,10 +150,20 @@ def tiny_qwen3_path() -> Path:
     return _cached("tiny-qwen3", _build_tiny_qwen3)
 
 
+def random_qwen3_1_5gb_path() -> Path:
+    """Folder of the 1.5 GB random-weight Qwen3 on the tiny model's tokenizer, built on first use (~30 s, 1.5 GB)."""
+    return _cached("random-qwen3-1.5gb", _build_random_qwen3_1_5gb)
+
+
 BUILTIN_MODELS: dict[str, Callable[[], Path]] = {
     "smollm2-135m-instruct": smollm2_path,
     "tiny-qwen3": tiny_qwen3_path,
+    "random-qwen3-1.5gb": random_qwen3_1_5gb_path,
 }
+
+BUILT_AT_SETUP = ("smollm2-135m-instruct", "tiny-qwen3")
+"""What `scripts/build_assets.py` builds by default (the test suite's set-up); the large model is built on first use
+by the tests and runs that name it, or with `scripts/build_assets.py --all`."""
 
 
 def resolve_model_path(name_or_path: str) -> str:

@@ -24,6 +24,8 @@ class ModelSize:
     """Trainable elements, tied weights once (what AdamW keeps moments of)."""
     state_elements: int
     """Elements of the state dict a checkpoint writes: tied weights once per name, persistent buffers too."""
+    largest_elements: int = 0
+    """Elements of the largest tensor of the state dict (a sharded load's read buffer is one slice of it)."""
 
 
 def model_size(model_path: str, lora: LoraConfig | None = None) -> ModelSize:
@@ -41,9 +43,11 @@ def model_size(model_path: str, lora: LoraConfig | None = None) -> ModelSize:
             if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in lora.target_modules
         )
         return ModelSize(parameters=adapters, state_elements=adapters)
+    state = model.state_dict()
     return ModelSize(
         parameters=sum(parameter.numel() for parameter in model.parameters()),
-        state_elements=sum(tensor.numel() for tensor in model.state_dict().values()),
+        state_elements=sum(tensor.numel() for tensor in state.values()),
+        largest_elements=max(tensor.numel() for tensor in state.values()),
     )
 
 

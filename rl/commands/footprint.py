@@ -2,11 +2,13 @@
 (`rlmesh validate` prints it; a Slurm job without `mem`/`cpus_per_task` is warned with it).
 
 With P parameters (tied weights once), S state-dict elements (tied weights once per name) and b bytes per element:
-- **trainer rank, host RAM**: `from_pretrained` loads the whole model in `trainer.param_dtype` (P x b; these are
-  the master weights AdamW updates, fp32 unless `pure_low_precision`) before FSDP2 keeps 1/W of it (W ranks in all);
-  a KL reference is loaded whole after that (P/W x b + P x b). Training then holds 1/W of the weights, their
-  gradients and AdamW's two moments (4 x P/W x b, + P/W x b for a reference) on `trainer.device`. The compute dtype
-  (`trainer.dtype`) adds transient copies and activations, not counted.
+- **trainer rank, host RAM**: with W > 1 ranks (W in all) each builds the model on the meta device and reads only its
+  1/W of every tensor from the files (`rl.training.sharded_load`) in `trainer.param_dtype` (P/W x b; these are the
+  master weights AdamW updates, fp32 unless `pure_low_precision`), through one read buffer of at most 1/W of the
+  largest tensor (L/W x b); a KL reference likewise (another P/W x b). One rank alone, or a LoRA policy (its adapters
+  wrap the loaded layers), loads the whole model (P x b; a reference whole after it). Training then holds 1/W of the
+  weights, their gradients and AdamW's two moments (4 x P/W x b, + P/W x b for a reference) on `trainer.device`. The
+  compute dtype (`trainer.dtype`) adds transient copies and activations, not counted.
 - **torchstore volumes** (`weight_sync.transport = "torchstore"`): every key of a version in the generators' dtype
   (S elements: a tied weight is put under each name), 2 versions kept and a third while a push lands, held where the
   trainer runs (`rl.weights.sync`): in the launcher's process when the trainer is on its host, else split over the
@@ -34,7 +36,7 @@ class RankMemory:
     """One trainer rank's memory."""
 
     load_peak_bytes: int
-    """Host RAM while the model (and a KL reference) load, before sharding."""
+    """Host RAM while the model (and a KL reference) load."""
     training_bytes: int
     """Its shard of weights, gradients and AdamW moments (and of a reference), on `trainer.device`."""
     device: str
@@ -69,14 +71,19 @@ class Footprint:
 
 
 def rank_memory(config: Config, size: ModelSize) -> RankMemory:
-    """One trainer rank: the whole model while loading (and its shard beside a whole reference), then its shard of
-    weights, gradients and two AdamW moments (and of a reference)."""
+    """One trainer rank: while loading, its shard (and a reference's) and one read buffer, or the whole model when it
+    is alone or the policy has LoRA adapters (and its shard beside a whole reference); then its shard of weights,
+    gradients and two AdamW moments (and of a reference)."""
     trainer = config.trainer
     itemsize = TORCH_DTYPES[trainer.param_dtype].itemsize
     whole = size.parameters * itemsize
     shard = math.ceil(size.parameters / trainer.ranks) * itemsize
     reference = config.loss.kl_coef > 0
-    load_peak = whole + (shard if reference else 0)  # the reference loads whole after the policy is sharded
+    if trainer.ranks > 1 and not trainer.lora.enabled:
+        buffer = math.ceil(size.largest_elements / trainer.ranks) * itemsize
+        load_peak = shard + (shard if reference else 0) + buffer
+    else:
+        load_peak = whole + (shard if reference else 0)  # a reference loads whole after the policy is sharded
     return RankMemory(load_peak, 4 * shard + (shard if reference else 0), trainer.device)
 
 
@@ -198,8 +205,8 @@ def slurm_memory_warning(config: Config, found: Footprint | None) -> str | None:
     else:
         rank = found.rank
         load = (
-            f"the whole model in {config.trainer.param_dtype} ({_gib(rank.load_peak_bytes)}: "
-            f"{found.model.parameters / 1e6:.1f}M parameters), then keeps {_gib(rank.training_bytes)} of weights, "
+            f"{_gib(rank.load_peak_bytes)} of the model's {found.model.parameters / 1e6:.1f}M parameters in "
+            f"{config.trainer.param_dtype}, then keeps {_gib(rank.training_bytes)} of weights, "
             f"gradients and AdamW moments on {rank.device}"
         )
     return (

@@ -31,6 +31,7 @@ from rl.config.algorithm import POLICY
 from rl.config.roles import FrozenModelConfig, GeneratorConfig, SamplingConfig
 from rl.console import say, warn
 from rl.metrics.actor import gather_states
+from rl.metrics.memory import peak_states, reset_peaks
 from rl.metrics.run_log import RunLog
 from rl.metrics.timer import timer
 from rl.processes.cluster import Placement
@@ -43,6 +44,11 @@ from rl.weights.attestation import Fingerprints
 from rollouts.types import Completion, GenerationFailed, GenerationRequest, RolloutGroup, RolloutStatus
 
 RESUME_HINT = "resume from the last checkpoint with `rlmesh train --resume RUN_DIR`"
+
+
+MEMORY_TIMEOUT_S = 5.0
+"""How long a step waits for a process's peak memory (read from /proc, answered at once by a live process): a hung
+replica delays no step by more, and its peak is left out of the step."""
 
 
 class AdapterNotServed(RuntimeError):
@@ -213,6 +219,7 @@ class Roles:
         for actor in self.reward.actors():
             await self._connect_models(actor)
         self._actors_ready = True
+        reset_peaks()  # the launcher's step peaks start after the start-up
 
     async def _start_store(self) -> None:
         """The weight store: its tensors on the trainer's own hosts when it has some (one process per host), so the
@@ -398,9 +405,16 @@ class Roles:
 
     async def gather_states(self, step: int) -> list[dict[str, Any]]:
         """The trainer's and reward replicas' metric states for `step` (generators record nothing: never wait behind generation),
-        within `run.metrics_timeout_s`: a trainer that misses it stops the run, a reward replica is left out of the step."""
+        within `run.metrics_timeout_s`: a trainer that misses it stops the run, a reward replica is left out of the step.
+        With them, every process's peak memory during the step (`rl.metrics.memory`): the actors' (generators' too,
+        through a concurrent endpoint; one that does not answer within `MEMORY_TIMEOUT_S` is left out) and the launcher's."""
         trainer, timeout_s = self.trainer, self.config.run.metrics_timeout_s
-        states, missed = await gather_states([trainer, *self.reward.actors()], timeout_s)
+        actors = [trainer, *(actor for service in self.services for actor in service.actors())]
+        (states, missed), (memory, _) = await asyncio.gather(
+            gather_states([trainer, *self.reward.actors()], timeout_s),
+            gather_states(actors, min(timeout_s, MEMORY_TIMEOUT_S), "memory_states"),
+        )
+        states += [*memory, peak_states("launcher")]
         if any(mesh is trainer for mesh in missed):
             raise DeadlineMissed(
                 f"gathering the trainer's metric states took longer than run.metrics_timeout_s={timeout_s} s "

@@ -152,6 +152,7 @@ def plots(records: list[dict[str, Any]], out: Path) -> list[str]:
         (key for key in keys if key.startswith("eval/pass@") and not key.endswith("/rows_left_out")),
         key=lambda key: (key.count("/"), int(key.split("@")[1].split("/")[0]), key),
     )
+    memory_keys = sorted(key for key in keys if key.startswith("memory/") and key.endswith("_mb"))
     made = []
     specs = [
         ("reward.png", rewards, "reward (train: sampled; eval: held-out, mean over its samples)", "reward"),
@@ -174,6 +175,7 @@ def plots(records: list[dict[str, Any]], out: Path) -> list[str]:
         ),
         ("grad_norm.png", ["train/grad_norm"], "gradient norm (before clipping)", ""),
         ("policy_lag.png", ["rollouts/policy_lag_max"], "policy lag", "versions"),
+        ("memory.png", memory_keys, "peak memory per role during each step (the largest of its processes)", "MiB"),
     ]
     for name, plot_keys, title, ylabel, *floor in specs:
         if line_plot(records, plot_keys, title, ylabel, out / name, *floor):

@@ -39,13 +39,14 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from rl.training.distributed import Ranks
-from rl.weights.attestation import Fingerprints, fingerprint_state_dict
+from rl.weights.attestation import Fingerprints, TensorPrint, fingerprint, fingerprint_state_dict
 from rl.weights.shared_file import (
     SHM_DIR,
     SHM_PREFIX,
     SharedWeights,
     file_path,
     map_file,
+    pin_for_device_copies,
     plan_layout,
     shm_free_bytes,
     view,
@@ -231,6 +232,26 @@ def payload_bytes(state_dict: dict[str, torch.Tensor], dtype: torch.dtype) -> in
     return total
 
 
+def fingerprint_sharded(state_dict: dict[str, torch.Tensor], policy_version: int, ranks: Ranks) -> Fingerprints | None:
+    """`fingerprint_state_dict` of a sharded state dict, on rank 0 (None elsewhere); every rank must call it.
+
+    Each DTensor is gathered whole (a collective), fingerprinted and freed before the next: a rank holds one whole
+    tensor at a time, never the whole model. Plain (replicated) entries are read where they are, a tied one once."""
+    seen: set[int] = set()
+    tensors: dict[str, TensorPrint] = {}
+    for name, tensor in state_dict.items():
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()  # collective; the next iteration drops it
+        elif tensor.data_ptr() in seen:
+            continue
+        else:
+            seen.add(tensor.data_ptr())  # kept alive by `state_dict`: no later tensor reuses the address
+        if ranks.rank == 0:
+            tensors[name] = fingerprint(name, tensor)
+        del tensor  # before the next gather: one whole tensor at a time
+    return Fingerprints(policy_version, tensors) if ranks.rank == 0 else None
+
+
 def _timed(fingerprints: Fingerprints, start: float) -> Fingerprints:
     return dataclasses.replace(fingerprints, seconds=time.perf_counter() - start)
 
@@ -258,6 +279,8 @@ class WeightPublisher:
             )
             path = file_path(str(slot))
             self._slots[slot] = (SharedWeights(path, nbytes, layout), map_file(path, nbytes, create=True))
+            if any(tensor.is_cuda for tensor in state_dict.values()):
+                pin_for_device_copies(self._slots[slot][1])  # GPU weights reach the file at pinned speed
         return self._slots[slot]
 
     async def publish(
@@ -282,8 +305,8 @@ class WeightPublisher:
             if not fingerprint:
                 return None
             start = time.perf_counter()
-            whole = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in cast.items()}  # collective
-            return _timed(fingerprint_state_dict(whole, policy_version), start) if ranks.rank == 0 else None
+            fingerprints = fingerprint_sharded(cast, policy_version, ranks)
+            return _timed(fingerprints, start) if fingerprints is not None else None
         handle, buffer = self._slot(policy_version, state_dict, dtype) if ranks.rank == 0 else (None, None)
         written: set[int] = set()
         with torch.no_grad():

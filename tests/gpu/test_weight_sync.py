@@ -1,15 +1,17 @@
 """The trainer side of a weight sync on a GPU against its floor: cast on the GPU, then device-to-host into the
 shared-memory file the generators map (`rl.weights.shared_file.write`, what `WeightPublisher` runs per parameter).
 
-The floor is the same bytes in one device-to-host copy into pinned memory; pageable shared memory and one copy per
-parameter cost more, and the test records by how much. The bytes that arrive must be the cast weights exactly.
+The floor is the same bytes in one device-to-host copy into pinned memory. The publisher page-locks its files
+(`pin_for_device_copies`, as `WeightPublisher` does for GPU weights), so its per-parameter copies must come within
+1.5x of the floor; the pageable file (before pinning) is recorded beside it. The bytes that arrive must be the cast
+weights exactly.
 """
 
 import time
 
 import torch
 
-from rl.weights.shared_file import file_path, map_file, plan_layout, view, write
+from rl.weights.shared_file import file_path, map_file, pin_for_device_copies, plan_layout, view, write
 from tests.support.gpu_models import random_qwen3
 
 SHAPE = {  # Qwen3-0.6B's shape (random weights): ~0.6e9 parameters, 1.2 GB in bf16
@@ -47,6 +49,8 @@ def test_the_sync_copy_reaches_the_file_exactly_and_is_measured_against_its_floo
                 for name in firsts.values():
                     write(buffer, layout[name], state_dict[name])
 
+        pageable_s = _best(sync_copy)
+        pin_for_device_copies(buffer)
         sync_s = _best(sync_copy)
         for name, tensor in state_dict.items():
             assert torch.equal(view(buffer, *layout[name]), tensor.to(torch.bfloat16).cpu()), name
@@ -62,10 +66,11 @@ def test_the_sync_copy_reaches_the_file_exactly_and_is_measured_against_its_floo
     record(
         gigabytes=gigabytes,
         sync_copy_s=sync_s,
+        sync_copy_pageable_s=pageable_s,
         sync_copy_gb_per_s=gigabytes / sync_s,
         floor_pinned_d2h_s=floor_s,
         floor_gb_per_s=gigabytes / floor_s,
         cast_on_gpu_s=cast_s,
         sync_over_floor=sync_s / floor_s,
     )
-    assert sync_s < 60 * floor_s, (sync_s, floor_s)  # pageable + per-parameter: a few x the floor, not orders more
+    assert sync_s <= 1.5 * floor_s, (sync_s, floor_s)

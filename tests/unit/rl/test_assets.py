@@ -85,3 +85,20 @@ def test_resolve_builtin_names(name):
 def test_resolve_passes_other_paths_through():
     assert resolve_model_path("Qwen/Qwen3-0.6B") == "Qwen/Qwen3-0.6B"
     assert resolve_model_path("/some/checkpoint") == "/some/checkpoint"
+
+
+def test_the_large_random_qwen3_is_a_real_decoder_at_1_5_gb_with_the_tiny_tokenizer():
+    """Built on first use (about 10 s); a whole extra copy of it shows in any memory bound."""
+    from transformers import AutoConfig
+
+    from rl.assets import BUILT_AT_SETUP, random_qwen3_1_5gb_path
+    from rl.checkpoint.estimate import model_size
+
+    assert "random-qwen3-1.5gb" not in BUILT_AT_SETUP  # the suite's set-up does not pay for it
+    path = random_qwen3_1_5gb_path()
+    config, tiny = AutoConfig.from_pretrained(path), AutoConfig.from_pretrained(tiny_qwen3_path())
+    assert config.model_type == tiny.model_type == "qwen3" and config.num_hidden_layers >= 40
+    size = model_size("random-qwen3-1.5gb")
+    assert size.parameters * 4 >= 1.5e9 and (path / "model.safetensors").stat().st_size >= 1.5e9
+    assert size.largest_elements <= size.parameters / 3  # the tied embedding: 116M of 381M
+    assert (path / "tokenizer.json").read_bytes() == (tiny_qwen3_path() / "tokenizer.json").read_bytes()

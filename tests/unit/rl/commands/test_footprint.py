@@ -15,7 +15,7 @@ from rl.config import load_config
 from rl.loop.resolve import resolve_config
 from tests.support.paths import CONFIGS, E2E_CONFIGS, TINY
 
-TINY_P, TINY_S = 9_805_568, 9_805_568 + 9_706_816
+TINY_P, TINY_S, TINY_EMBEDDING = 9_805_568, 9_805_568 + 9_706_816, 9_706_816
 SMOLLM2_P, SMOLLM2_S = 134_515_008, 134_515_008 + 28_311_552
 PROCESS_2HOSTS = E2E_CONFIGS / "tiny_qwen3_process_2hosts.toml"
 
@@ -36,7 +36,7 @@ def test_a_two_rank_trainer_and_a_generator_on_hosts_of_their_own():
     config = resolve_config(load_config(PROCESS_2HOSTS))
     found = run_footprint(config)
     launcher, trainer_host, generator_host = found.hosts
-    assert found.rank.load_peak_bytes == TINY_P * 4  # the whole model in fp32 before FSDP2 shards it
+    assert found.rank.load_peak_bytes == (TINY_P // 2 + TINY_EMBEDDING // 2) * 4  # its shard and one read buffer
     assert found.rank.training_bytes == 4 * (TINY_P // 2) * 4  # half of weights, grads, 2 moments (P is even)
     assert launcher.store_bytes == 0  # the store's volume is on the trainer host: the launcher holds no weights
     assert trainer_host.store_bytes == 3 * TINY_S * 4  # 2 versions kept, a 3rd while a push lands; lm_head put too
@@ -61,12 +61,18 @@ def test_everything_on_one_host_through_shared_memory():
     assert found.checkpoint_disk_bytes == 2 * 1_727_426_304  # keep = 1, and the one committing
 
 
-def test_a_kl_reference_is_loaded_whole_after_the_policy_is_sharded():
+def test_a_kl_reference_is_loaded_by_shards_too():
     config = resolve_config(load_config(PROCESS_2HOSTS, {"loss.kl_coef": "0.01"}))
     found = run_footprint(config)
     shard = TINY_P // 2 * 4
-    assert found.rank.load_peak_bytes == shard + TINY_P * 4
+    assert found.rank.load_peak_bytes == 2 * shard + TINY_EMBEDDING // 2 * 4
     assert found.rank.training_bytes == 5 * shard
+
+
+def test_one_rank_loads_the_whole_model_and_a_reference_whole_after_it():
+    config = resolve_config(load_config(TINY, {"loss.kl_coef": "0.01"}))
+    found = run_footprint(config)
+    assert found.rank.load_peak_bytes == 2 * TINY_P * 4
 
 
 def test_slurm_without_memory_is_warned_with_what_each_rank_loads():
@@ -85,7 +91,8 @@ def test_slurm_without_memory_is_warned_with_what_each_rank_loads():
     found = footprint(config, run_footprint(config).model)
     warning = slurm_memory_warning(config, found)
     assert "no mem and cpus_per_task" in warning and "each of the 2 trainer rank(s) per host" in warning
-    assert f"the whole model in float32 ({mib(TINY_P * 4)}: 9.8M parameters)" in warning
+    load = (TINY_P // 4 + TINY_EMBEDDING // 4) * 4  # 4 ranks: a quarter of the model and of the embedding
+    assert f"first loads {mib(load)} of the model's 9.8M parameters in float32" in warning
     assert f"keeps {mib(4 * (TINY_P // 4) * 4)} of weights" in warning  # 4 ranks in all
     lines = "\n".join(footprint_lines(found, config))
     assert "trainer host (x2) [trainer, torchstore]: 2 trainer rank(s)" in lines and "launcher [controller, " in lines
