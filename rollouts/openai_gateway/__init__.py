@@ -22,8 +22,8 @@ previous prompt + completion text reuses their tokens the same way.
 
 Sampling is the run's (`generator.sampling`; validation: `generator.eval_sampling`), whatever the request's
 `temperature`, `top_p` or `seed`: the samples must be the policy's. Calls are bounded by the task's
-limits (`[tasks.env]`: prompt, new and total tokens, `max_turns` calls) and `call_timeout_s`; a bad or
-unsupported request gets an OpenAI-style error (`{"error": {"message", "type", "param", "code"}}`) and
+limits (`[tasks.env]`: prompt, new and total tokens, `max_turns` well-formed calls, refused ones too) and
+`call_timeout_s`; a bad or unsupported request gets an OpenAI-style error (`{"error": {"message", "type", "param", "code"}}`) and
 the rollout goes on. A rollout's calls run one at a time, in arrival order. Streaming (`stream=true`)
 answers in the server-sent-event format once the completion is sampled (the generator returns whole
 completions). The server listens on loopback unless given another host.

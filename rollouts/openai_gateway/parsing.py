@@ -23,7 +23,6 @@ IGNORED_FIELDS = frozenset(
         "presence_penalty",
         "frequency_penalty",
         "parallel_tool_calls",
-        "stream_options",
         "service_tier",
         "reasoning_effort",
     }
@@ -58,6 +57,18 @@ def unsupported(body: dict[str, Any], allowed: frozenset[str]) -> None:
         if key == "n" and value == 1:
             continue
         raise GatewayError(400, f"{key!r} is not supported by the rlmesh gateway", param=key, code="unsupported")
+
+
+def include_usage(body: dict[str, Any]) -> bool:
+    """Whether a streamed answer ends with a usage chunk (`stream_options.include_usage`)."""
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+        raise GatewayError(
+            400, "'stream_options' must be an object like {\"include_usage\": true}", param="stream_options"
+        )
+    return options.get("include_usage", False)
 
 
 def positive_int(body: dict[str, Any], key: str) -> int | None:

@@ -10,7 +10,7 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from rollouts.openai_gateway.parsing import GatewayError
+from rollouts.openai_gateway.parsing import GatewayError, include_usage
 from rollouts.openai_gateway.session import AgentSession
 from rollouts.renderer_env import RendererEnvConfig
 from rollouts.types import Completion, GenerationRequest, Rollout
@@ -40,6 +40,10 @@ def stream_events(response: dict[str, Any], include_usage: bool) -> list[str]:
     return [f"data: {json.dumps(event)}\n\n" for event in events] + ["data: [DONE]\n\n"]
 
 
+MAX_BODY_BYTES = 8 * 1024 * 1024
+"""The largest request body the server reads; a larger one is answered 413."""
+
+
 class OpenAIGateway:
     """The HTTP server: routes `/rollouts/<key>/v1/...` to that rollout's session; unknown keys get a 404."""
 
@@ -56,7 +60,7 @@ class OpenAIGateway:
         async with self._start_lock:
             if self._runner is not None:
                 return
-            app = web.Application(client_max_size=8 * 1024 * 1024)
+            app = web.Application(client_max_size=MAX_BODY_BYTES)
             app.router.add_post("/rollouts/{key}/v1/chat/completions", self._handle)
             app.router.add_post("/rollouts/{key}/v1/completions", self._handle)
             app.router.add_get("/rollouts/{key}/v1/models", self._models)
@@ -127,10 +131,17 @@ class OpenAIGateway:
             session = self._session_of(request)
             try:
                 body = await request.json()
+            except web.HTTPRequestEntityTooLarge:
+                raise GatewayError(
+                    413, f"the request body is over {MAX_BODY_BYTES} bytes", code="request_too_large"
+                ) from None
             except ValueError:
                 raise GatewayError(400, "the request body is not valid JSON") from None
+            except RecursionError:
+                raise GatewayError(400, "the request body's JSON is nested too deeply") from None
             if not isinstance(body, dict):
                 raise GatewayError(400, "the request body must be a JSON object")
+            usage = include_usage(body)
             if request.path.endswith("/chat/completions"):
                 response = await session.chat(body)
             else:
@@ -142,10 +153,9 @@ class OpenAIGateway:
             return web.json_response(error.body(), status=error.status)
         if not body.get("stream"):
             return web.json_response(response)
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await stream.prepare(request)
-        for event in stream_events(response, include_usage):
+        for event in stream_events(response, usage):
             await stream.write(event.encode())
         await stream.write_eof()
         return stream
