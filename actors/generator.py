@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from monarch.actor import concurrent_endpoint
 
 from actors.engine_loop import EngineLoop
 from rl.assets import resolve_model_path
@@ -37,7 +36,7 @@ from rl.processes.heap import (
     return_large_blocks_to_the_system,
 )
 from rl.processes.titles import name_process
-from rl.services.replica import ReplicaId, ServiceReplica, injected_fault
+from rl.services.replica import ReplicaId, ServiceReplica, concurrent_endpoint, injected_fault
 from rl.weights import sync as weight_sync
 from rl.weights import vllm_worker
 from rl.weights.adapter import AdapterFolders, lora_request_id

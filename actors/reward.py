@@ -11,7 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from monarch.actor import concurrent_endpoint, endpoint
+from monarch.actor import endpoint
 
 from env_types.renderer import build_renderer
 from rl.assets import resolve_model_path
@@ -21,7 +21,7 @@ from rl.config.tasks import RendererConfig, TaskConfig
 from rl.metrics import timer
 from rl.metrics.actor import MetricsActor
 from rl.processes.titles import name_process
-from rl.services.replica import ReplicaId, ServiceReplica
+from rl.services.replica import ReplicaId, ServiceReplica, concurrent_endpoint
 from rollouts.types import RolloutGroup
 from rubrics.judge import connect_frozen_models
 from rubrics.rubric import apply_reward

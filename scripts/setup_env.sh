@@ -9,7 +9,7 @@ VENV="$ROOT/.venv"
 STAMP="$VENV/.rlmesh-setup-stamp"
 WANT="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup_env.sh" | sha256sum | cut -d' ' -f1)-$DEVICE"
 
-# The tool sandbox uses bubblewrap where it is installed (tools/sandbox.py; without it, util-linux unshare).
+# The tool sandbox uses bubblewrap where it is installed (tools/sandbox/; without it, util-linux unshare).
 if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] installing bubblewrap (the tool sandbox)" >&2
     { apt-get install -y -q bubblewrap || { apt-get update -q && apt-get install -y -q bubblewrap; }; } >/dev/null 2>&1 \

@@ -9,7 +9,7 @@ trainer. Found once per process, in this order:
   v2 host;
 - cgroup v1: the `memory` and `pids` hierarchies, writable (root on a v1 host, as on this
   project's CPU machines, whose `cgroup2` mount has no controllers);
-- none: `available()` is None and the sandbox falls back to `RLIMIT_NPROC` (see tools/sandbox.py).
+- none: `available()` is None and the sandbox falls back to `RLIMIT_NPROC` (see tools/sandbox/).
 """
 
 from __future__ import annotations

@@ -5,16 +5,26 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from monarch.actor import Actor, concurrent_endpoint, this_host
+from monarch import actor as monarch_actor
+from monarch.actor import Actor, Endpoint, this_host
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 FAULT_ENV = "RLMESH_FAULT"
 """Fault injection, for drills of the services' fault handling (docs/checkpoints.md, "Fault tolerance"):
 `hang:<replica id>` (e.g. `hang:generator/0#0`) makes that replica take calls and never answer them, as a wedged
 engine does. Read by the replica's own process: set it where the run starts, its actor processes inherit it."""
+
+
+def concurrent_endpoint(method: Callable[Concatenate[Any, P], Awaitable[R]]) -> Endpoint[P, R]:
+    """Monarch's `concurrent_endpoint`, typed as Monarch's `endpoint` is (its own returns `Any`): a service's endpoint
+    of the method (`Service.endpoint`) is then typed from the method's parameters and result."""
+    return monarch_actor.concurrent_endpoint(method)
 
 
 @dataclass(frozen=True)

@@ -1,44 +1,36 @@
-"""A Service: N replicas of one actor, each in its own proc mesh, behind a router, replaced when lost.
+"""A Service: N replicas of one actor behind a router; calls routed to one replica or sent to all, failed over.
 
     call ─▶ router (least outstanding, sticky by key) ─▶ replica ─▶ result
               ▲                                            │ died (Monarch supervision) / missed its deadline
-              └──────── resubmit (same arguments, so the same sampling seed) ◀──┘   ─▶ stop it, spawn a replacement
+              └──────── resubmit (same arguments, so the same sampling seed) ◀──┘   ─▶ lost: supervision replaces it
 
-Monarch cannot respawn one process of a mesh, so every replica owns a one-process mesh. A lost
-replica is known from Monarch's supervision (`handle_failure`, a `SupervisionError` on a call),
-from its process's exit (on this host, checked every `probe_interval_s`), from a call that misses
-`call_timeout_s`, or from an unanswered ping (busy replicas too: `ping` is a concurrent endpoint, so it
-does not queue behind their work; a process that stops answering is seen within `probe_timeout_s`
-rather than at the end of a long call's deadline). Its requests
-go to healthy replicas (at most `max_attempts` replicas per request); a replacement is spawned,
-runs `prepare` (e.g. loads the current policy weights) and only then takes traffic. Replacements
-beyond `max_restarts` per `restart_window_s`, or fewer than `min_healthy_replicas` replicas healthy
-or being replaced, end the run through `on_fatal`.
+A lost replica's requests go to healthy replicas (at most `max_attempts` replicas per request). How replicas are
+started, watched, lost and replaced is `rl.services.supervision`'s. Calls are typed from the actor's methods:
+`service.endpoint(Generator.generate).route(requests, sampling)` takes what `Generator.generate` takes and returns
+what it returns (torchforge's `ServiceEndpoint[P, R]` is the model).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
-import itertools
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
-import psutil
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
+from monarch.actor import Endpoint
 
 from rl.config.services import ServiceConfig
-from rl.console import say, warn
 from rl.services.ledger import Ledger
 from rl.services.replica import ReplicaId, SpawnProcs
 from rl.services.router import Router
+from rl.services.supervision import Replica, SupervisedReplicas, after_run_fault_hook
 
-_SERVICES = itertools.count()
+__all__ = ["NamedEndpoint", "RequestFailed", "Service", "ServiceEndpoint", "after_run_fault_hook"]
 
+P = ParamSpec("P")
+R = TypeVar("R")
 
 _DIED, _DEADLINE = "its replica died", "its replica missed the call's deadline"
 
@@ -52,13 +44,46 @@ class RequestFailed(RuntimeError):
         self.timed_out = timed_out
 
 
-class ServiceEndpoint:
-    """One endpoint of a service's actors, reached through the service (as forge's `ServiceEndpoint`).
+class ServiceEndpoint(Generic[P, R]):
+    """One endpoint of a service's actor class, typed from the actor's method (`service.endpoint(Actor.method)`).
 
-    `route(*args, key=...)`: one replica answers (least outstanding, sticky by `key`), and the call is
-    resubmitted if that replica is lost first; `fanout(*args, timeout_s=...)`: every healthy replica
-    answers, and one that fails or misses `timeout_s` (or whose answer `refuse` rejects) is lost, not the call.
+    `route(...)`: one replica answers (least outstanding, sticky by `key`), and the call is resubmitted if that
+    replica is lost first. `fanout(...)`: every healthy replica answers within `timeout_s` (default: the service's
+    `call_timeout_s`); one that fails, misses it, or whose answer `refuse` rejects is lost, not the call.
+    `options(...)` gives the same endpoint with those set.
     """
+
+    def __init__(
+        self,
+        service: Service,
+        name: str,
+        *,
+        key: str | None = None,
+        timeout_s: float | None = None,
+        refuse: Callable[[R], str | None] | None = None,
+    ):
+        self.service, self.name, self.key, self.timeout_s, self.refuse = service, name, key, timeout_s, refuse
+
+    def options(
+        self,
+        *,
+        key: str | None = None,
+        timeout_s: float | None = None,
+        refuse: Callable[[R], str | None] | None = None,
+    ) -> ServiceEndpoint[P, R]:
+        return ServiceEndpoint(self.service, self.name, key=key, timeout_s=timeout_s, refuse=refuse)
+
+    async def route(self, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await self.service.call(self.name, *args, key=self.key, **kwargs)
+
+    async def fanout(self, *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        timeout_s = self.service.config.call_timeout_s if self.timeout_s is None else self.timeout_s
+        return await self.service.broadcast(self.name, *args, timeout_s=timeout_s, refuse=self.refuse, **kwargs)
+
+
+class NamedEndpoint:
+    """`service.<name>`: an endpoint found by its name, untyped, its options as keywords (`route(*args, key=...)`,
+    `fanout(*args, timeout_s=..., refuse=...)`). A type checker cannot follow it: prefer `service.endpoint`."""
 
     def __init__(self, service: Service, name: str):
         self.service, self.name = service, name
@@ -72,22 +97,9 @@ class ServiceEndpoint:
         return await self.service.broadcast(self.name, *args, timeout_s=timeout_s, refuse=refuse)
 
 
-@dataclass
-class Replica:
-    id: ReplicaId
-    procs: Any
-    actor: Any
-    pid: int | None = None
-    process: psutil.Process | None = None
-    """The replica's process when it is a child of this one (one host): its exit is seen without waiting for Monarch."""
-    healthy: bool = False
-    lost: asyncio.Event = field(default_factory=asyncio.Event)
-    lost_at: float = 0.0
-    probing: bool = False
-    """A ping is outstanding (the next one waits for it: probes never pile up on a slow replica)."""
+class Service(SupervisedReplicas):
+    """Calls to the replicas: routed to one (`call`) or sent to all (`broadcast`), counted, failed over."""
 
-
-class Service:
     def __init__(
         self,
         name: str,
@@ -102,89 +114,40 @@ class Service:
         config_key: str | None = None,
         release: str | None = None,
     ):
-        """`args(replica_id)`: the actor's constructor arguments; `prepare(actor)`: runs before a replacement takes traffic.
-
-        `config_key`: where `config` sits in the run's config, for messages (default `services.<name>`);
-        `release`: an endpoint `stop` calls on every healthy replica first (e.g. to free an engine).
-        """
-        self.release = release
-        self.name = name
-        self.config_key = config_key or f"services.{name}"
-        self.actor_class = actor_class
-        self.args = args
-        self.config = config
-        self.spawn_procs = spawn_procs
-        self.on_fatal = on_fatal
-        self.prepare = prepare
-        self.replicas: list[Replica | None] = [None] * replicas
+        """The replicas' arguments are `SupervisedReplicas`'s; the router and the ledger start empty."""
+        super().__init__(
+            name,
+            actor_class,
+            args,
+            replicas=replicas,
+            config=config,
+            spawn_procs=spawn_procs,
+            on_fatal=on_fatal,
+            prepare=prepare,
+            config_key=config_key,
+            release=release,
+        )
         self.router = Router(replicas)
         self.ledger = Ledger()
-        self.restarts = 0
-        """Replacements started (what `max_restarts` counts)."""
         self.failed_requests = 0
-        self.losses: list[str] = []
-        """Every lost replica with the reason, e.g. "generator/0#0: generate missed its deadline (...)"."""
-        self.recoveries: list[tuple[float, float]] = []
-        """Per replacement: (`time.monotonic()` of the replica's loss, of its replacement taking traffic)."""
-        self._restart_times: list[float] = []
-        self.replacing: set[int] = set()
-        """Slots whose lost replica is being stopped and replaced."""
-        self._changed = asyncio.Event()
-        self._update_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task] = set()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._context: contextvars.Context | None = None
-        self._by_mesh: dict[str, Replica] = {}  # every replica ever spawned (old ones too), by actor mesh name
-        self._serial = next(
-            _SERVICES
-        )  # in mesh names: a late report about an earlier run's replica never matches a live one
 
-    def __getattr__(self, name: str) -> ServiceEndpoint:
+    def endpoint(self, method: Endpoint[P, R] | Callable[Concatenate[Any, P], Awaitable[R]]) -> ServiceEndpoint[P, R]:
+        """The endpoint `method` of the service's actor class (`service.endpoint(Generator.generate)`), typed from it."""
+        name = getattr(getattr(method, "_method", method), "__name__", None)
+        if name is None or getattr(self.actor_class, name, None) is not method:
+            raise TypeError(f"{method!r} is not an endpoint of {self.actor_class.__name__}")
+        return ServiceEndpoint(self, name)
+
+    def __getattr__(self, name: str) -> NamedEndpoint:
         """`service.generate`: the endpoint `generate` of the service's actor class; a name it lacks is an AttributeError here."""
         actor_class = self.__dict__.get("actor_class")
         if name.startswith("_") or not hasattr(actor_class, name):
             raise AttributeError(
                 f"{type(self).__name__} {self.__dict__.get('name')!r}: {getattr(actor_class, '__name__', actor_class)} has no endpoint {name!r}"
             )
-        return ServiceEndpoint(self, name)
+        return NamedEndpoint(self, name)
 
-    async def start(self) -> None:
-        """Spawn every replica (each within `start_timeout_s`), then keep probing them."""
-        self._loop = asyncio.get_running_loop()
-        self._context = contextvars.copy_context()  # Monarch's actor context: spawning a replacement needs it
-        await asyncio.gather(*(self._start_replica(ReplicaId(self.name, index)) for index in range(len(self.replicas))))
-        self._spawn_task(self._probe_forever())
-
-    async def _start_replica(self, replica_id: ReplicaId, prepare: bool = False) -> None:
-        procs = self.spawn_procs(replica_id.index)
-        mesh = f"{self.name}_{replica_id.index}_{replica_id.incarnation}_s{self._serial}"
-        replica = Replica(replica_id, procs, procs.spawn(mesh, self.actor_class, *self.args(replica_id)))
-        actor = replica.actor
-        self._by_mesh[mesh] = replica
-        self.replicas[replica_id.index] = replica
-        try:
-            async with asyncio.timeout(self.config.start_timeout_s):
-                await actor.initialized
-                replica.pid = await actor.ping.call_one()
-                replica.process = _descendant(replica.pid)
-                if prepare and self.prepare is not None:
-                    async with self._update_lock:  # not while an update is half-way through the healthy replicas
-                        await self.prepare(actor)
-        except BaseException:
-            await self._stop_procs(replica)
-            raise
-        replica.healthy = True
-        self._changed.set()
-
-    @property
-    def healthy(self) -> list[int]:
-        return [replica.id.index for replica in self.replicas if replica is not None and replica.healthy]
-
-    def actors(self) -> list[Any]:
-        """The healthy replicas' actors (for calls that are not requests, e.g. gathering metric states)."""
-        return [self.replicas[index].actor for index in self.healthy]
-
-    async def call(self, endpoint: str, *args: Any, key: str | None = None) -> Any:
+    async def call(self, endpoint: str, *args: Any, key: str | None = None, **kwargs: Any) -> Any:
         """`endpoint(*args)` on one replica; resubmitted to another if that one is lost before answering.
 
         Exceptions the endpoint raises itself are the caller's; `RequestFailed` after `max_attempts` lost replicas,
@@ -198,7 +161,7 @@ class Service:
                 index = self.router.pick(await self._wait_healthy(), key)
                 attempt = self.ledger.assign(request, index)
                 try:
-                    cause, result = await self._attempt(self.replicas[index], endpoint, args)
+                    cause, result = await self._attempt(self.replicas[index], endpoint, args, kwargs)
                 finally:
                     self.router.done(index)
                 if cause is None:
@@ -218,10 +181,12 @@ class Service:
         finally:
             self.ledger.close(request)
 
-    async def _attempt(self, replica: Replica, endpoint: str, args: tuple) -> tuple[str | None, Any]:
+    async def _attempt(
+        self, replica: Replica, endpoint: str, args: tuple, kwargs: dict[str, Any]
+    ) -> tuple[str | None, Any]:
         """(how the replica was lost or None, result) of one call on `replica`, within `call_timeout_s`; a replica
         lost meanwhile ends it early."""
-        call = asyncio.ensure_future(getattr(replica.actor, endpoint).call_one(*args))
+        call = asyncio.ensure_future(getattr(replica.actor, endpoint).call_one(*args, **kwargs))
         lost = asyncio.ensure_future(replica.lost.wait())
         try:
             done, _ = await asyncio.wait(
@@ -256,7 +221,12 @@ class Service:
         return healthy
 
     async def broadcast(
-        self, endpoint: str, *args: Any, timeout_s: float, refuse: Callable[[Any], str | None] | None = None
+        self,
+        endpoint: str,
+        *args: Any,
+        timeout_s: float,
+        refuse: Callable[[Any], str | None] | None = None,
+        **kwargs: Any,
     ) -> list[Any]:
         """`endpoint(*args)` on every healthy replica; one that fails or misses `timeout_s` is lost, not the call.
 
@@ -265,7 +235,7 @@ class Service:
 
         async def one(replica: Replica) -> Any:
             try:
-                result = await asyncio.wait_for(getattr(replica.actor, endpoint).call_one(*args), timeout_s)
+                result = await asyncio.wait_for(getattr(replica.actor, endpoint).call_one(*args, **kwargs), timeout_s)
             except (TimeoutError, SupervisionError) as exc:
                 self.lose(
                     replica,
@@ -285,125 +255,8 @@ class Service:
         async with self._update_lock:
             yield
 
-    def handle_failure(self, failure: Any) -> bool:
-        """Monarch's report of a failed mesh (any thread): True if it was one of this service's replicas (lost already or not).
-
-        A replica of an earlier service of the same name in this process (stopped, reported late) counts as handled too.
-        """
-        replica = self._by_mesh.get(failure.mesh_name.rpartition("-")[0])  # Monarch appends "-<id>" to the name given
-        if (
-            replica is not None and self._loop is not None
-        ):  # not in Monarch's thread's context: `this_host()` fails there
-            self._loop.call_soon_threadsafe(self.lose, replica, failure.report(), context=self._context)
-        return self.owns(failure)
-
-    def owns(self, failure: Any) -> bool:
-        """Whether Monarch's failure report is about a replica of this service (or of an earlier one of its name)."""
-        return re.fullmatch(rf"{re.escape(self.name)}_\d+_\d+_s\d+", failure.mesh_name.rpartition("-")[0]) is not None
-
-    def lose(self, replica: Replica, reason: str) -> None:
-        """Take `replica` out of routing, fail over its requests, and replace it if the restart budget allows (once per replica)."""
-        if replica.lost.is_set() or self.replicas[replica.id.index] is not replica:
-            return
-        index = replica.id.index
-        replica.healthy, replica.lost_at = False, time.monotonic()
-        replica.lost.set()
-        self.losses.append(f"{replica.id}: {reason.strip()[:500]}")
-        warn(f"{self.name} replica {replica.id} lost: {reason.strip()[:500]}")
-        self._restart_times = [t for t in self._restart_times if replica.lost_at - t < self.config.restart_window_s]
-        if len(self._restart_times) >= self.config.max_restarts:
-            self._spawn_task(self._stop_procs(replica))
-            self._check_capacity(
-                index,
-                f"{self.name}: restart budget spent ({self.config_key}.max_restarts = {self.config.max_restarts} "
-                f"within restart_window_s = {self.config.restart_window_s})",
-            )
-            return
-        self._restart_times.append(replica.lost_at)
-        self.restarts += 1
-        self.replacing.add(index)
-        self._spawn_task(self._replace(replica))
-
-    async def _replace(self, old: Replica) -> None:
-        index = old.id.index
-        try:
-            await self._stop_procs(old)
-            stopped_at = time.monotonic()
-            try:
-                await self._start_replica(ReplicaId(self.name, index, old.id.incarnation + 1), prepare=True)
-            except Exception as exc:
-                self._check_capacity(index, f"{self.name}: replacement of replica {old.id} failed to start: {exc!r}")
-                return
-            self.recoveries.append((old.lost_at, time.monotonic()))
-            say(
-                f"{self.name} replica {index} replaced; serving again {time.monotonic() - old.lost_at:.1f} s after the loss "
-                f"(stopping the old one: {stopped_at - old.lost_at:.1f} s)"
-            )
-        finally:
-            self.replacing.discard(index)
-
-    def _check_capacity(self, index: int, cause: str) -> None:
-        """Slot `index` stays empty: stop the run if too few replicas are left (healthy or being replaced)."""
-        alive = len(set(self.healthy) | (self.replacing - {index}))
-        warn(cause)
-        if alive < self.config.min_healthy_replicas:
-            self.on_fatal(
-                f"{cause}; {alive} replicas left, fewer than {self.config_key}.min_healthy_replicas = "
-                f"{self.config.min_healthy_replicas}"
-            )
-
-    async def _probe_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.probe_interval_s)
-            for index in self.healthy:
-                replica = self.replicas[index]
-                if replica.process is not None and not _alive(replica.process):
-                    self.lose(replica, f"its process {replica.pid} exited")
-                elif not replica.probing:
-                    replica.probing = True
-                    self._spawn_task(self._probe(replica))
-
-    async def _probe(self, replica: Replica) -> None:
-        """Ping `replica`, idle or busy; lose it if the ping fails or goes unanswered for `probe_timeout_s`."""
-        busy = self.router.outstanding[replica.id.index]
-        try:
-            await asyncio.wait_for(replica.actor.ping.call_one(), self.config.probe_timeout_s)
-        except (TimeoutError, SupervisionError) as exc:
-            self.lose(replica, f"health probe failed ({busy} requests in flight): {exc!r}")
-        finally:
-            replica.probing = False
-
-    async def _stop_procs(self, replica: Replica) -> None:
-        """Stop the replica's mesh; a process that does not exit in time (a hung one) is killed by pid."""
-        try:
-            await asyncio.wait_for(replica.procs.stop(), 8)
-        except Exception:
-            pass
-        if replica.process is not None and _alive(replica.process):
-            with contextlib.suppress(psutil.Error):
-                replica.process.kill()
-
-    def _spawn_task(self, coroutine: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def stop(self) -> None:
-        """Stop probing and replacing, call `release` on every healthy replica, stop every mesh."""
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        replicas = [replica for replica in self.replicas if replica is not None]
-        if self.release is not None:
-            calls = [
-                asyncio.wait_for(getattr(self.replicas[index].actor, self.release).call_one(), 10)
-                for index in self.healthy
-            ]
-            await asyncio.gather(*calls, return_exceptions=True)
-        for replica in replicas:
-            replica.healthy = False
-        await asyncio.gather(*(self._stop_procs(replica) for replica in replicas), return_exceptions=True)
-        self.replicas = [None] * len(self.replicas)
+    def in_flight(self, index: int) -> int:
+        return self.router.outstanding[index]
 
     def counters(self) -> dict[str, Any]:
         """What `metrics` counts since the run began: a checkpoint saves it, so a resumed run counts on."""
@@ -434,26 +287,3 @@ class Service:
             {f"{prefix}/replica_{index}/requests": served for index, served in enumerate(self.router.served)}
         )
         return metrics
-
-
-def _descendant(pid: int) -> psutil.Process | None:
-    """This process's descendant `pid`, or None (a replica on another host)."""
-    return next((child for child in psutil.Process().children(recursive=True) if child.pid == pid), None)
-
-
-def _alive(process: psutil.Process) -> bool:
-    try:
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def after_run_fault_hook(services: list[Service], previous: Callable[[Any], None]) -> Callable[[Any], None]:
-    """Monarch's fault hook once a run has stopped: reports of its stopped replicas (Monarch may deliver them
-    late, e.g. "Killed(sig=15)" from the stop itself) are dropped; any other goes to `previous`."""
-
-    def hook(failure: Any) -> None:
-        if not (failure.mesh_name.startswith("logger-") or any(service.owns(failure) for service in services)):
-            previous(failure)
-
-    return hook

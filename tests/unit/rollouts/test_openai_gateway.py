@@ -3,6 +3,7 @@ token-exact as turns, history continued by bridging or counted as a new sample, 
 and rollouts that cannot reach each other. The generator is scripted (each reply's token ids, known logprobs)."""
 
 import asyncio
+import sys
 
 import httpx
 import openai
@@ -185,7 +186,7 @@ async def test_two_rollouts_never_see_each_others_calls(gateway, renderer, token
 
 
 async def test_limits_bound_each_call(gateway, renderer, tokenizer):
-    limits = RendererEnvConfig(max_turns=2, max_new_tokens=4, max_prompt_tokens=40, max_total_tokens=64)
+    limits = RendererEnvConfig(max_turns=3, max_new_tokens=4, max_prompt_tokens=40, max_total_tokens=64)
     generate = ScriptedGenerator(tokenizer, ["one two three four five six", "ok", "never"])
     rollout = new_rollout()
     async with gateway.session(rollout, renderer, limits, generate, call_timeout_s=10) as session:
@@ -200,9 +201,9 @@ async def test_limits_bound_each_call(gateway, renderer, tokenizer):
             model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=1
         )
         assert generate.requests[1].max_new_tokens == 1 and short.usage.completion_tokens == 1
-        with pytest.raises(openai.BadRequestError) as third:
+        with pytest.raises(openai.BadRequestError) as fourth:  # the refused call counted toward max_turns = 3
             await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}])
-        assert third.value.body["code"] == "max_turns"
+        assert fourth.value.body["code"] == "max_turns"
         await client.close()
     assert len(rollout.turns) == 2
 
@@ -248,3 +249,68 @@ async def test_streaming_chat_and_completions_with_text_continuation(gateway, re
     kept = completion.prompt_token_ids + completion.completion_token_ids[:-1]  # the stop token is not in the text
     assert continued.prompt_token_ids == kept + tokenizer.encode(", pears", add_special_tokens=False)
     assert session.new_samples == 2  # the completions call after the chat; the stop token dropped from the text
+
+
+async def test_an_oversized_body_gets_413_and_the_rollout_goes_on(gateway, renderer, tokenizer):
+    generate = ScriptedGenerator(tokenizer, ["fine"])
+    rollout = new_rollout()
+    async with gateway.session(rollout, renderer, LIMITS, generate, call_timeout_s=10) as session:
+        url = f"{gateway.base_url(session)}/chat/completions"
+        body = b'{"messages": [{"role": "user", "content": "' + b"x" * (9 * 1024 * 1024) + b'"}]}'
+        async with httpx.AsyncClient(timeout=60) as raw:
+            too_big = await raw.post(url, content=body, headers={"Content-Type": "application/json"})
+            assert too_big.status_code == 413 and too_big.json()["error"]["code"] == "request_too_large"
+            nested = await raw.post(url, content=b"[" * 100_000 + b"]" * 100_000)
+            assert nested.status_code == 400 and nested.json()["error"]["type"] == "invalid_request_error"
+        client = client_of(gateway, session)
+        reply = await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert reply.choices[0].message.content == "fine"
+        await client.close()
+    assert generate.requests and len(rollout.turns) == 1
+
+
+async def test_a_malformed_stream_options_is_refused_before_the_turn(gateway, renderer, tokenizer):
+    generate = ScriptedGenerator(tokenizer, ["fine"])
+    rollout = new_rollout()
+    async with gateway.session(rollout, renderer, LIMITS, generate, call_timeout_s=10) as session:
+        url = f"{gateway.base_url(session)}/chat/completions"
+        body = {"messages": [{"role": "user", "content": "hi"}], "stream": True, "stream_options": "usage"}
+        async with httpx.AsyncClient() as raw:
+            refused = await raw.post(url, json=body)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "stream_options"
+    assert rollout.turns == [] and generate.requests == []  # nothing generated, nothing recorded
+
+
+async def test_a_huge_prompt_is_refused_before_it_is_rendered_and_counts_as_a_call(
+    gateway, renderer, tokenizer, monkeypatch
+):
+    """Text that cannot fit `max_prompt_tokens` (no token spans more characters than the vocabulary's longest) is
+    refused without rendering it; the refusal counts toward `max_turns` like a generated call."""
+    limits = RendererEnvConfig(max_turns=3, max_new_tokens=4, max_prompt_tokens=40, max_total_tokens=64)
+    generate = ScriptedGenerator(tokenizer, ["ok", "never"])
+    rollout = new_rollout()
+    async with gateway.session(rollout, renderer, limits, generate, call_timeout_s=10) as session:
+        module = sys.modules[type(session).__module__]
+        rendered, real_render = [], module.render_prompt
+
+        def spy(*args, **kwargs):
+            rendered.append(args[1])
+            return real_render(*args, **kwargs)
+
+        monkeypatch.setattr(module, "render_prompt", spy)
+        client = client_of(gateway, session)
+        huge = [{"role": "user", "content": "word " * (1 << 20)}]  # 5 MiB
+        with pytest.raises(openai.BadRequestError) as too_long:
+            await client.chat.completions.create(model="m", messages=huge)
+        assert too_long.value.body["code"] == "context_length_exceeded" and rendered == []
+        with pytest.raises(openai.BadRequestError) as too_long_text:
+            await client.completions.create(model="m", prompt="word " * (1 << 20))
+        assert too_long_text.value.body["code"] == "context_length_exceeded"
+        assert session.hit_limit
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert len(rendered) == 1
+        with pytest.raises(openai.BadRequestError) as past:  # two refused + one generated: past max_turns = 3
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "again"}])
+        assert past.value.body["code"] == "max_turns"
+        await client.close()
+    assert len(rollout.turns) == 1 and len(generate.requests) == 1

@@ -127,7 +127,10 @@ def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
     )
     assert result.returncode == 2
     err = result.stderr
-    assert "model.path:" in err and "is neither a built-in model (random-qwen3-1.5gb, smollm2-135m-instruct, tiny-qwen3)" in err
+    assert (
+        "model.path:" in err
+        and "is neither a built-in model (random-qwen3-1.5gb, smollm2-135m-instruct, tiny-qwen3)" in err
+    )
     assert not list(tmp_path.iterdir())
 
 

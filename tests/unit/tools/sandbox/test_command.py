@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from tools.sandbox import Sandbox, SandboxLimits, _interpreter, namespaces_available
+from tools.sandbox import Sandbox, SandboxLimits, namespaces_available
+from tools.sandbox.command import interpreter
 
 LIMITS = SandboxLimits(timeout_s=120.0, cpu_s=10, memory_mb=512)
 
@@ -24,7 +25,7 @@ def test_interpreter_resolves_the_directory_but_keeps_the_venv_entry(tmp_path, m
     executable = symlinked_interpreter(tmp_path)
     monkeypatch.setattr(sys, "executable", executable)
     expected = os.path.join(os.path.realpath(sys.prefix), os.path.relpath(executable, tmp_path / "venv-link"))
-    assert _interpreter() == expected
+    assert interpreter() == expected
     assert os.path.islink(executable) == os.path.islink(expected)  # venv/bin/python itself is not resolved
 
 
@@ -34,10 +35,3 @@ async def test_tool_runs_when_the_venv_is_reached_through_a_symlink(tmp_path, mo
     monkeypatch.setattr(sys, "executable", symlinked_interpreter(tmp_path))
     result = await Sandbox(LIMITS).run("tests.support.sandbox_tools:add", {"a": 2, "b": 3})
     assert result == "5"
-
-
-def test_a_sandbox_without_isolation_warns_what_it_does_not_isolate(capsys):
-    Sandbox(LIMITS, isolate=False)
-    err = capsys.readouterr().err
-    assert err.startswith("rlmesh: warning: tool sandbox with isolate=False: tools run as this user"), err
-    assert "use the network" in err and err.count("\n") == 1
