@@ -145,6 +145,8 @@ class TrainerRecovery:
         if controller._unlogged is not None:  # the step in flight must not touch the rewound progress
             controller._unlogged.cancel()
             await asyncio.gather(controller._unlogged, return_exceptions=True)
+        # a save under way stops, and its commit thread, if writing, ends before the checkpoints are read and renamed
+        await controller.checkpoints.settled(stop=True)
         run_dir = controller.logger.run_dir
         try:
             newest = await asyncio.to_thread(checkpoint.newest_loadable, run_dir)
@@ -203,7 +205,7 @@ def rewind(controller: Any, checkpoint_dir: Path) -> None:
     controller.nonfinite_steps = NonfiniteSteps(config.trainer.max_nonfinite_steps)
     controller.generation_stats = GenerationStats()
     controller.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
-    controller.checkpoints.state, controller.checkpoints.committed_step = state, state.step
+    controller.checkpoints.rewind(state)
     controller._unlogged = None
 
 
