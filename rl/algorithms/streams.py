@@ -38,6 +38,12 @@ def env_token_roles(renderer: Any, previous: RolloutTurn, prompt_ids: list[int])
     return [messages[i]["role"] if i >= first_new else None for i in rendered.message_indices]
 
 
+def new_samples(rollout: Rollout) -> int:
+    """Samples of `rollout` after its first (`rollout_to_samples`): turns whose prompt does not extend the previous
+    prompt + completion, a re-render that broke the token prefix and split the conversation (0 when it is one)."""
+    return max(0, len(rollout_to_samples(rollout, 0.0)) - 1)
+
+
 def rollout_to_samples(
     rollout: Rollout, advantage: float, *, env_weights: dict[str, float] | None = None, renderer: Any = None
 ) -> list[TrainSample]:
