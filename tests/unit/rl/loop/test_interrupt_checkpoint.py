@@ -6,7 +6,6 @@ state, the step's record and the commit are the real ones). A real Ctrl-C and re
 
 import asyncio
 import json
-import threading
 
 import pytest
 
@@ -15,6 +14,7 @@ from rl.config import load_config
 from rl.loop.controller import Controller
 from rl.loop.state import row_index_of
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
+from tests.support.held_commit import HeldCommit
 from tests.support.paths import E2E_CONFIGS
 
 NEVER = asyncio.Event  # an event nobody sets
@@ -168,30 +168,6 @@ async def test_a_run_stopped_again_during_the_save_still_reports_where_it_stands
         "committed): 2 step(s) lost, nothing is saved."
     )
     run.release.set()
-
-
-class HeldCommit:
-    """`rl.checkpoint.store.commit` whose first call waits for `release` (the minutes of fsync and sha256 of a large
-    model) and signals `started`; every call's outcome is kept (a commit thread's error is otherwise lost)."""
-
-    def __init__(self, monkeypatch):
-        self.started, self.release = threading.Event(), threading.Event()
-        self.outcomes: list[str] = []
-        commit = checkpoint.commit
-
-        def held(run_dir, tmp, step, keep):
-            if not self.started.is_set():
-                self.started.set()
-                self.release.wait(timeout=30)
-            try:
-                final = commit(run_dir, tmp, step, keep)
-            except Exception as exc:
-                self.outcomes.append(repr(exc))
-                raise
-            self.outcomes.append(final.name)
-            return final
-
-        monkeypatch.setattr(checkpoint, "commit", held)
 
 
 async def test_ctrl_c_during_a_regular_commit_adopts_it_instead_of_saving_the_step_again(tmp_path, monkeypatch):

@@ -2,13 +2,19 @@
 controller whose training fails as a lost trainer makes it fail; the recovery itself runs in tests/e2e/test_trainer_recovery.py."""
 
 import asyncio
+import contextlib
 import threading
+from types import SimpleNamespace
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 
 from rl.config import load_config
 from rl.loop.recovery import TrainerLost, TrainerRecovery
 from rl.loop.roles import RESUME_HINT, DeadlineMissed
+from rl.loop.state import Checkpoints, RunState
+from tests.support.held_commit import HeldCommit
 from tests.support.paths import TINY
 
 
@@ -107,3 +113,45 @@ def test_a_loss_before_the_training_starts_stops_the_run_as_any_actor_failure():
     recovery.lose("the trainer died while loading the model")
     assert controller.roles.stopped == [f"the trainer died while loading the model\n{RESUME_HINT}"]
     assert recovery.lost is None
+
+
+class ReachedTheReplacement(Exception):
+    """The stand-in roles' `generators.updating()`: the recovery got past reading the checkpoints."""
+
+
+def test_a_recovery_reads_the_checkpoints_only_once_a_commit_under_way_has_ended(tmp_path, monkeypatch):
+    """The trainer is lost while step 1's checkpoint is being committed: the recovery waits for that commit thread
+    (it cannot be stopped) and recovers from its checkpoint, instead of reading the checkpoints beside it (and
+    finding none)."""
+    held = HeldCommit(monkeypatch)
+    controller = StandInController(1, None)
+    controller.config = load_config(TINY, {"run.output_dir": str(tmp_path), "checkpoint.every_steps": "1"})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+
+    async def trainer_part(path, weights_only=False):
+        dcp.save({"model": {"w": torch.arange(4.0)}}, checkpoint_id=path / "trainer")
+
+    @contextlib.asynccontextmanager
+    async def updating():
+        raise ReachedTheReplacement()
+        yield
+
+    controller.roles.save_checkpoint = trainer_part
+    controller.roles.generators = SimpleNamespace(updating=updating)
+    controller.state, controller._unlogged = RunState(step=1, policy_version=1), None
+    controller.logger = SimpleNamespace(run_dir=run_dir)
+    controller.checkpoints = Checkpoints(controller.state, controller.roles, controller.config)
+
+    async def run():
+        saving = asyncio.create_task(controller.checkpoints.save(run_dir))
+        await asyncio.to_thread(held.started.wait)
+        saving.cancel()  # the train task, cancelled by the loss
+        recovery = TrainerRecovery(controller)
+        recovery.lost = "the trainer's process(es) [7] exited"
+        asyncio.get_running_loop().call_later(0.2, held.release.set)
+        await recovery._recover()
+
+    with pytest.raises(ReachedTheReplacement):
+        asyncio.run(run())
+    assert held.outcomes == ["step_00000001"]
