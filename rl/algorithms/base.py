@@ -33,6 +33,8 @@ class Algorithm:
     """Advantages are taken relative to the group's other rollouts: a group needs two trainable rollouts."""
     trains_rl: ClassVar[bool] = True
     """Trains the rl component, which needs the live policy's sampling logprobs (so no frozen sampler)."""
+    filters_env_messages: ClassVar[bool] = False
+    """Reads `echo_filter` (echo): any other algorithm refuses it rather than ignore it."""
 
     def __init__(
         self, config: AlgorithmConfig, task: str, renderer: Any = None, prompt_logprobs: PromptLogprobsFn | None = None
@@ -50,6 +52,8 @@ class Algorithm:
                 f"{where}.type = {config.type!r} is group-relative but algorithm.group_size = {group_size}: "
                 "every advantage would be 0 (set group_size >= 2)"
             )
+        if config.echo_filter and not cls.filters_env_messages:
+            raise ValueError(f"{where}.echo_filter is read by type = 'echo' only, not by {config.type!r}")
         if cls.trains_rl and config.sampler != "policy":
             raise ValueError(
                 f"{where}.sampler = {config.sampler!r} (a frozen model) cannot feed {where}.type = {config.type!r}: "

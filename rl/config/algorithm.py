@@ -62,6 +62,9 @@ class CreditConfig(Section):
     """sft / opsd: the dataset row key holding the demonstration text."""
     echo_role_weights: EchoRoleWeights = EchoRoleWeights()
     """echo: cross-entropy weight of environment tokens by message role (tool-response bodies at 0.1)."""
+    echo_filter: str | None = None
+    """echo: `package.module:function(message: dict) -> bool`, imported by path: only the environment messages it
+    returns True for are trained (at their role's weight), e.g. tool results that did not fail; None trains all."""
 
 
 def _override_of(model: type[Section], name: str, doc: str) -> type[Section]:

@@ -36,8 +36,8 @@ class SamplingConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     """Nucleus sampling: keep the smallest set of most likely tokens whose probability reaches this; 1.0 = off.
     Below 1 the sampler no longer samples the policy the trainer scores."""
-    top_k: int = -1
-    """Keep the k most likely tokens only; -1 = off (vLLM's word). Like `top_p`, a cut makes the sampler differ from
+    top_k: int = Field(-1, ge=-1)
+    """Keep the k most likely tokens only; -1 (or 0) = off (vLLM's word; it refuses anything below -1). Like `top_p`, a cut makes the sampler differ from
     the policy."""
     stop_token_ids: list[Annotated[int, Field(ge=0)]] = []
     """More token ids that end a completion (finish reason "stop", as at an end-of-turn token), besides the

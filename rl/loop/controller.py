@@ -116,7 +116,7 @@ class Controller:
         starts; the step in flight, if any, was dropped before (`drop_step_in_flight`)."""
         self.resume_from = checkpoint_dir
         self.progress = progress_at(self.config, self.tasks, checkpoint_dir)
-        self.checkpoints.state, self.checkpoints.committed_step = self.state, self.state.step
+        self.checkpoints.rewind(self.state)
 
     async def drop_step_in_flight(self) -> None:
         """Cancel the train step in flight, if any, with its rollouts, metric states and log lines."""
@@ -243,8 +243,10 @@ class Controller:
             if checkpoint_due:
                 await self.checkpoints.save(run_dir, weights_only=weights_only)
             return
-        metrics |= {key: value for service in self.roles.services for key, value in service.metrics().items()}
-        record, samples = self.logger.reduce_step({"policy_version": version, **metrics}, actor_states)
+        if (reduced := self.checkpoints.record_of(step)) is None:  # else a Ctrl-C stopped this step's end in its save
+            metrics |= {key: value for service in self.roles.services for key, value in service.metrics().items()}
+            reduced = self.logger.reduce_step({"policy_version": version, **metrics}, actor_states)
+        record, samples = reduced
         if checkpoint_due:
             record["time/checkpoint_s"] = await self.checkpoints.save(run_dir, (record, samples), weights_only)
         record["time/step_s"] = time.perf_counter() - step_start

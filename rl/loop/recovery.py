@@ -30,7 +30,7 @@ from rl.config import Config
 from rl.console import say
 from rl.loop.admission import Admission
 from rl.loop.roles import RESUME_HINT, DeadlineMissed, Roles
-from rl.loop.state import RunState
+from rl.loop.state import Checkpoints, RunState
 from rl.loop.weight_update import sync_policy
 from rl.metrics.actor import gather_states
 from rl.metrics.reduce import Reduce, drain_states, record_metric
@@ -48,6 +48,7 @@ class Recoverable(Protocol):
 
     config: Config
     roles: Roles
+    checkpoints: Checkpoints
 
     @property
     def state(self) -> RunState: ...
@@ -199,6 +200,8 @@ class TrainerRecovery:
         lost_step = controller.state.step
         self._say(f"trainer lost after step {lost_step}: {self.lost}")
         await controller.drop_step_in_flight()  # the step in flight must not touch the rewound progress
+        # a save under way stops, and its commit thread, if writing, ends before the checkpoints are read and renamed
+        await controller.checkpoints.settled(stop=True)
         run_dir = controller.run_dir
         try:
             newest = await asyncio.to_thread(checkpoint.newest_loadable, run_dir)

@@ -13,6 +13,8 @@ from tqdm import tqdm
 from rl.config.metrics import WandbConfig
 
 CONSOLE_KEYS = ("reward/mean", "eval/reward/mean", "loss", "rollouts/completion_tokens_mean", "time/step_s")
+CONSOLE_KEYS_IF_NONZERO = ("rollouts/new_samples",)
+"""Shown on the step's line only when they are not 0: something the user should look at (a re-render split rollouts)."""
 
 
 class Backend(Protocol):
@@ -74,6 +76,7 @@ class ConsoleBackend:
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         shown = {key: metrics[key] for key in CONSOLE_KEYS if key in metrics}
+        shown |= {key: metrics[key] for key in CONSOLE_KEYS_IF_NONZERO if metrics.get(key)}
         text = " ".join(f"{key}={value:.4g}" for key, value in shown.items())
         if metrics.get("eval/failed"):  # held-out samples left out of the eval numbers beside them
             text += f" eval/failed={int(metrics['eval/failed'])}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from rl.algorithms.streams import new_samples
 from rl.metrics.standard import rollout_metrics
 from rollouts.types import FAILED_STATUSES, Rollout, RolloutGroup, is_frozen_sampled
 
@@ -131,6 +132,7 @@ def batch_metrics(
         "perf/sample_wait_time": wait_seconds,
         "perf/generation_tokens_per_s": stats.completion_tokens / stats.seconds if stats.seconds else 0.0,
         "rollouts/gateway_new_samples": sum(r.metadata.get("gateway_new_samples", 0) for r in rollouts),
+        "rollouts/new_samples": sum(new_samples(r) for r in rollouts),  # environment and gateway rollouts alike
     }
     metrics.update(rollout_metrics(groups))
     for rollout in (rollout for group in stats.dropped_failed for rollout in group.rollouts):

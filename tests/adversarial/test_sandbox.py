@@ -6,6 +6,7 @@ when installed, else `unshare`); `RLMESH_SANDBOX_BACKEND=unshare` runs the same 
 """
 
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -15,6 +16,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tools import cgroup
@@ -35,6 +37,19 @@ async def run(fn, limits=LIMITS, isolate=True, **arguments):
 
 async def listdir(path):
     return json.loads(await run("listdir", path=path))
+
+
+async def written_by_a_call(name: str, timeout_s: float = 60) -> None:
+    """Wait until a sandboxed call running under this process has written file `name` in its working directory
+    (seen from here through /proc/<pid>/cwd, whatever mount namespace the call is in)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        for child in psutil.Process().children(recursive=True):
+            with contextlib.suppress(OSError, psutil.Error):
+                if Path(f"/proc/{child.pid}/cwd/{name}").exists():
+                    return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"no sandboxed call wrote {name} within {timeout_s} s")
 
 
 async def test_host_unix_sockets_are_out_of_reach(tmp_path):
@@ -200,10 +215,12 @@ async def test_secrets_data_and_other_rollouts_are_not_in_the_tree(tmp_path):
         inside = await asyncio.gather(listdir(str(home)), return_exceptions=True)
         assert isinstance(inside[0], SandboxError) or set(inside[0]) <= {".pyenv", ".local", ".cache", ".venv"}
     # two rollouts' calls at once: neither sees the other's files
-    writer = asyncio.ensure_future(run("write_and_wait", name="mine.txt", seconds=3))
-    await asyncio.sleep(1.5)
+    writer = asyncio.ensure_future(run("write_and_wait", name="mine.txt", seconds=60))
+    await written_by_a_call("mine.txt")
     assert "mine.txt" not in await listdir("/tmp")
-    assert await writer == "done"
+    writer.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await writer
 
 
 async def test_scratch_has_a_quota():
@@ -217,8 +234,8 @@ async def test_a_cancelled_call_leaves_no_scratch_process_or_cgroup(isolate, tmp
     host_tmp = tmp_path / "host-tmp"
     host_tmp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(host_tmp))
-    call = asyncio.ensure_future(run("write_and_wait", isolate=isolate, name="big", seconds=30))
-    await asyncio.sleep(2)
+    call = asyncio.ensure_future(run("write_and_wait", isolate=isolate, name="big", seconds=60))
+    await written_by_a_call("big")  # the call's scratch, processes and cgroup all exist
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call

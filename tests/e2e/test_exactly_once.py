@@ -1,7 +1,9 @@
 """Exactly once under a staleness budget: a run at budget 2 with 2 generator replicas, its launcher SIGKILLed
 at two random moments and resumed each time (a resumed launch killed again), trains every row exactly once and skips none. The off-policy
 loop's own promises are checked on the same run: no trained rollout older than the budget, off-policy rollouts
-trained, both replicas used, the wait/overlap ratios consistent with the step's times.
+trained, both replicas used, the wait/overlap ratios consistent with the step's times; and, with two PPO minibatches
+a batch, the signals of the off-policy inner loop together: two optimizer steps a batch, the second minibatch's drift
+from the step-start policy (`train/ppo_kl` > 0) and clipped tokens (`train/ppo_clip_frac` > 0).
 
 Bitwise equality with an uninterrupted run is the promise at budget 0 only (`tests/unit/rl/checkpoint/test_resume.py`): under a
 budget, rollouts in flight at a kill are dropped and their rows drawn again, sampled by the resumed policy.
@@ -23,6 +25,8 @@ OVERRIDES = [
     "--run.steps",
     str(STEPS),
     "--run.max_policy_staleness",
+    "2",
+    "--trainer.ppo_n_minibatches",
     "2",
     "--generator.num_replicas",
     "2",
@@ -92,6 +96,7 @@ def test_every_row_is_trained_exactly_once_across_two_kills_at_staleness_budget_
     ]
     assert served == sorted(served)  # the services' counters continue across the resumes, never from 0 again
     assert_off_policy_loop(run_dir, budget=2)
+    assert_two_minibatches_a_batch(run_dir)
 
 
 def assert_off_policy_loop(run_dir, budget: int) -> None:
@@ -110,3 +115,14 @@ def assert_off_policy_loop(run_dir, budget: int) -> None:
         sampled_at = min(turn["policy_version"] for turn in record["rollout"]["turns"])
         assert 0 <= trained_at - sampled_at <= budget
     assert {record["rollout"]["metadata"]["generator_replica"] for record in train} == {0, 1}
+
+
+def assert_two_minibatches_a_batch(run_dir) -> None:
+    """Every step took two optimizer steps (the LR schedule counts both), the second drifted from the step-start
+    snapshot (k3 `train/ppo_kl` > 0: 0 would mean the minibatches did not update in turn), and some tokens were
+    clipped in the run (the clip engages only on a drifted policy)."""
+    steps = [record for record in read_jsonl(run_dir / "metrics.jsonl") if record["step"] > 0]
+    assert [record["train/optimizer_steps"] for record in steps] == [2] * STEPS
+    assert [record["train/optimizer_steps_total"] for record in steps] == [2 * record["step"] for record in steps]
+    assert all(record["train/ppo_kl"] > 0 for record in steps), [record["train/ppo_kl"] for record in steps]
+    assert max(record["train/ppo_clip_frac"] for record in steps) > 0

@@ -1,7 +1,8 @@
 """LoRA RL on the tiny Qwen3 (fp32), with real Monarch actors and vLLM: the trainer trains adapters only, each sync
 carries only the adapters, the generators serve them through vLLM's LoRA support, and what they sample is the trainer's
-policy, not the base model; every sync is attested on the adapter vLLM holds, a replica holding another adapter is
-refused, and a sync whose adapter does not reach the generators stops the run.
+policy, not the base model; every sync is attested on the adapter vLLM holds, a replica holding another adapter refuses
+the version (it never serves it) and the run's refusal hook replaces it, and a sync whose adapter does not reach the
+generators stops the run.
 
 One controller run (6 steps, `trainer.lora` rank 8 on every linear layer, lr 1e-2 so that the adapters move the policy
 visibly) is shared by the tests; a run whose trainer is SIGKILLed midway must write its metrics and tokens.
@@ -89,15 +90,29 @@ async def trained(tmp_path_factory):
         controller.roles.generators.__dict__["update_weights"] = SilentSync()
         with pytest.raises(AdapterNotServed) as refused:
             await controller.sync_weights(STEPS + 1)
-        # the trainer's fingerprints of its adapter, one tensor's off by far more than rounding: the replica that
-        # loads that version must not prove it
         del controller.roles.generators.__dict__["update_weights"]
-        expected = await controller.roles.push_weights(STEPS + 2)
-        tampered = sorted(expected.tensors)[-1]
-        wrong = expected.tensors[tampered]
-        wrong = replace(wrong, projection=wrong.projection + 1e-3 * wrong.norm)
-        lying = replace(expected, tensors={**expected.tensors, tampered: wrong})
-        updates = await controller.roles.generators.update_weights.fanout(STEPS + 2, lying, timeout_s=DEADLINE_S)
+        roles, generators = controller.roles, controller.roles.generators
+        # a sync of the run whose fingerprints reach the generators tampered with (one adapter tensor off by far more
+        # than rounding): the replica refuses it, the run's refusal hook replaces it, and the replacement proves the
+        # version against the fingerprints the trainer published (kept by the roles for replacements)
+        publish, tampered_names = roles.push_weights, []
+
+        async def tampered_push(policy_version: int):
+            tampered, lying = tamper(await publish(policy_version))
+            tampered_names.append(tampered)
+            return lying
+
+        roles.push_weights = tampered_push
+        try:
+            refused_sync = await controller.sync_weights(STEPS + 2)
+        finally:
+            del roles.push_weights
+        replacement = await generators.call("version")  # waits for the replacement to be healthy
+        replaced = (generators.metrics()["services/generator/restarts"], list(generators.losses))
+        # the generator's own refusal, on a replica the run keeps (no refusal hook): it never takes the version
+        tampered, lying = tamper(await roles.push_weights(STEPS + 3))
+        updates = await generators.update_weights.fanout(STEPS + 3, lying, timeout_s=DEADLINE_S)
+        held = await generators.call("version")
     finally:
         await controller.shutdown()
     yield {
@@ -107,7 +122,20 @@ async def trained(tmp_path_factory):
         "trainer": trainer,
         "refused": refused.value,
         "tampered": (tampered, updates),
+        "held": held,
+        "refused_sync": (tampered_names, refused_sync),
+        "replacement": replacement,
+        "replaced": replaced,
     }
+
+
+def tamper(expected):
+    """The trainer's fingerprints with its last adapter tensor's projection off by 1e-3 of its norm (far more than
+    rounding): (that tensor's name, the tampered fingerprints)."""
+    tampered = sorted(expected.tensors)[-1]
+    wrong = expected.tensors[tampered]
+    wrong = replace(wrong, projection=wrong.projection + 1e-3 * wrong.norm)
+    return tampered, replace(expected, tensors={**expected.tensors, tampered: wrong})
 
 
 def step_records(run_dir: Path) -> list[dict]:
@@ -158,6 +186,17 @@ async def test_every_adapter_sync_is_attested_and_a_wrong_adapter_is_refused(tra
     layers = base_model().config.num_hidden_layers
     assert not verdict.attested and verdict.tensors == 2 * len(LINEAR_LAYERS) * layers  # A and B of every adapter
     assert [failure.split(":")[0] for failure in verdict.failures] == [tampered], verdict.failures
+    assert trained["held"] == STEPS + 2  # the generator refused the version itself: its engine never served it
+
+
+async def test_a_tampered_sync_of_the_run_is_refused_and_the_replica_replaced_by_one_that_proves_it(trained):
+    [tampered], metrics = trained["refused_sync"]
+    assert metrics["weight_sync/attested"] == 0.0
+    restarts, [loss] = trained["replaced"]
+    assert restarts == 1, loss
+    assert f"update_weights refused: weight attestation of policy version {STEPS + 2} failed" in loss, loss
+    assert tampered in loss, loss
+    assert trained["replacement"] == STEPS + 2  # the replacement serves the version, proven on the published prints
 
 
 async def test_a_sync_whose_adapter_does_not_reach_the_generators_stops_the_run(trained):

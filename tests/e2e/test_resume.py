@@ -1,21 +1,52 @@
-"""A run SIGKILLed after step 2 of 6 and resumed writes the same metrics and tokens as an uninterrupted run."""
+"""A run stopped three ways after a trained step and resumed each time writes the same metrics and tokens as an
+uninterrupted run: SIGKILL (it resumes from the newest regular checkpoint), then Ctrl-C (SIGINT) and SIGTERM with no
+regular checkpoints (each commits the step it stopped after: the only checkpoint of that step)."""
 
+import re
 import signal
+from pathlib import Path
 
 from rl.checkpoint import store as checkpoint
 from tests.support.launch import Launch
-from tests.support.runs import EXACT_RUN, assert_same_run, train_to_end
+from tests.support.runs import EXACT_RUN, assert_same_run, read_jsonl, train_to_end
+
+SAVED = re.compile(r"rlmesh: interrupted after step (\d+); it is saved in (\S+)")
 
 
-def test_a_killed_run_resumes_to_the_same_metrics_and_tokens(tmp_path, clean_tiny_run):
-    launch = Launch(tmp_path / "killed", "--checkpoint.every_steps", "1", *EXACT_RUN)
+def stop_after_a_trained_step(run_dir: Path, step: int, signal_number: int) -> int:
+    """Resume `run_dir` with no regular checkpoints and send `signal_number` once step `step` is logged: the run must
+    exit 130 naming the step it committed (`step`, or the next when it was training), that step must be the newest
+    checkpoint and the last logged step. Returns it."""
+    launch = Launch(run_dir, "--checkpoint.every_steps", "0", resume=run_dir)
     try:
-        launch.wait_for_line("step    2 v2")
+        launch.wait_for_line(f"step {step:4d} v{step}")
+        launch.process.send_signal(signal_number)
+        assert launch.wait_for_exit(timeout=120) == 130, launch.output()
+    finally:
+        launch.kill_everything()
+    saved = SAVED.search(launch.text)
+    assert saved is not None, launch.output()
+    committed = int(saved[1])
+    newest = checkpoint.newest_checkpoint(run_dir)
+    assert committed >= step and saved[2] == str(newest) and newest.name == f"step_{committed:08d}"
+    assert checkpoint.read(newest, checkpoint.RUN_STATE)["step"] == committed
+    assert read_jsonl(run_dir / "metrics.jsonl")[-1]["step"] == committed
+    return committed
+
+
+def test_a_run_stopped_by_sigkill_sigint_and_sigterm_resumes_to_the_same_metrics_and_tokens(tmp_path, clean_tiny_run):
+    launch = Launch(tmp_path, "--checkpoint.every_steps", "1", *EXACT_RUN)
+    try:
+        launch.wait_for_line("step    1 v1")
         launch.process.send_signal(signal.SIGKILL)
         launch.process.wait(timeout=30)
     finally:
         launch.kill_everything()
-    killed_dir = tmp_path / "killed" / "tiny_qwen3_e2e"
-    assert checkpoint.newest_checkpoint(killed_dir).name in ("step_00000002", "step_00000003")
-    train_to_end("--resume", str(killed_dir))
-    assert_same_run(killed_dir, clean_tiny_run, steps=6)
+    run_dir = tmp_path / "tiny_qwen3_e2e"
+    killed_at = int(checkpoint.newest_checkpoint(run_dir).name.removeprefix("step_"))
+    assert killed_at in (1, 2)
+    interrupted = stop_after_a_trained_step(run_dir, killed_at + 1, signal.SIGINT)
+    terminated = stop_after_a_trained_step(run_dir, interrupted + 1, signal.SIGTERM)
+    if terminated < 6:
+        train_to_end("--resume", str(run_dir))
+    assert_same_run(run_dir, clean_tiny_run, steps=6, interrupted_at=(interrupted, terminated))

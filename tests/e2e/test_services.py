@@ -1,5 +1,5 @@
 """Generator replicas that die or hang, on the tiny Qwen3 with real Monarch and vLLM. (A rubric that always fails
-opens the circuit breaker: tests/unit/rl/loop/test_controller_failures.py; the CLI's message: tests/e2e/test_interrupt.py.)
+opens the circuit breaker: tests/unit/rl/loop/test_controller_failures.py; the CLI's message: tests/unit/rl/commands/test_cli.py.)
 
 Each test is one short run. A replica is killed with SIGKILL by the pid its `ping` reports, while
 it holds requests of the second step; a hang is injected by `RLMESH_FAULT` (`rl.services.replica.FAULT_ENV`).

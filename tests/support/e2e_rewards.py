@@ -27,11 +27,6 @@ def judge_reply_length(reply: str) -> float:
     return min(1.0, len(reply) / 32)
 
 
-def always_fails(rollout: Rollout, example: dict) -> float:
-    """A rubric that always raises: every group fails, for the circuit breaker."""
-    raise RuntimeError("this rubric always fails")
-
-
 def flaky(rollout: Rollout, example: dict) -> float | str:
     """A flaky reward, as a user's first hour met one, by the row's number: raises ValueError when it ends in 0 or 1,
     returns nan when it ends in 2 and the string "1.0" when it ends in 3 (4 of every 10 rows fail, all their rollouts

@@ -150,6 +150,31 @@ def test_echo_weighs_each_environment_message_by_its_own_role(qwen3_renderer):
     assert samples[0].rl_weights == [0.0] * len(prompt) + [1.0] * len(completion) + [0.0] * len(expected_env) + [1.0]
 
 
+def tool_messages_only(message: dict) -> bool:
+    """An echo filter: train tool results, not what the environment says as the user."""
+    return message["role"] == "tool"
+
+
+def test_echo_trains_only_the_environment_messages_its_filter_keeps(qwen3_renderer):
+    prompt, completion, env_messages, bridged, first = _answered_then_tool_and_user_reply(qwen3_renderer)
+    second = _turn(list(bridged.token_ids), [7])
+    weights = {"tool": 0.25, "user": 0.5}
+    filtered = AlgorithmConfig(
+        type="echo",
+        echo_role_weights=weights,
+        echo_filter="tests.unit.rl.algorithms.test_algorithms:tool_messages_only",
+    )
+    samples, _ = _build(
+        {"t": filtered}, [_group("t", [1.0, 0.0], turns=[first, second])], renderers={"t": qwen3_renderer}
+    )
+    new = len(prompt) + len(completion)
+    kept = [0.25 if i >= 0 and env_messages[i]["role"] == "tool" else 0.0 for i in bridged.message_indices[new:]]
+    assert samples[0].ce_weights == [0.0] * new + kept + [0.0]
+    assert 0.25 in kept and 0.5 not in samples[0].ce_weights  # the user message is left out, the tool result kept
+    with pytest.raises(ValueError, match="algorithm.echo_filter is read by type = 'echo' only"):
+        GRPO.check(AlgorithmConfig(echo_filter=filtered.echo_filter), "algorithm", 4)
+
+
 def test_opd_routes_sampled_tokens_to_ref_kl_with_teacher_logprobs():
     calls = []
 

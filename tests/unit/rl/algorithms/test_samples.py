@@ -53,6 +53,25 @@ def test_broken_prefix_starts_a_new_sample():
     assert second.loss_mask == [False, False, False, False, True]
 
 
+def test_a_broken_prefix_is_counted_in_the_step_record_and_shown_on_its_line(capsys):
+    """Environment rollouts (no gateway): one whose re-render broke the prefix counts 1 new sample, a bridged one 0;
+    the console's step line names the count only when it is not 0."""
+    from rl.metrics.backends import ConsoleBackend
+    from rl.metrics.generation import GenerationStats, batch_metrics
+
+    rerendered = rollout(0, 1.0, turns=[turn([1, 2], [3, 4], [-0.5, -0.25]), turn([1, 9, 9, 5], [7], [-1.5])])
+    bridged = rollout(1, 0.0, turns=[turn([1, 2], [3, 4], [-0.5, -0.25]), turn([1, 2, 3, 4, 5], [7], [-1.5])])
+    group = RolloutGroup(group_id="g", task_name="t", example={}, rollouts=[rerendered, bridged])
+    metrics = batch_metrics([group], evicted=0, stats=GenerationStats(), policy_version=0, wait_seconds=0.0)
+    assert metrics["rollouts/new_samples"] == 1 and metrics["rollouts/gateway_new_samples"] == 0
+    ConsoleBackend().log({"policy_version": 0, "loss": 0.5, "rollouts/new_samples": 1}, 1)
+    ConsoleBackend().log({"policy_version": 1, "loss": 0.5, "rollouts/new_samples": 0}, 2)
+    assert capsys.readouterr().out.splitlines() == [
+        "step    1 v0 loss=0.5 rollouts/new_samples=1",
+        "step    2 v1 loss=0.5",
+    ]
+
+
 def test_group_advantages_exclude_failed_rollouts():
     group = RolloutGroup(
         group_id="g",

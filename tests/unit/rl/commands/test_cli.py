@@ -68,6 +68,28 @@ def test_a_run_stopped_by_a_service_out_of_replicas_ends_with_the_resume_hint():
     assert _stopped_message(hinted).count(RESUME_HINT) == 1  # not twice
 
 
+def test_a_run_stopped_by_the_rollout_breaker_says_why_and_how_to_resume():
+    """The breaker's own message (a real `CircuitBreaker` opened by failed groups) is what the CLI prints, with the
+    resume hint when a checkpoint was committed."""
+    from types import SimpleNamespace
+
+    from rl.commands.cli import _stopped_message
+    from rl.config.services import BreakerConfig
+    from rl.loop.roles import RESUME_HINT
+    from rl.services.breaker import CircuitBreaker
+
+    failures: list[str] = []
+    breaker = CircuitBreaker(BreakerConfig(max_consecutive_failed_groups=2), on_open=failures.append)
+    for _ in range(3):
+        breaker.record(True, "ValueError: this rubric always fails")
+    stopped = SimpleNamespace(actor_failures=failures, checkpoints=SimpleNamespace(committed_step=1), resume_from=None)
+    assert _stopped_message(stopped) == (
+        "rlmesh: run stopped:\nrollout circuit breaker: 2 consecutive groups failed "
+        "(services.breaker.max_consecutive_failed_groups = 2); last error: ValueError: this rubric always fails\n"
+        f"{RESUME_HINT}"
+    )
+
+
 def test_a_run_on_attached_workers_is_guarded_and_others_are_not(monkeypatch, tmp_path):
     """`rlmesh train` on attached workers runs its launcher as a guarded child (rl/processes/guard.py): a worker
     restarted under the run kills it with SIGSEGV inside Monarch. Other schedulers, and the guarded child itself,

@@ -154,6 +154,7 @@ def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
         ),
         ({"trainer.lora.rank": "1024"}, "trainer.lora.rank"),
         ({"trainer.lora.target_modules": "['q_proj', 'q_proj']"}, "trainer.lora.target_modules: distinct layer names"),
+        ({"generator.sampling.top_k": "-7"}, "generator.sampling.top_k"),  # vLLM refuses it only when sampling
     ],
     ids=[
         "group-size-1",
@@ -167,6 +168,7 @@ def test_train_with_a_missing_model_fails_before_any_actor_starts(tmp_path):
         "lora-tensor-parallel-attested",
         "lora-rank-above-vllms",
         "lora-repeated-layer",
+        "top-k-below-off",
     ],
 )
 def test_contradictory_settings_are_rejected_naming_the_key(overrides, named):

@@ -128,7 +128,7 @@ async def test_a_crashed_producer_raises_in_the_consumer_instead_of_hanging():
 
 
 async def test_groups_that_always_fail_open_the_breaker_which_stops_the_run():
-    """The run's task is cancelled with the breaker's message (the CLI prints it: tests/e2e/test_interrupt.py)."""
+    """The run's task is cancelled with the breaker's message (the CLI prints it: tests/unit/rl/commands/test_cli.py)."""
     controller, _ = controller_with(StubTrainer(), **{"services.breaker.max_consecutive_failed_groups": "3"})
 
     async def failed_group(row_id, task_name, row, group_size, sampling, sampler="policy", rollout_fn=None):

@@ -19,6 +19,7 @@ from rl.loop.controller import Controller
 from rl.loop.roles import DeadlineMissed
 from rl.loop.state import row_index_of
 from rollouts.types import Rollout, RolloutGroup, RolloutStatus, RolloutTurn
+from tests.support.held_commit import HeldCommit
 from tests.support.paths import E2E_CONFIGS
 
 NEVER = asyncio.Event  # an event nobody sets
@@ -85,7 +86,10 @@ class StubbedRun:
         async def no_states(step):
             return []
 
+        self.trainer_saves: list[str] = []
+
         async def trainer_part(path, weights_only=False):  # the trainer's model and optimizer would go here
+            self.trainer_saves.append(path.name.split("-")[1])  # the step of ".tmp-step_N-XXXX@writer"
             (path / "trainer_saved").write_text("")
 
         controller.scored_groups.make = make
@@ -229,3 +233,58 @@ async def test_a_run_keeps_one_checkpoint_by_default(tmp_path):
     await run.interrupt(lambda: controller.state.step == 3 and controller._unlogged is None)
     committed = checkpoint.committed_checkpoints(controller.checkpoints.report.run_dir)
     assert [path.name for path in committed] == ["step_00000003"]  # steps 1 and 2 were committed, then deleted
+
+
+async def test_ctrl_c_during_a_regular_commit_adopts_it_instead_of_saving_the_step_again(tmp_path, monkeypatch):
+    """The Ctrl-C lands while step 1's regular checkpoint is being committed: the interrupt waits for that commit, the
+    trainer writes step 1 once, one commit runs, and the step is logged with the record it committed."""
+    held = HeldCommit(monkeypatch)
+    run = StubbedRun(tmp_path, every_steps="1")
+    await run.interrupt(held.started.is_set, then=held.release.set)
+    report = run.controller.checkpoints.report
+    assert run.trainer_saves == ["step_00000001"]
+    assert held.outcomes == ["step_00000001"]
+    checkpoints = checkpoint.checkpoint_root(report.run_dir)
+    assert [path.name for path in checkpoints.iterdir()] == ["step_00000001"]
+    assert report.message() == (
+        f"rlmesh: interrupted after step 1; it is saved in {checkpoints / 'step_00000001'}\n"
+        f"resume with: .venv/bin/rlmesh train --resume {report.run_dir}"
+    )
+    committed, _samples = checkpoint.read(checkpoints / "step_00000001", checkpoint.STEP_RECORD)
+    [logged] = [json.loads(line) for line in (report.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert logged["step"] == 1 and logged["reward/mean"] == committed["reward/mean"] == 0.5
+
+
+async def test_a_commit_past_the_budget_is_reported_as_writing_then_as_saved_once_it_completes(tmp_path, monkeypatch):
+    """The budget runs out while step 1's commit is still being written: the report names that commit rather than
+    saying nothing is saved, and reads the run directory when printed, so once the commit completes it says saved."""
+    held = HeldCommit(monkeypatch)
+    run = StubbedRun(tmp_path, every_steps="1", save_s="0.2")
+    await run.interrupt(held.started.is_set)
+    checkpoints = run.controller.checkpoints
+    report = checkpoints.report
+    assert report.message().startswith(
+        "rlmesh: interrupted after step 1; its checkpoint could not be saved (took longer than "
+        "checkpoint.interrupt_save_s = 0.2 s): 1 step(s) lost, nothing is saved (the commit of step 1 was still being "
+        "written: if it completes, a resume continues from it)."
+    )
+    held.release.set()
+    await checkpoints.settled()
+    assert held.outcomes == ["step_00000001"] and run.trainer_saves == ["step_00000001"]
+    assert report.message().startswith(
+        f"rlmesh: interrupted after step 1; it is saved in {checkpoint.checkpoint_root(report.run_dir)}/step_00000001"
+    )
+
+
+async def test_a_stopped_save_ends_only_once_its_commit_thread_has(tmp_path, monkeypatch):
+    """What a trainer recovery waits for before it reads and renames checkpoints: a save stopped during its commit
+    ends when the commit thread does, not before."""
+    held = HeldCommit(monkeypatch)
+    run = StubbedRun(tmp_path, every_steps="1", save_s="0")
+    await run.interrupt(held.started.is_set)
+    settled = asyncio.create_task(run.controller.checkpoints.settled(stop=True))
+    await asyncio.sleep(0.2)
+    assert not settled.done() and held.outcomes == []
+    held.release.set()
+    await settled
+    assert held.outcomes == ["step_00000001"]

@@ -5,12 +5,17 @@ import asyncio
 import contextlib
 import threading
 import types
+from types import SimpleNamespace
 
 import pytest
+import torch
+import torch.distributed.checkpoint as dcp
 
 from rl.config import load_config
 from rl.loop.recovery import TrainerLost, TrainerRecovery
 from rl.loop.roles import RESUME_HINT, DeadlineMissed
+from rl.loop.state import Checkpoints, RunState
+from tests.support.held_commit import HeldCommit
 from tests.support.paths import TINY
 from tests.support.runs import fake_run
 
@@ -142,7 +147,8 @@ def test_ctrl_c_during_a_recovery_says_which_checkpoints_are_on_disk_and_how_to_
     controller.roles = RecoveringRoles()
     controller.run_dir = fake_run(tmp_path, [2, 4])
     controller.state = types.SimpleNamespace(step=5)
-    controller.checkpoints = types.SimpleNamespace(report=None)  # no Ctrl-C checkpoint: the training was not running
+    # no Ctrl-C checkpoint (the training was not running) and no save under way
+    controller.checkpoints = types.SimpleNamespace(report=None, settled=lambda stop=False: asyncio.sleep(0))
     controller.recovery = recovery = TrainerRecovery(controller)
 
     async def ctrl_c_while_recovering():
@@ -162,3 +168,45 @@ def test_ctrl_c_during_a_recovery_says_which_checkpoints_are_on_disk_and_how_to_
         f"resume with: .venv/bin/rlmesh train --resume {run_dir}"
     )
     assert TrainerRecovery(StandInController(2, lost)).interrupted_message() is None  # no loss: the report says it
+
+
+class ReachedTheReplacement(Exception):
+    """The stand-in roles' `generators.updating()`: the recovery got past reading the checkpoints."""
+
+
+def test_a_recovery_reads_the_checkpoints_only_once_a_commit_under_way_has_ended(tmp_path, monkeypatch):
+    """The trainer is lost while step 1's checkpoint is being committed: the recovery waits for that commit thread
+    (it cannot be stopped) and recovers from its checkpoint, instead of reading the checkpoints beside it (and
+    finding none)."""
+    held = HeldCommit(monkeypatch)
+    controller = StandInController(1, None)
+    controller.config = load_config(TINY, {"run.output_dir": str(tmp_path), "checkpoint.every_steps": "1"})
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+
+    async def trainer_part(path, weights_only=False):
+        dcp.save({"model": {"w": torch.arange(4.0)}}, checkpoint_id=path / "trainer")
+
+    @contextlib.asynccontextmanager
+    async def updating():
+        raise ReachedTheReplacement()
+        yield
+
+    controller.roles.save_checkpoint = trainer_part
+    controller.roles.generators = SimpleNamespace(updating=updating)
+    controller.state = RunState(step=1, policy_version=1)
+    controller.run_dir = run_dir
+    controller.checkpoints = Checkpoints(controller.state, controller.roles, controller.config)
+
+    async def run():
+        saving = asyncio.create_task(controller.checkpoints.save(run_dir))
+        await asyncio.to_thread(held.started.wait)
+        saving.cancel()  # the train task, cancelled by the loss
+        recovery = TrainerRecovery(controller)
+        recovery.lost = "the trainer's process(es) [7] exited"
+        asyncio.get_running_loop().call_later(0.2, held.release.set)
+        await recovery._recover()
+
+    with pytest.raises(ReachedTheReplacement):
+        asyncio.run(run())
+    assert held.outcomes == ["step_00000001"]
