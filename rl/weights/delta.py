@@ -397,6 +397,15 @@ def parse_stream(stream: torch.Tensor, tensors: tuple[TensorEntry, ...]) -> list
     return records
 
 
+def apply_record(target: torch.Tensor, record: Record) -> None:
+    """Write one record into `target` (the whole tensor, flat [numel]; the record's tensors on its device)."""
+    block = target[record.start : record.start + record.length]
+    if record.kind == DENSE:
+        block.copy_(record.values)
+    else:
+        block[record.where] = record.values
+
+
 def stage(manifest: Manifest, received: list[tuple[int, int, torch.Tensor]]) -> list[Record]:
     """Check the chunks of a delta against `manifest` and parse them; nothing is written. `received`: (rank, seq,
     bytes) as they arrived. Raises `DeltaRejected` on a missing, duplicated, unexpected, truncated or corrupted chunk."""
@@ -478,11 +487,7 @@ class ResidentWeights:
         with torch.no_grad():
             for record in records:
                 for target in targets[record.tensor]:
-                    block = target[record.start : record.start + record.length]
-                    if record.kind == DENSE:
-                        block.copy_(record.values)
-                    else:
-                        block[record.where] = record.values
+                    apply_record(target, record)
         self._prove(manifest)
         return self.handle
 
