@@ -142,11 +142,17 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(INT_VIEWS[tensor.element_size()])
 
 
+BIT_GATHER = 0x0102040810204080
+"""Multiplying 8 bytes of 0/1 (as one little-endian int64) by this moves byte i's bit to bit 56 + i: one multiply and a
+shift pack 8 flags (the shifts-and-sum form costs twice the time on a CPU)."""
+
+
 def pack_bits(mask: torch.Tensor) -> torch.Tensor:
     """bool [n] -> uint8 [ceil(n / 8)], element i at bit i % 8 of byte i // 8."""
-    padded = torch.nn.functional.pad(mask.to(torch.uint8), (0, -mask.numel() % 8)).view(-1, 8)
-    shifts = torch.arange(8, dtype=torch.uint8, device=mask.device)
-    return (padded << shifts).sum(1, dtype=torch.uint8)
+    flags = mask.view(torch.uint8)
+    if mask.numel() % 8:
+        flags = torch.nn.functional.pad(flags, (0, -mask.numel() % 8))
+    return ((flags.view(torch.int64) * BIT_GATHER) >> 56).to(torch.uint8)
 
 
 def unpack_bits(packed: torch.Tensor, n: int) -> torch.Tensor:
@@ -181,7 +187,7 @@ def encode_block(tensor: int, start: int, new: torch.Tensor, old: torch.Tensor) 
     """The cheapest record taking flat block `old` to `new` (same dtype; none when no bit changed), as host uint8
     pieces, and the changed element count. `start`: the block's first element in the whole tensor."""
     mask = _bits(new) != _bits(old)  # [n] bool
-    changed = int(mask.sum())
+    changed = int(torch.count_nonzero(mask))
     if changed == 0:
         return [], 0
     sizes = record_sizes(new.numel(), changed, new.element_size())
@@ -391,8 +397,8 @@ def parse_stream(stream: torch.Tensor, tensors: tuple[TensorEntry, ...]) -> list
                 raise DeltaRejected(f"offsets of {entry.names[0]} out of range or not strictly increasing")
         elif kind == BITMAP:
             where = unpack_bits(body[:prefix], length)
-            if int(where.sum()) != count:
-                raise DeltaRejected(f"bitmap of {entry.names[0]} marks {int(where.sum())} elements, {count} values")
+            if (marked := int(torch.count_nonzero(where))) != count:
+                raise DeltaRejected(f"bitmap of {entry.names[0]} marks {marked} elements, {count} values")
         records.append(Record(tensor, kind, start, length, values, where))
     return records
 

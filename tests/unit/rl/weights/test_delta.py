@@ -267,3 +267,14 @@ def test_the_parser_refuses_a_record_outside_its_tensor():
     pieces, _ = encode_block(0, 2, torch.ones(4, dtype=WIRE), torch.zeros(4, dtype=WIRE))  # elements 2..6 of 4
     with pytest.raises(DeltaRejected, match="elements"):
         parse_stream(torch.cat(pieces), (entry,))
+
+
+def test_the_gpu_suites_extract_and_apply_path_runs_on_the_cpu_at_a_reduced_size():
+    """The GPU suite's measurement (tests/gpu/test_delta_sync.py) end to end on the CPU: 1% of the elements of
+    Llama-3-8B-shaped tensors (every dimension / 64) change; the patched copy must be the new weights bit for bit, and
+    the payload near the offsets' 6 bytes per changed element over 2 per element (3%), plus headers."""
+    from tests.support.delta_bench import measure
+
+    measured = measure("cpu", layers=1, fraction=0.01, scale=64, repeats=1)
+    assert 0.02 < measured["payload_fraction"] < 0.04
+    assert measured["extract_s"] > 0 and measured["apply_s"] > 0
