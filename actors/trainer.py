@@ -37,8 +37,8 @@ from rl.training.schedule import lr_lambda
 from rl.training.train_step import train_step
 from rl.weights import sync as weight_sync
 from rl.weights.attestation import Fingerprints
-from rl.weights.delta import DeltaMode
-from rl.weights.delta_sync import DeltaPublisher, sends_deltas
+from rl.weights.delta import DeltaMode, sends_deltas
+from rl.weights.delta_sync import DeltaPublisher
 
 
 def load_causal_lm(path: str, trainer_config: TrainerConfig) -> torch.nn.Module:

@@ -59,6 +59,14 @@ INT_VIEWS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 """Integer dtype of each element size: a bitwise comparison (NaN and -0.0 included)."""
 
 
+def sends_deltas(mode: DeltaMode, wire_dtype: torch.dtype, param_dtype: torch.dtype, adapters: bool) -> bool:
+    """Whether a run keeps a copy and sends deltas (`weight_sync.delta`): "always", or "auto" with a wire dtype
+    narrower than the trainer's weights; an adapter-only sync (LoRA) never does."""
+    if adapters or mode == "never":
+        return False
+    return mode == "always" or torch.finfo(wire_dtype).bits < torch.finfo(param_dtype).bits
+
+
 class DeltaRejected(RuntimeError):
     """A delta (or a full version's copy) that must not be served: the replica keeps its version and needs a full one."""
 

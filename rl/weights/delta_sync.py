@@ -25,8 +25,8 @@ from torch.distributed.tensor import DTensor
 from rl.training.distributed import Ranks
 from rl.weights.attestation import Fingerprints, fingerprint_state_dict
 from rl.weights.delta import (
-    DELTA_PREFIX,
     DeltaMode,
+    DELTA_PREFIX,
     DeltaRejected,
     Encoded,
     Manifest,
@@ -48,13 +48,6 @@ def manifest_key(policy_version: int) -> str:
 
 def chunk_key(policy_version: int, rank: int, seq: int) -> str:
     return f"{DELTA_PREFIX}{policy_version}/{rank}/{seq}"
-
-
-def sends_deltas(mode: DeltaMode, wire_dtype: torch.dtype, param_dtype: torch.dtype, adapters: bool) -> bool:
-    """Whether a run keeps a copy and sends deltas (module docstring); an adapter-only sync (LoRA) never does."""
-    if adapters or mode == "never":
-        return False
-    return mode == "always" or torch.finfo(wire_dtype).bits < torch.finfo(param_dtype).bits
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from rl.weights.delta import (
     pack_bits,
     parse_stream,
     record_sizes,
+    sends_deltas,
     stage,
     unpack_bits,
     whole_manifest,
@@ -278,3 +279,12 @@ def test_the_gpu_suites_extract_and_apply_path_runs_on_the_cpu_at_a_reduced_size
     measured = measure("cpu", layers=1, fraction=0.01, scale=64, repeats=1)
     assert 0.02 < measured["payload_fraction"] < 0.04
     assert measured["extract_s"] > 0 and measured["apply_s"] > 0
+
+
+def test_auto_sends_deltas_only_below_the_trainers_precision_and_never_for_adapters():
+    fp32, bf16 = torch.float32, torch.bfloat16
+    assert sends_deltas("auto", bf16, fp32, adapters=False)
+    assert not sends_deltas("auto", fp32, fp32, adapters=False)  # fp32 on the wire: every touched element changes
+    assert sends_deltas("always", fp32, fp32, adapters=False)
+    assert not sends_deltas("never", bf16, fp32, adapters=False)
+    assert not sends_deltas("always", bf16, fp32, adapters=True)
