@@ -40,7 +40,9 @@ def table(run_dir: Path) -> str:
     if later:
         mean_bytes = sum(record["weight_sync/bytes"] for record in later) / len(later)
         mean_s = sum(record.get("time/weight_sync_s", 0.0) for record in later) / len(later)
-        lines.append(f"\nsteps 2..: mean {mean_bytes / 1e6:.2f} MB ({mean_bytes / full:.1%} of full), {mean_s:.2f} s a sync")
+        lines.append(
+            f"\nsteps 2..: mean {mean_bytes / 1e6:.2f} MB ({mean_bytes / full:.1%} of full), {mean_s:.2f} s a sync"
+        )
     return "\n".join(lines)
 
 

@@ -184,11 +184,10 @@ def _record(tensor: int, kind: int, start: int, length: int, values: torch.Tenso
 def record_sizes(length: int, changed: int, element_size: int) -> dict[int, int]:
     """Bytes each record kind takes for a block of `length` elements, `changed` of them changed (headers left out)."""
     up = lambda n: -(-n // ALIGN) * ALIGN
-    return {
-        DENSE: up(length * element_size),
-        INDEX: up(4 * changed) + up(changed * element_size),
-        BITMAP: up(-(-length // 8)) + up(changed * element_size),
-    }
+    sizes = {DENSE: up(length * element_size), BITMAP: up(-(-length // 8)) + up(changed * element_size)}
+    if length < 2**31:  # offsets are int32
+        sizes[INDEX] = up(4 * changed) + up(changed * element_size)
+    return sizes
 
 
 def encode_block(tensor: int, start: int, new: torch.Tensor, old: torch.Tensor) -> tuple[list[torch.Tensor], int]:

@@ -25,8 +25,8 @@ from torch.distributed.tensor import DTensor
 from rl.training.distributed import Ranks
 from rl.weights.attestation import Fingerprints, fingerprint_state_dict
 from rl.weights.delta import (
-    DeltaMode,
     DELTA_PREFIX,
+    DeltaMode,
     DeltaRejected,
     Encoded,
     Manifest,

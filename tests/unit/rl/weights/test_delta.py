@@ -117,6 +117,7 @@ def test_pack_bits_matches_a_hand_packed_mask():
 def test_record_sizes_by_hand_and_the_cheapest_kind_is_chosen():
     # 1000 bf16 elements: dense 2000 B; 10 changed: index 40 + 24 (20 padded) = 64, bitmap 128 (125 padded) + 24
     assert record_sizes(1000, 10, 2) == {DENSE: 2000, INDEX: 64, BITMAP: 152}
+    assert INDEX not in record_sizes(2**31, 10, 2)  # int32 offsets cannot address it
     old = torch.zeros(1000, dtype=WIRE)
     for changed, kind in ((10, INDEX), (200, BITMAP), (900, BITMAP), (990, DENSE)):  # dense above 15/16
         new = old.clone()
