@@ -289,3 +289,29 @@ def test_auto_sends_deltas_only_below_the_trainers_precision_and_never_for_adapt
     assert sends_deltas("always", fp32, fp32, adapters=False)
     assert not sends_deltas("never", bf16, fp32, adapters=False)
     assert not sends_deltas("always", bf16, fp32, adapters=True)
+
+
+def test_a_dtensor_shard_is_kept_at_its_offset_and_published_again_as_a_dtensor(tmp_path):
+    """The sharded trainer's path in one process (a one-rank gloo group): a dim-0 DTensor's local block, its flat
+    offset, and the copy rebuilt as a DTensor of the same placement (what a full version publishes)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        weight = distribute_tensor(torch.randn(6, 4), mesh, [Shard(0)])
+        local, start = delta.local_block(weight)
+        assert start == 0 and torch.equal(local, weight.to_local().reshape(-1))
+        copy = PublishedCopy()
+        ranks = Ranks(0, 1)
+        copy.update({"w": weight, "tied": weight}, WIRE, ranks)
+        rebuilt = copy.state_dict(ranks)
+        assert rebuilt["w"] is rebuilt["tied"] and isinstance(rebuilt["w"], DTensor)
+        assert rebuilt["w"].placements == weight.placements and rebuilt["w"].shape == weight.shape
+        assert torch.equal(
+            rebuilt["w"].full_tensor().view(torch.int16), weight.full_tensor().to(WIRE).view(torch.int16)
+        )
+    finally:
+        dist.destroy_process_group()
