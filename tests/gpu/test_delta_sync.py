@@ -1,9 +1,9 @@
 """Delta weight sync's device work at Llama-3-8B's shapes (bf16): change detection + extraction
 (`rl.weights.delta.encode_block`: the bitwise compare, the count, offsets or bitmap and values, then the payload to the
 host) against the device's own copy bandwidth (goal: at least half of it, reading the new and the old copy; recorded,
-not asserted, until a GPU has measured it), and
-applying the patch into a resident copy on the device. The patched copy must be the new weights bit for bit
-(`tests.support.delta_bench`, whose CPU path a unit test runs at a reduced size)."""
+not asserted, until a GPU has measured it), and applying the patch into a resident copy on the device. The patched
+copy must be the new weights bit for bit (`tests.support.delta_bench`, whose CPU path a unit test runs at a reduced
+size)."""
 
 import pytest
 
