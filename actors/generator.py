@@ -41,6 +41,8 @@ from rl.weights import sync as weight_sync
 from rl.weights import vllm_worker
 from rl.weights.adapter import AdapterFolders, lora_request_id
 from rl.weights.attestation import Fingerprints, Piece, Verdict, check
+from rl.weights.delta import DeltaRejected
+from rl.weights.delta_sync import DeltaReceiver
 from rl.weights.shared_file import MappedFiles, SharedWeights
 from rollouts.types import Completion, GenerationFailed, GenerationRequest
 
@@ -118,6 +120,9 @@ class WeightUpdate:
 
     seconds: float
     verdict: Verdict | None = None
+    needs_full: str | None = None
+    """Why the version (a delta) could not be applied here: the replica still serves its previous version and loads
+    this one once the trainer has published it in full (`rl.loop.weight_update`)."""
 
 
 def measure_loaded(llm: Any, expected: Fingerprints) -> list[Piece]:
@@ -218,7 +223,8 @@ class Generator(MetricsActor, ServiceReplica):
         """Set for a LoRA policy: versions arrive as adapters, served through vLLM's LoRA support."""
         self.engine = EngineLoop(self.llm.llm_engine)
         self.on_weight_update = generator_config.on_weight_update
-        self.weights = weight_sync.WeightReceiver(weight_transport)
+        self.weights = DeltaReceiver(weight_sync.WeightReceiver(weight_transport))
+        self._last_update: WeightUpdate | None = None
         name_process(str(replica) if replica else "generator")
         self.memory_role = replica.service if replica else "generator"  # "generator", or a frozen model's service
         reset_peaks()  # the steps' peaks start after the engine's start-up
@@ -265,7 +271,12 @@ class Generator(MetricsActor, ServiceReplica):
         another request, that the weights it holds and the version it stamps are those: if not, the engine stays
         closed for good and the returned verdict says why (the caller replaces the replica)."""
         start = time.perf_counter()
-        handle = await self.weights.pull(policy_version)
+        try:
+            handle = await self.weights.pull(policy_version)
+        except DeltaRejected as exc:  # nothing was loaded: the engine serves its version until a full one arrives
+            return WeightUpdate(time.perf_counter() - start, needs_full=str(exc))
+        if policy_version == self.policy_version and self.weights.holds(policy_version) and self._last_update:
+            return self._last_update  # loaded and proven already (the sync repairs another replica)
         previous_version, verdict = self.engine.version, None
         adapter = await self._write_adapter(policy_version, handle) if self.adapters is not None else None
         try:
@@ -289,7 +300,8 @@ class Generator(MetricsActor, ServiceReplica):
             self.adapters.keep_only(Path(adapter.lora_path))
         return_free_heap_pages()
         self.policy_version = policy_version
-        return WeightUpdate(time.perf_counter() - start, verdict)
+        self._last_update = WeightUpdate(time.perf_counter() - start, verdict)
+        return self._last_update
 
     async def _write_adapter(self, policy_version: int, handle: SharedWeights) -> Any:
         """The `LoRARequest` of `policy_version`: the adapter `handle` names, written as the PEFT folder vLLM loads,

@@ -39,6 +39,8 @@ from rl.training.sharded_load import load_shards
 from rl.training.train_step import train_step
 from rl.weights import sync as weight_sync
 from rl.weights.attestation import Fingerprints
+from rl.weights.delta import DeltaMode, sends_deltas
+from rl.weights.delta_sync import DeltaPublisher
 
 
 def load_causal_lm(path: str, trainer_config: TrainerConfig, empty: bool = False) -> torch.nn.Module:
@@ -133,9 +135,12 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         *,
         weight_transport: str,
         wire_dtype: DType,
+        weight_delta: DeltaMode = "never",
+        delta_full_every: int = 50,
     ):
         """`total_steps`: optimizer steps the LR schedule is sized for; `weight_transport`: `weight_sync.transport`;
-        `wire_dtype`: the dtype pushed weights travel in (the generators' weights dtype)."""
+        `wire_dtype`: the dtype pushed weights travel in (the generators' weights dtype); `weight_delta`,
+        `delta_full_every`: `weight_sync.delta` and `weight_sync.delta_full_every`."""
         world = trainer_config.ranks
         pin_process(
             trainer_config.cpus, rank=current_rank().rank % trainer_config.num_procs, of=trainer_config.num_procs
@@ -171,6 +176,13 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         record_metric("memory/trainer/load_peak_rss_mb", peak_rss_bytes() / MIB, Reduce.MAX)
         record_metric("memory/trainer/load_growth_mb", (peak_rss_bytes() - before_load) / MIB, Reduce.MAX)
         reset_peaks()
+        param_dtype = TORCH_DTYPES[trainer_config.param_dtype]
+        self.deltas = (
+            DeltaPublisher(self.publisher, weight_delta, delta_full_every)
+            if sends_deltas(weight_delta, self.wire_dtype, param_dtype, trainer_config.lora.enabled)
+            else None
+        )
+        """Set when versions may travel as deltas (`rl.weights.delta_sync`)."""
 
     def compute(self):
         """Forward passes run in `trainer.dtype` (autocast, or FSDP2's mixed precision) over the `trainer.param_dtype` weights."""
@@ -201,9 +213,14 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         )
 
     @endpoint
-    async def push_weights(self, policy_version: int, fingerprint: bool = False) -> Fingerprints | None:
+    async def push_weights(
+        self, policy_version: int, fingerprint: bool = False, full: bool = False
+    ) -> Fingerprints | None:
         """Publish the current weights as `policy_version`; with `fingerprint`, return the version's fingerprints
-        (`rl.weights.attestation`: what each generator must then prove it serves)."""
+        (`rl.weights.attestation`: what each generator must then prove it serves). `full`: publish the last published
+        version `policy_version` once more, whole (generators that lack a delta's base load it)."""
+        if self.deltas is not None:
+            return await self._push_with_deltas(policy_version, fingerprint, full)
         # sent in the generators' dtype: half the bytes when they run bf16
         if self.trainer_config.lora.enabled:
             state_dict = lora.adapter_state_dict(self.lm)  # the adapters alone; the generators hold the base
@@ -214,6 +231,24 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         )
         if self.ranks.rank == 0:
             record_metric("weight_sync/bytes", weight_sync.payload_bytes(state_dict, self.wire_dtype), Reduce.MAX)
+        self.policy_version = policy_version
+        return fingerprints
+
+    async def _push_with_deltas(self, policy_version: int, fingerprint: bool, full: bool) -> Fingerprints | None:
+        if full:
+            fingerprints, stats = await self.deltas.publish_again(
+                policy_version, self.wire_dtype, self.ranks, fingerprint=fingerprint
+            )
+        else:
+            state_dict = self.lm.state_dict(keep_vars=self.ranks.world > 1)
+            fingerprints, stats = await self.deltas.publish(
+                state_dict, policy_version, self.wire_dtype, self.ranks, fingerprint=fingerprint
+            )
+        if self.ranks.rank == 0:
+            record_metric("weight_sync/bytes", stats.bytes, Reduce.SUM)  # a repair's full version adds to the delta
+            record_metric("weight_sync/delta", float(stats.delta), Reduce.MIN)
+            if not full:
+                record_metric("weight_sync/changed_fraction", stats.changed_fraction, Reduce.MAX)
         self.policy_version = policy_version
         return fingerprints
 

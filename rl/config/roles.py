@@ -168,3 +168,13 @@ class WeightSyncConfig(Section):
     `trainer.lora` a sync's attestation is the adapter's: the trainer fingerprints the adapter tensors it publishes and
     each replica measures the adapter in the LoRA slot vLLM serves that version from (then the probe-logprob check,
     `trainer.lora.sync_check_tolerance`, proves it end to end through vLLM's LoRA kernels)."""
+    delta: Literal["auto", "always", "never"] = "auto"
+    """Send only the elements whose bits changed in the generators' dtype (`rl.weights.delta`): the trainer keeps the
+    last published version and per tensor block sends the changed elements' offsets (or a bitmap) and values, or the
+    block whole when that is smaller; each generator applies a delta only onto the exact version it was made against,
+    proves the result bit for bit, and otherwise gets a full version. "auto": deltas only when the generators' dtype
+    is narrower than `trainer.param_dtype` (fp32 published in fp32 changes nearly every element each step), with a full
+    version every `delta_full_every` syncs and instead of a delta above half its size; "always": a delta whenever
+    there is a base; "never": every version whole. Adapter-only syncs (`trainer.lora`) always send the adapters whole."""
+    delta_full_every: int = Field(default=50, ge=1)
+    """With `delta = "auto"`: every this many syncs the version goes whole, so a delta chain never grows unbounded."""

@@ -78,6 +78,13 @@ def refusal(update: WeightUpdate) -> str | None:
     return None
 
 
+def full_refusal(update: WeightUpdate) -> str | None:
+    """`refusal`, and a replica that cannot load even a full version (its copy of it failed its digest)."""
+    if (reason := refusal(update)) is not None:
+        return reason
+    return f"cannot load the full version: {update.needs_full}" if update.needs_full else None
+
+
 def frozen_generator(generator: GeneratorConfig, model: FrozenModelConfig) -> GeneratorConfig:
     """A frozen model's Generator section: the policy's engine settings with the model's dtype, device and replicas."""
     return generator.model_copy(update={"dtype": model.dtype, "device": model.device, "num_replicas": model.replicas})
@@ -261,6 +268,8 @@ class Roles:
             mesh_name=self._trainer_meshes[-1],
             weight_transport=config.weight_sync.transport,
             wire_dtype=config.generator.dtype,
+            weight_delta=config.weight_sync.delta,
+            delta_full_every=config.weight_sync.delta_full_every,
         )
         self._proc_meshes.append(self._trainer_procs)
         await asyncio.wait_for(self.trainer.initialized, config.services.generator.start_timeout_s)
@@ -301,7 +310,10 @@ class Roles:
         attests its syncs, proves it before it takes traffic (else it fails to start)."""
         if (policy_version := self.policy_version()) > 0:
             update = await generator.update_weights.call_one(policy_version, self.published)
-            if (reason := refusal(update)) is not None:
+            if update.needs_full:  # the version went as a delta, and a new replica has no base
+                await self.push_weights(policy_version, full=True)
+                update = await generator.update_weights.call_one(policy_version, self.published)
+            if (reason := full_refusal(update)) is not None:
                 raise RuntimeError(reason)
 
     async def _connect_models(self, reward: Any) -> None:
@@ -353,10 +365,11 @@ class Roles:
                 rollout.error = f"reward actor failed: {exc}"
             return group
 
-    async def push_weights(self, policy_version: int) -> Fingerprints | None:
+    async def push_weights(self, policy_version: int, full: bool = False) -> Fingerprints | None:
         """The trainer publishes its weights as `policy_version` within `run.weight_sync_timeout_s`; returns the
-        version's fingerprints when the run attests its syncs (`weight_sync.attest`), kept for replacements too."""
-        push = self.trainer.push_weights.call_one(policy_version, self.config.weight_sync.attest)
+        version's fingerprints when the run attests its syncs (`weight_sync.attest`), kept for replacements too.
+        `full`: the last published version once more, whole (for generators that cannot apply its delta)."""
+        push = self.trainer.push_weights.call_one(policy_version, self.config.weight_sync.attest, full)
         timeout_s = self.config.run.weight_sync_timeout_s
         what = f"trainer weight push (policy version {policy_version})"
         self.published = await self._in_flight(

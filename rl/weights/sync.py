@@ -180,11 +180,15 @@ def parameter_bytes(model_path: str, dtype: torch.dtype) -> int | None:
 
 def shared_memory_needed(config: Config) -> int | None:
     """Bytes the weight files take in `SHM_DIR` on the launcher's host: the trainer's two slots ("shared_memory"),
-    or a staging file per local generator replica ("torchstore"); None when the model's size is not known here."""
+    or a staging file per local generator replica ("torchstore"), and with delta sync a resident copy per local
+    generator replica (`rl.weights.delta`); None when the model's size is not known here."""
     from rl.precision import TORCH_DTYPES
+    from rl.weights.delta import sends_deltas
 
     local_generators = 0 if config.cluster.hosts.generator else config.generator.num_replicas
     files = 2 if config.weight_sync.transport == "shared_memory" else local_generators
+    wire, master = TORCH_DTYPES[config.generator.dtype], TORCH_DTYPES[config.trainer.param_dtype]
+    files += local_generators * sends_deltas(config.weight_sync.delta, wire, master, config.trainer.lora.enabled)
     if files == 0:
         return 0
     size = parameter_bytes(config.model.path, TORCH_DTYPES[config.generator.dtype])

@@ -22,7 +22,7 @@ async def test_weight_push_that_hangs_fails_loudly():
     """(A generator that hangs in its reload is replaced instead: tests/unit/rl/services/test_services.py.)"""
     controller = Controller(load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml", {"run.weight_sync_timeout_s": "0.05"}))
 
-    async def never(version, fingerprint):
+    async def never(version, fingerprint, full):
         await asyncio.sleep(3600)
 
     controller.roles.generators = Service(

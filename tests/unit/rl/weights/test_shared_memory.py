@@ -43,6 +43,13 @@ def test_the_bytes_a_sync_needs_are_the_policys_in_the_wire_dtype():
     assert shared_memory_needed(fp32) == 2 * 4 * count  # two slots (versions alternate), fp32
     staging = resolve_config(load_config(TINY, {"weight_sync.transport": "torchstore", "generator.num_replicas": "2"}))
     assert shared_memory_needed(staging) == 2 * parameter_bytes("tiny-qwen3", torch.float32)  # a file per generator
+    bf16 = resolve_config(load_config(TINY, {"generator.dtype": "bfloat16", "generator.num_replicas": "2"}))
+    size = parameter_bytes("tiny-qwen3", torch.bfloat16)
+    assert shared_memory_needed(bf16) == 2 * size + 2 * size  # two slots, and each generator's resident copy (deltas)
+    never = resolve_config(
+        load_config(TINY, {"generator.dtype": "bfloat16", "generator.num_replicas": "2", "weight_sync.delta": "never"})
+    )
+    assert shared_memory_needed(never) == 2 * size
 
 
 def test_a_run_whose_sync_does_not_fit_in_dev_shm_is_refused_at_validation():

@@ -1,0 +1,126 @@
+"""Delta weight sync in real runs (tiny Qwen3, fp32 trainer at lr 1e-6, bf16 generators): after the first, full, sync
+each version crosses as a delta of at most a tenth of its size, every sync is attested, and the file each generator's
+vLLM loads from holds the trainer's weights cast to bf16 bit for bit. Then the run is resumed (the new trainer has no
+copy: its first version goes whole) and a generator is killed in the middle of the delta chain: its replacement has
+no base, the trainer publishes the current version whole for it, and the chain goes on.
+
+The generators' files are read after the launcher and every actor are SIGKILLed at the last step (a clean exit removes
+them); the trainer's weights are the step's committed checkpoint, cast by torch here. The resumed run ends by itself:
+its replicas prove each version bit for bit before loading it (`rl.weights.delta.ResidentWeights`), and attest it
+after."""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import torch
+
+from rl.checkpoint import store as checkpoint
+from rl.checkpoint.export import read_model_state
+from rl.weights.shared_file import SHM_DIR, SHM_PREFIX, map_file, plan_layout, view
+from tests.support.launch import Launch, actor_pids
+
+DELTA_RUN = (
+    "--generator.dtype",
+    "bfloat16",
+    "--loss.rollout_correction.preset",
+    "decoupled_token_is",
+    "--trainer.lr",
+    "1e-6",
+    "--checkpoint.every_steps",
+    "1",
+    "--tasks.0.rubric.reward_fns",
+    "[{fn = 'tests.support.e2e_rewards:even_token_share'}]",
+)
+
+
+def records(run_dir: Path) -> dict[int, dict]:
+    by_step = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        by_step[record["step"]] = record
+    return by_step
+
+
+def stop_at(launch: Launch, run_dir: Path, step: int) -> list[int]:
+    """Wait for `step`'s line and checkpoint, then SIGKILL everything; the generator processes that were alive."""
+    launch.wait_for_line(f"v{step} ", timeout=600)
+    deadline = time.monotonic() + 120
+    while not any(path.name == f"step_{step:08d}" for path in checkpoint.committed_checkpoints(run_dir)):
+        assert time.monotonic() < deadline, f"no checkpoint of step {step}"
+        time.sleep(0.1)
+    pids = list(actor_pids(launch.process.pid, "generator/").values())
+    launch.kill_everything()
+    launch.process.wait(timeout=30)
+    return pids
+
+
+def assert_generators_hold(run_dir: Path, step: int, pids: list[int]) -> None:
+    """Each generator's resident file is the trainer's step-`step` weights cast to bf16, bit for bit."""
+    from transformers import AutoModelForCausalLM
+
+    from rl.assets import resolve_model_path
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path("tiny-qwen3"), dtype=torch.float32)
+    state = model.state_dict()  # the trainer's names and ties (what it publishes)
+    trained = read_model_state(checkpoint.committed_checkpoints(run_dir)[-1])
+    assert checkpoint.committed_checkpoints(run_dir)[-1].name == f"step_{step:08d}"
+    with torch.no_grad():
+        for name, tensor in trained.items():
+            state[name].copy_(tensor)
+    layout, nbytes = plan_layout(state, torch.bfloat16)  # the publisher's layout; a generator's copy keeps it
+    for pid in pids:
+        [path] = SHM_DIR.glob(f"{SHM_PREFIX}{pid}-resident-*")
+        try:
+            buffer = map_file(str(path), nbytes)
+            for name, tensor in state.items():
+                held = view(buffer, *layout[name])
+                assert torch.equal(held.view(torch.int16), tensor.to(torch.bfloat16).view(torch.int16)), (pid, name)
+        finally:
+            path.unlink()
+
+
+def test_deltas_are_small_attested_and_exact_and_a_replacement_mid_chain_or_a_resume_gets_a_full_version(tmp_path):
+    run_dir = tmp_path / "run" / "tiny_qwen3_e2e"
+    launch = Launch(tmp_path / "run", *DELTA_RUN, "--run.steps", "5", "--generator.num_replicas", "2")
+    try:
+        pids = stop_at(launch, run_dir, 5)
+    finally:
+        launch.kill_everything()
+    by_step = records(run_dir)
+    full = by_step[1]["weight_sync/bytes"]
+    assert by_step[1]["weight_sync/delta"] == 0
+    for step in range(1, 6):
+        assert by_step[step]["weight_sync/attested"] == 1, by_step[step]
+    for step in range(2, 6):
+        assert by_step[step]["weight_sync/delta"] == 1, by_step[step]
+        assert by_step[step]["weight_sync/bytes"] <= 0.1 * full, by_step[step]
+        assert 0 < by_step[step]["weight_sync/changed_fraction"] < 0.05, by_step[step]
+    assert len(pids) == 2
+    assert_generators_hold(run_dir, 5, pids)
+
+    # resumed (a new trainer: no copy), then a generator killed in the middle of the chain; the run goes on meanwhile
+    launch = Launch(tmp_path / "run", "--run.steps", "80", "--run.eval_every", "1000", resume=run_dir)
+    try:
+        launch.wait_for_line("v7 ", timeout=600)
+        victim = next(iter(actor_pids(launch.process.pid, "generator/").values()))
+        os.kill(victim, signal.SIGKILL)
+        launch.wait_for_line("replaced; serving again", timeout=600)
+        assert launch.process.wait(timeout=600) == 0, launch.output()
+    finally:
+        launch.kill_everything()
+    by_step = records(run_dir)
+    assert by_step[6]["weight_sync/delta"] == 0 and by_step[6]["weight_sync/bytes"] >= full  # the resume: whole
+    assert by_step[7]["weight_sync/delta"] == 1 and by_step[7]["weight_sync/attested"] == 1
+    repairs = [step for step in range(8, 81) if by_step[step]["weight_sync/delta"] == 0]
+    assert repairs, "the replacement loaded no full version"  # its repair adds the full bytes to a step's record
+    repaired = repairs[0]
+    assert by_step[repaired]["weight_sync/bytes"] >= full
+    assert repaired + 5 <= 80, "the replacement came too late to see the chain go on"
+    for step in range(repaired + 1, repaired + 6):  # both replicas apply deltas again, proven
+        assert by_step[step]["weight_sync/delta"] == 1, by_step[step]
+        assert by_step[step]["weight_sync/bytes"] <= 0.1 * full, by_step[step]
+    for step in range(repaired + 1, 81):
+        assert by_step[step]["weight_sync/attested"] == 1, by_step[step]
