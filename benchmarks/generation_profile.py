@@ -1,0 +1,167 @@
+"""Where a generator's decode step goes: the main job's generation phase replayed on one vLLM engine, timed by part.
+
+Builds the engine exactly as a generator does (`actors.generator.engine_args` / `engine_environment` of the config),
+then runs `--batches` generation phases of `groups x group_size` requests (the task's rendered prompts, one seed per
+request, the config's sampling and `max_new_tokens`), each added at once as the loop's rows arrive. Wall-clock timers
+wrapped around vLLM's own functions split every engine step into: scheduling, input preparation, the model forward,
+the logits (lm_head), sampling, the sampled tokens' logprobs (log-softmax over the vocabulary, gather and rank),
+the scheduler's update, output processing; the rest of a step is Python between them. Prints a table and writes it
+as JSON (`--out`).
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/generation_profile.py --config configs/sum_digits_smollm2_cpu.toml
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+from rl.assets import resolve_model_path
+from rl.config import Config
+from rl.config.root import load_config
+
+SECONDS: dict[str, float] = defaultdict(float)
+"""Seconds spent inside each timed part, over the measured batches."""
+CALLS: dict[str, int] = defaultdict(int)
+
+
+def timed_method(owner: Any, name: str, label: str) -> None:
+    """Replace `owner.name` with a wrapper that adds its wall time to `SECONDS[label]` (owner: object or class)."""
+    original: Callable[..., Any] = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            SECONDS[label] += time.perf_counter() - start
+            CALLS[label] += 1
+
+    if isinstance(owner, type) and isinstance(owner.__dict__.get(name), staticmethod):
+        setattr(owner, name, staticmethod(wrapper))
+    else:
+        setattr(owner, name, wrapper)
+
+
+def instrument(llm: Any) -> None:
+    """Timers around the parts of one in-process engine step (vLLM v1, one CPU or GPU worker)."""
+    from vllm.v1.sample.sampler import Sampler
+
+    engine_core = llm.llm_engine.engine_core.engine_core
+    runner = engine_core.model_executor.driver_worker.worker.model_runner
+    timed_method(engine_core, "step", "engine step")
+    timed_method(engine_core.scheduler, "schedule", "scheduling")
+    timed_method(engine_core.scheduler, "update_from_output", "scheduler update")
+    timed_method(runner, "_update_states", "input preparation")
+    timed_method(runner, "_prepare_inputs", "input preparation")
+    timed_method(runner.model, "forward", "model forward")
+    timed_method(runner.model, "compute_logits", "logits (lm_head)")
+    timed_method(runner.sampler, "forward", "sampler (all)")
+    timed_method(Sampler, "compute_logprobs", "logprobs: log-softmax")
+    timed_method(Sampler, "gather_logprobs", "logprobs: gather and rank")
+    timed_method(llm.llm_engine.output_processor, "process_outputs", "output processing")
+
+
+def prompts(config: Config, count: int) -> tuple[list[list[int]], list[int]]:
+    """The first `count` training rows' prompts of the config's first task (its chat template, no system prompt
+    of the task's own) and the stop tokens the loop gives its generators."""
+    from env_types.renderer import load_tokenizer
+    from rl.loop.scored_groups import built_tasks
+
+    tasks, _, stop_tokens = built_tasks(config)
+    task = next(iter(tasks.values())).task
+    tokenizer = load_tokenizer(resolve_model_path(config.model.path))
+    rows = task.load_dataset("train")[:count]
+    rendered = [
+        tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], add_generation_prompt=True)
+        for row in rows
+    ]
+    return rendered, stop_tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="configs/sum_digits_smollm2_cpu.toml")
+    parser.add_argument("--batches", type=int, default=6, help="generation phases measured (after one warm-up)")
+    parser.add_argument("--out", default=None, help="write the result as JSON here")
+    args, rest = parser.parse_known_args()
+    overrides = dict(zip((key.removeprefix("--") for key in rest[::2]), rest[1::2]))  # --section.key value
+    config = load_config(args.config, overrides)
+
+    from actors.generator import engine_args, engine_environment, sampling_params
+
+    os.environ.update(engine_environment(config.generator, []))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from vllm import LLM
+    from vllm.inputs import TokensPrompt
+
+    from rollouts.types import GenerationRequest
+
+    groups, group_size = config.run.groups_per_step, config.algorithm.group_size
+    max_new_tokens = config.tasks[0].env.max_new_tokens
+    llm = LLM(model=resolve_model_path(config.model.path), **engine_args(config.generator))
+    rows, stop_tokens = prompts(config, groups * (args.batches + 1))
+
+    def phase(batch: int) -> tuple[float, int]:
+        requests = [
+            GenerationRequest(rows[batch * groups + g], max_new_tokens, seed=1000 * batch + g * group_size + s)
+            for g in range(groups)
+            for s in range(group_size)
+        ]
+        params = [sampling_params(config.generator.sampling, r, stop_tokens) for r in requests]
+        start = time.perf_counter()
+        outputs = llm.generate(
+            [TokensPrompt(prompt_token_ids=r.prompt_token_ids) for r in requests], params, use_tqdm=False
+        )
+        return time.perf_counter() - start, sum(len(o.outputs[0].token_ids) for o in outputs)
+
+    phase(0)  # warm-up: first shapes, oneDNN primitives
+    instrument(llm)
+    walls, tokens = [], []
+    for batch in range(1, args.batches + 1):
+        wall, count = phase(batch)
+        walls.append(wall)
+        tokens.append(count)
+    total = sum(walls)
+    step = SECONDS["engine step"]
+    parts = {k: v for k, v in SECONDS.items() if k not in ("engine step", "sampler (all)")}
+    sampler_other = SECONDS["sampler (all)"] - SECONDS["logprobs: log-softmax"] - SECONDS["logprobs: gather and rank"]
+    parts["sampling (sampler less logprobs)"] = sampler_other
+    inside_step = sum(v for k, v in parts.items() if k != "output processing")
+    parts["engine step: Python between parts"] = step - inside_step
+    parts["outside the engine step (LLM.generate, request handling)"] = total - step - SECONDS["output processing"]
+    result = {
+        "config": args.config,
+        "overrides": overrides,
+        "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or len(os.sched_getaffinity(0)),
+        "batches": args.batches,
+        "requests_per_batch": groups * group_size,
+        "completion_tokens_per_batch": statistics.fmean(tokens),
+        "seconds_per_batch": statistics.fmean(walls),
+        "seconds_per_batch_each": walls,
+        "tokens_per_s": sum(tokens) / total,
+        "engine_steps_per_batch": CALLS["engine step"] / args.batches,
+        "ms_per_engine_step": 1000 * step / CALLS["engine step"],
+        "share": {k: v / total for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
+    }
+    print(
+        f"{result['tokens_per_s']:.0f} tokens/s, {result['seconds_per_batch']:.2f} s per phase of "
+        f"{result['requests_per_batch']} requests ({result['completion_tokens_per_batch']:.0f} tokens, "
+        f"{result['engine_steps_per_batch']:.0f} engine steps of {result['ms_per_engine_step']:.1f} ms)"
+    )
+    for name, share in result["share"].items():
+        print(f"  {share:6.1%}  {name}")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+    llm.llm_engine.engine_core.shutdown()
+
+
+if __name__ == "__main__":
+    main()
