@@ -9,6 +9,10 @@ the scheduler's update, output processing; the rest of a step is Python between 
 as JSON (`--out`).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/generation_profile.py --config configs/sum_digits_smollm2_cpu.toml
+
+`--pyspy FILE` instead splits a py-spy recording of a running generator (`py-spy record --pid PID --idle --format
+raw -o FILE`, the generator process of a training run) into the same parts, counting the samples of its engine
+thread (every engine call runs there).
 """
 
 from __future__ import annotations
@@ -79,10 +83,44 @@ def prompts(config: Config, count: int) -> tuple[list[list[int]], list[int]]:
     tokenizer = load_tokenizer(resolve_model_path(config.model.path))
     rows = task.load_dataset("train")[:count]
     rendered = [
-        tokenizer.apply_chat_template([{"role": "user", "content": row["prompt"]}], add_generation_prompt=True)
+        list(
+            tokenizer.apply_chat_template(
+                [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True, return_dict=True
+            )["input_ids"]
+        )
         for row in rows
     ]
     return rendered, stop_tokens
+
+
+PARTS = (
+    ("logprobs", ("compute_logprobs", "gather_logprobs", "batched_count_greater_than")),
+    ("sampling", ("v1/sample/",)),
+    ("logits (lm_head)", ("compute_logits",)),
+    ("model forward", ("model_executor/models/", "model_executor/layers/", "attention/")),
+    ("input preparation", ("_update_states", "_prepare_inputs", "input_batch.py", "block_table.py")),
+    ("scheduling", ("core/sched/",)),
+    ("scheduler update", ("update_from_output",)),
+    ("output processing", ("output_processor", "detokenizer")),
+    ("weight reload and attestation", ("vllm_worker", "vllm_attest", "reset_prefix_cache", "load_weights")),
+    ("adding requests", ("add_request",)),
+)
+"""A sampled stack's part: the first whose markers (file or function names) appear in it."""
+
+
+def classify(raw: str) -> dict[str, float]:
+    """Share of each part among the engine thread's samples in py-spy's raw (collapsed) output, idle included."""
+    counts: dict[str, int] = defaultdict(int)
+    for line in raw.splitlines():
+        stack, _, count = line.rpartition(" ")
+        if "engine_loop.py" not in stack and "vllm-engine" not in stack:
+            continue  # another thread: the actor's event loop, Monarch's runtime
+        part = next((name for name, markers in PARTS if any(m in stack for m in markers)), None)
+        if part is None:
+            part = "engine thread idle" if "engine_loop.py" not in stack else "engine step: other Python"
+        counts[part] += int(count)
+    total = sum(counts.values())
+    return {name: n / total for name, n in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
 def main() -> None:
@@ -90,7 +128,13 @@ def main() -> None:
     parser.add_argument("--config", default="configs/sum_digits_smollm2_cpu.toml")
     parser.add_argument("--batches", type=int, default=6, help="generation phases measured (after one warm-up)")
     parser.add_argument("--out", default=None, help="write the result as JSON here")
+    parser.add_argument("--pyspy", default=None, help="split this py-spy raw recording instead of running")
     args, rest = parser.parse_known_args()
+    if args.pyspy:
+        with open(args.pyspy) as f:
+            for name, share in classify(f.read()).items():
+                print(f"  {share:6.1%}  {name}")
+        return
     overrides = dict(zip((key.removeprefix("--") for key in rest[::2]), rest[1::2]))  # --section.key value
     config = load_config(args.config, overrides)
 
@@ -98,6 +142,7 @@ def main() -> None:
 
     os.environ.update(engine_environment(config.generator, []))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    import torch
     from vllm import LLM
     from vllm.inputs import TokensPrompt
 
@@ -139,7 +184,7 @@ def main() -> None:
     result = {
         "config": args.config,
         "overrides": overrides,
-        "threads": int(os.environ.get("OMP_NUM_THREADS", "0")) or len(os.sched_getaffinity(0)),
+        "torch_threads": torch.get_num_threads(),
         "batches": args.batches,
         "requests_per_batch": groups * group_size,
         "completion_tokens_per_batch": statistics.fmean(tokens),
