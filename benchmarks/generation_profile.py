@@ -18,6 +18,7 @@ thread (every engine call runs there).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import statistics
@@ -123,11 +124,42 @@ def classify(raw: str) -> dict[str, float]:
     return {name: n / total for name, n in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
+async def paused_phases(llm: Any, rows: Any, requests: list[tuple[Any, Any]], after_steps: int) -> dict[str, str]:
+    """One phase through an `EngineLoop` per weight-update mode, paused once after `after_steps` engine steps (the
+    prefix cache dropped inside the pause, as a weight reload does): its wall time and the tokens it returned."""
+    from actors.engine_loop import EngineLoop
+
+    measured = {}
+    for mode in ("finish", "resubmit", "continue"):
+        loop = EngineLoop(llm.llm_engine)
+        steps_before = CALLS["engine step"]
+        start = time.perf_counter()
+        pending = [asyncio.ensure_future(loop.generate(prompt, params)) for prompt, params in requests]
+        while CALLS["engine step"] - steps_before < after_steps:
+            await asyncio.sleep(0.001)
+        async with loop.pause(mode, 1):
+            await loop.call(llm.reset_prefix_cache)
+        results = await asyncio.gather(*pending)
+        wall = time.perf_counter() - start
+        tokens = sum(len(result.output.outputs[0].token_ids) for result in results)
+        kept = sum(result.token_versions.count(0) for result in results)
+        measured[mode] = f"{wall:.2f} s, {tokens} tokens ({kept} sampled before the pause and kept)"
+        await loop.close()
+    return measured
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/sum_digits_smollm2_cpu.toml")
     parser.add_argument("--batches", type=int, default=6, help="generation phases measured (after one warm-up)")
     parser.add_argument("--out", default=None, help="write the result as JSON here")
+    parser.add_argument(
+        "--pause-after-steps",
+        type=int,
+        default=0,
+        help="also time one phase through the generator's EngineLoop with a weight-update pause after this many engine "
+        "steps (prefix cache dropped, as a reload does), for each of finish, resubmit and continue",
+    )
     parser.add_argument("--pyspy", default=None, help="split this py-spy raw recording instead of running")
     args, rest = parser.parse_known_args()
     if args.pyspy:
@@ -153,16 +185,26 @@ def main() -> None:
     llm = LLM(model=resolve_model_path(config.model.path), **engine_args(config.generator))
     rows, stop_tokens = prompts(config, groups * (args.batches + 1))
 
-    def phase(batch: int) -> tuple[float, int]:
+    def requests_of(batch: int) -> list[tuple[Any, Any]]:
+        """(prompt, sampling parameters) of phase `batch`'s requests."""
         requests = [
             GenerationRequest(rows[batch * groups + g], max_new_tokens, seed=1000 * batch + g * group_size + s)
             for g in range(groups)
             for s in range(group_size)
         ]
-        params = [sampling_params(config.generator.sampling, r, stop_tokens) for r in requests]
+        return [
+            (
+                TokensPrompt(prompt_token_ids=r.prompt_token_ids),
+                sampling_params(config.generator.sampling, r, stop_tokens),
+            )
+            for r in requests
+        ]
+
+    def phase(batch: int) -> tuple[float, int]:
+        prompts_and_params = requests_of(batch)
         start = time.perf_counter()
         outputs = llm.generate(
-            [TokensPrompt(prompt_token_ids=r.prompt_token_ids) for r in requests], params, use_tqdm=False
+            [prompt for prompt, _ in prompts_and_params], [params for _, params in prompts_and_params], use_tqdm=False
         )
         return time.perf_counter() - start, sum(len(o.outputs[0].token_ids) for o in outputs)
 
@@ -202,6 +244,10 @@ def main() -> None:
     )
     for name, share in result["share"].items():
         print(f"  {share:6.1%}  {name}")
+    if args.pause_after_steps:
+        result["pause"] = asyncio.run(paused_phases(llm, rows[:groups], requests_of(1), args.pause_after_steps))
+        for mode, measured in result["pause"].items():
+            print(f"  a pause after {args.pause_after_steps} engine steps, {mode}: {measured}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
