@@ -124,7 +124,7 @@ def classify(raw: str) -> dict[str, float]:
     return {name: n / total for name, n in sorted(counts.items(), key=lambda kv: -kv[1])}
 
 
-async def paused_phases(llm: Any, rows: Any, requests: list[tuple[Any, Any]], after_steps: int) -> dict[str, str]:
+async def paused_phases(llm: Any, requests: list[tuple[Any, Any]], after_steps: int) -> dict[str, str]:
     """One phase through an `EngineLoop` per weight-update mode, paused once after `after_steps` engine steps (the
     prefix cache dropped inside the pause, as a weight reload does): its wall time and the tokens it returned."""
     from actors.engine_loop import EngineLoop
@@ -245,7 +245,7 @@ def main() -> None:
     for name, share in result["share"].items():
         print(f"  {share:6.1%}  {name}")
     if args.pause_after_steps:
-        result["pause"] = asyncio.run(paused_phases(llm, rows[:groups], requests_of(1), args.pause_after_steps))
+        result["pause"] = asyncio.run(paused_phases(llm, requests_of(1), args.pause_after_steps))
         for mode, measured in result["pause"].items():
             print(f"  a pause after {args.pause_after_steps} engine steps, {mode}: {measured}")
     if args.out:

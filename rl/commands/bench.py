@@ -106,6 +106,8 @@ def generation_roofline(config: Config, sync: dict[str, float], results: dict[st
         "batch": batch,
         "context": context,
         "tokens_per_s": replicas * batch / bound.seconds,
+        "flops_tokens_per_s": replicas * batch / bound.compute_s,
+        "bandwidth_tokens_per_s": replicas * batch / bound.memory_s,
         "bound_by": bound.bound_by,
     }
 
@@ -171,7 +173,12 @@ def table(results: dict[str, Any]) -> str:
             f"generation roofline at batch {results['generation_roofline']['batch']}: tokens/s (bound by)",
             f"{results['generation_roofline']['tokens_per_s']:.0f} ({results['generation_roofline']['bound_by']})",
         ),
-        ("generation, share of its roofline", f"{results['generation_roofline_fraction']:.2f}"),
+        (
+            "generation, share of its roofline (of the FLOP bound, of the bandwidth bound)",
+            f"{results['generation_roofline_fraction']:.2f} ("
+            f"{sync['generation_tokens_per_s'] / results['generation_roofline']['flops_tokens_per_s']:.2f}, "
+            f"{sync['generation_tokens_per_s'] / results['generation_roofline']['bandwidth_tokens_per_s']:.2f})",
+        ),
     ]
     for name, loop in loops.items():
         rows.append(

@@ -35,3 +35,19 @@ def test_smollm2_decode_model_counts_its_tied_embedding_once_and_its_three_kv_he
     assert model.parameters == 134_515_008
     assert model.weight_bytes == 4 * 134_515_008
     assert model.kv_bytes_per_token == 46_080
+
+
+def test_bench_holds_the_main_jobs_generation_against_a_decode_step_of_all_its_samples():
+    # 4 groups x 8 = batch 32 at context 48 + 20 / 2 = 58, fp32: 2 x 134,515,008 x 32 = 8.609e9 FLOP at 200 GFLOP/s is
+    # 0.0430 s; 538,060,032 + 46,080 x 58 x 32 = 623,584,512 bytes at 10 GB/s is 0.0624 s: 32 / 0.0624 = 513.2 tokens/s
+    from rl.commands.bench import generation_roofline
+    from rl.config import load_config
+    from rl.loop.resolve import resolve_config
+    from tests.support.paths import CONFIGS
+
+    config = resolve_config(load_config(CONFIGS / "sum_digits_smollm2_cpu.toml"))  # the sampler's dtype: float32
+    sync = {"prompt_tokens_mean": 48.0, "completion_tokens_mean": 20.0}
+    roofline = generation_roofline(config, sync, {"generator_peak_gflops": 200.0, "bandwidth_gbs": 10.0})
+    assert (roofline["batch"], roofline["context"], roofline["bound_by"]) == (32, 58.0, "bandwidth")
+    assert roofline["tokens_per_s"] == pytest.approx(513.16, abs=0.01)
+    assert roofline["flops_tokens_per_s"] == pytest.approx(32 / 0.04304480256)
