@@ -60,7 +60,7 @@ def instrument(llm: Any) -> None:
 
     engine_core = llm.llm_engine.engine_core.engine_core
     runner = engine_core.model_executor.driver_worker.worker.model_runner
-    timed_method(engine_core, "step", "engine step")
+    timed_method(engine_core, "step_fn", "engine step")  # what the in-process client calls each step
     timed_method(engine_core.scheduler, "schedule", "scheduling")
     timed_method(engine_core.scheduler, "update_from_output", "scheduler update")
     timed_method(runner, "_update_states", "input preparation")
@@ -95,6 +95,7 @@ def prompts(config: Config, count: int) -> tuple[list[list[int]], list[int]]:
 
 
 PARTS = (
+    ("weight reload and attestation", ("vllm_worker", "vllm_attest", "reset_prefix_cache", "load_weights")),
     ("logprobs", ("compute_logprobs", "gather_logprobs", "batched_count_greater_than")),
     ("sampling", ("v1/sample/",)),
     ("logits (lm_head)", ("compute_logits",)),
@@ -103,7 +104,6 @@ PARTS = (
     ("scheduling", ("core/sched/",)),
     ("scheduler update", ("update_from_output",)),
     ("output processing", ("output_processor", "detokenizer")),
-    ("weight reload and attestation", ("vllm_worker", "vllm_attest", "reset_prefix_cache", "load_weights")),
     ("adding requests", ("add_request",)),
 )
 """A sampled stack's part: the first whose markers (file or function names) appear in it."""
@@ -164,8 +164,12 @@ def main() -> None:
     args, rest = parser.parse_known_args()
     if args.pyspy:
         with open(args.pyspy) as f:
-            for name, share in classify(f.read()).items():
-                print(f"  {share:6.1%}  {name}")
+            shares = classify(f.read())
+        stepping = 1 - shares.get("engine thread idle", 0) - shares.get("weight reload and attestation", 0)
+        print("  share of the engine thread, share of its generation steps (idle and weight reloads left out)")
+        for name, share in shares.items():
+            of_steps = "" if name in ("engine thread idle", "weight reload and attestation") else share / stepping
+            print(f"  {share:6.1%}  {of_steps:>6.1%}  {name}" if of_steps != "" else f"  {share:6.1%}          {name}")
         return
     overrides = dict(zip((key.removeprefix("--") for key in rest[::2]), rest[1::2]))  # --section.key value
     config = load_config(args.config, overrides)
