@@ -30,6 +30,7 @@ from typing import Any
 from rl.assets import resolve_model_path
 from rl.config import Config
 from rl.config.root import load_config
+from rl.loop.resolve import resolve_config
 
 SECONDS: dict[str, float] = defaultdict(float)
 """Seconds spent inside each timed part, over the measured batches."""
@@ -172,7 +173,7 @@ def main() -> None:
             print(f"  {share:6.1%}  {of_steps:>6.1%}  {name}" if of_steps != "" else f"  {share:6.1%}          {name}")
         return
     overrides = dict(zip((key.removeprefix("--") for key in rest[::2]), rest[1::2]))  # --section.key value
-    config = load_config(args.config, overrides)
+    config = resolve_config(load_config(args.config, overrides))  # the generator's dtype as the loop resolves it
 
     from actors.generator import engine_args, engine_environment, sampling_params
 
@@ -229,6 +230,7 @@ def main() -> None:
     parts["outside the engine step (LLM.generate, request handling)"] = total - step - SECONDS["output processing"]
     result = {
         "config": args.config,
+        "dtype": config.generator.dtype,
         "overrides": overrides,
         "torch_threads": torch.get_num_threads(),
         "batches": args.batches,
@@ -242,7 +244,7 @@ def main() -> None:
         "share": {k: v / total for k, v in sorted(parts.items(), key=lambda kv: -kv[1])},
     }
     print(
-        f"{result['tokens_per_s']:.0f} tokens/s, {result['seconds_per_batch']:.2f} s per phase of "
+        f"{config.generator.dtype}: {result['tokens_per_s']:.0f} tokens/s, {result['seconds_per_batch']:.2f} s per phase of "
         f"{result['requests_per_batch']} requests ({result['completion_tokens_per_batch']:.0f} tokens, "
         f"{result['engine_steps_per_batch']:.0f} engine steps of {result['ms_per_engine_step']:.1f} ms)"
     )
