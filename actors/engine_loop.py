@@ -9,7 +9,10 @@ event loop stays free to accept calls while a step computes.
 `pause(mode)` makes the engine quiet for a weight reload:
     "finish"   — stop admitting, let in-flight requests finish on the old weights;
     "resubmit" — abort in-flight requests; after the reload they restart from their prompt,
-                 so every token they return is sampled by the new weights.
+                 so every token they return is sampled by the new weights;
+    "continue" — abort in-flight requests keeping the tokens they sampled; after the reload each resumes from its
+                 prompt plus those tokens (their KV cache recomputed under the new weights), so no token is sampled
+                 twice and each is labelled with the version that sampled it.
 Each request is stamped with the version the engine serves when it is dispatched to the engine (and again when a
 reload resubmits it); a reload that fails leaves the engine closed for good (`refused`).
 """
@@ -21,10 +24,27 @@ import itertools
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-OnWeightUpdate = Literal["finish", "resubmit"]
+OnWeightUpdate = Literal["finish", "resubmit", "continue"]
+
+SEED_STRIDE = 1_000_003
+"""A request resumed after `k` kept tokens samples with seed `seed x SEED_STRIDE + k` (mod 2^63): fresh noise for its
+new positions, the same on every run, instead of its seed's stream again from the start."""
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A finished request: vLLM's output and the weights version that sampled each of its tokens."""
+
+    output: Any
+    """vLLM's finished `RequestOutput`. For a request continued across weight updates, its first completion's
+    `token_ids` and `logprobs` hold every token: those kept at each pause, then the last submission's."""
+    version: int
+    """Version of the request's last submission (for a request never paused: the one that sampled all its tokens)."""
+    token_versions: list[int]
+    """Per token of the first completion, the version that sampled it."""
 
 
 @dataclass
@@ -33,7 +53,46 @@ class _Request:
     params: Any
     output: asyncio.Future
     version: int = 0
-    """Weights version the request was last (re)submitted under: the one that samples all its tokens."""
+    """Weights version the request was last (re)submitted under: the one that samples the tokens of this submission."""
+    latest: Any = None
+    """The engine's newest (cumulative) output of the current submission: its tokens so far."""
+    kept_token_ids: list[int] = field(default_factory=list)
+    """Tokens sampled before the pauses of "continue" weight updates, kept and not sampled again."""
+    kept_logprobs: list[Any] = field(default_factory=list)
+    kept_versions: list[int] = field(default_factory=list)
+
+    def keep_sampled(self) -> None:
+        """Keep the tokens the current submission sampled (it is being aborted for a "continue" weight update)."""
+        if self.latest is not None:
+            sample = self.latest.outputs[0]
+            self.kept_token_ids += list(sample.token_ids)
+            self.kept_logprobs += list(sample.logprobs or [])
+            self.kept_versions += [self.version] * len(sample.token_ids)
+            self.latest = None
+
+    def engine_input(self) -> tuple[Any, Any]:
+        """The prompt and sampling parameters of the next submission: after kept tokens, the prompt extended by them,
+        the token budget less them, and a seed of their own (`SEED_STRIDE`)."""
+        if not self.kept_token_ids:
+            return self.prompt, self.params
+        prompt = {**self.prompt, "prompt_token_ids": list(self.prompt["prompt_token_ids"]) + self.kept_token_ids}
+        params = self.params.clone()
+        if params.max_tokens is not None:
+            params.max_tokens -= len(self.kept_token_ids)
+        if params.seed is not None:
+            params.seed = (self.params.seed * SEED_STRIDE + len(self.kept_token_ids)) % 2**63
+        return prompt, params
+
+    def finished(self, output: Any) -> Finished:
+        """The request's result from the engine's finished output of its last submission (kept tokens put first)."""
+        sample = output.outputs[0]
+        versions = self.kept_versions + [self.version] * len(sample.token_ids)
+        if self.kept_token_ids:
+            output.prompt_token_ids = list(self.prompt["prompt_token_ids"])
+            sample.token_ids = self.kept_token_ids + list(sample.token_ids)
+            if sample.logprobs is not None:
+                sample.logprobs = self.kept_logprobs + list(sample.logprobs)
+        return Finished(output, self.version, versions)
 
 
 class EngineLoop:
@@ -59,24 +118,23 @@ class EngineLoop:
         """Run `fn` on the engine thread (every engine access goes through here)."""
         return await asyncio.get_running_loop().run_in_executor(self._thread, lambda: fn(*args, **kwargs))
 
-    async def generate(self, prompt: Any, params: Any) -> tuple[Any, int]:
-        """The finished `RequestOutput` of one request and the weights version that produced it."""
+    async def generate(self, prompt: Any, params: Any) -> Finished:
+        """One request's finished output and the weights version of each of its tokens."""
         await self._open.wait()
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._drive())
         request = _Request(prompt, params, asyncio.get_running_loop().create_future())
         await self._submit(request)
-        return await request.output, request.version
+        return await request.output
 
     async def _submit(self, request: _Request) -> None:
         request_id = str(next(self._ids))
         request.version = self.version
         self._requests[request_id] = request
         self._idle.clear()
+        prompt, params = request.engine_input()
         try:
-            await self.call(
-                self.engine.add_request, request_id, request.prompt, request.params, lora_request=self.lora_request
-            )
+            await self.call(self.engine.add_request, request_id, prompt, params, lora_request=self.lora_request)
         except Exception as exc:
             del self._requests[request_id]
             request.output.set_exception(exc)
@@ -93,6 +151,9 @@ class EngineLoop:
             try:
                 async with self._stepping:
                     outputs = await self.call(self.engine.step)
+                    for output in outputs:  # recorded before a pause can take the engine: its tokens so far
+                        if output.request_id in self._requests:
+                            self._requests[output.request_id].latest = output
             except Exception as exc:  # the engine is broken: fail everyone waiting instead of hanging them
                 for request in self._requests.values():
                     if not request.output.done():
@@ -104,7 +165,7 @@ class EngineLoop:
                 if output.finished and output.request_id in self._requests:
                     request = self._requests.pop(output.request_id)
                     if not request.output.done():
-                        request.output.set_result(output)
+                        request.output.set_result(request.finished(output))
             if not self._requests:
                 self._idle.set()
             await asyncio.sleep(0)  # let new callers add their requests between steps
@@ -128,6 +189,11 @@ class EngineLoop:
                     resubmit = list(self._requests.values())
                     await self.call(self.engine.abort_request, list(self._requests))
                     self._requests.clear()
+                    for request in resubmit:
+                        if mode == "continue":
+                            request.keep_sampled()
+                        else:
+                            request.latest = None
                     self._idle.set()
                     self.version, self.lora_request = new_version, lora_request
                     yield

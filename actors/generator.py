@@ -7,7 +7,8 @@ way it is driven by an `EngineLoop`: endpoints are concurrent, so many small cal
 batch together inside vLLM. Weights reach the workers as a handle to a shared file (`rl.weights.vllm_worker`),
 never as tensors over vLLM's RPC. Completions carry the policy version of the weights that produced them; a
 reload waits for in-flight requests or resubmits them (`generator.on_weight_update`), so a completion's
-version is exact. After each reload the replica measures the weights vLLM holds against the trainer's fingerprints
+version is exact (`"continue"`: requests resume from the tokens they sampled, each token labelled with its version).
+After each reload the replica measures the weights vLLM holds against the trainer's fingerprints
 of the version (`rl.weights.attestation`) before its engine takes another request.
 """
 
@@ -232,17 +233,19 @@ class Generator(MetricsActor, ServiceReplica):
     async def _generate_one(self, request: GenerationRequest, sampling: SamplingConfig) -> Completion:
         from vllm.inputs import TokensPrompt
 
-        output, version = await self.engine.generate(
+        finished = await self.engine.generate(
             TokensPrompt(prompt_token_ids=request.prompt_token_ids),
             sampling_params(sampling, request, self.stop_token_ids),
         )
-        sample = output.outputs[0]
+        sample = finished.output.outputs[0]
         token_ids = list(sample.token_ids)
+        versions = finished.token_versions
         return Completion(
             token_ids=token_ids,
             logprobs=[position[token_id].logprob for position, token_id in zip(sample.logprobs, token_ids)],
             finish_reason=sample.finish_reason or "abort",
-            policy_version=version,
+            policy_version=min(versions, default=finished.version),
+            token_policy_versions=versions if len(set(versions)) > 1 else [],
         )
 
     @concurrent_endpoint
@@ -332,7 +335,7 @@ class Generator(MetricsActor, ServiceReplica):
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        output, _ = await self.engine.generate(TokensPrompt(prompt_token_ids=token_ids), params)
+        output = (await self.engine.generate(TokensPrompt(prompt_token_ids=token_ids), params)).output
         return [0.0] + [
             position[token_id].logprob for position, token_id in zip(output.prompt_logprobs[1:], token_ids[1:])
         ]

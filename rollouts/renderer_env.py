@@ -89,6 +89,7 @@ class RendererEnv:
             completion_logprobs=completion.logprobs,
             finish_reason=completion.finish_reason,
             policy_version=completion.policy_version,
+            token_policy_versions=completion.token_policy_versions,
         )
         self.rollout.turns.append(turn)
         assistant_message = parse_completion(

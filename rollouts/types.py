@@ -7,7 +7,7 @@ round-trips through JSON losslessly, so a run's rollouts file is a faithful debu
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -65,6 +65,10 @@ class Completion:
     logprobs: list[float]
     finish_reason: str
     policy_version: int
+    """The oldest policy version that sampled any of `token_ids`."""
+    token_policy_versions: list[int] = field(default_factory=list)
+    """Per token, the version that sampled it, when a weight update paused the request mid-completion and it
+    continued under newer weights (`generator.on_weight_update = "continue"`); empty: `policy_version` sampled all."""
 
 
 class GenerationFailed(Exception):
@@ -102,7 +106,10 @@ class RolloutTurn(_Record):
     tool_call_errors: list[ToolCallError] = Field(default_factory=list)
     """Tool calls of this turn that were malformed or failed (each answered with an error message)."""
     policy_version: int = 0
-    """Version of the policy weights that sampled `completion_token_ids`."""
+    """Version of the policy weights that sampled `completion_token_ids` (the oldest, when several did)."""
+    token_policy_versions: list[int] = Field(default_factory=list)
+    """Version that sampled each completion token, aligned with `completion_token_ids`, when a weight update paused
+    the turn mid-completion and it continued under newer weights; empty: `policy_version` sampled all of them."""
 
 
 class Rollout(_Record):

@@ -6,7 +6,10 @@ One invocation, one config (same model, prompts and sampling throughout):
   2. the async loop with staleness budgets 1 and 2;
   3. the in-process floor of a weight sync of the same state dict (cast, copy into shared
      memory, vLLM reload of an engine built with the generator's own engine arguments) and the
-     machine's matmul peak in each dtype (fp32, bf16: a CPU without native bf16 shows it here).
+     machine's matmul peak in each dtype (fp32, bf16: a CPU without native bf16 shows it here);
+  4. each phase against its roofline (`rl.commands.roofline`): generation against the decode step's bound at the
+     loop's batch from the generator dtype's matmul peak and the memory bandwidth of the generator's cores,
+     training against the matmul peak of its dtype.
 Trained tokens per second are counted both ways: tokens forwarded (a prefix shared by a group's
 samples once per row) and the samples' logical tokens; their ratio is the prefix-sharing gain.
 Writes `bench.json` and `bench.md` (a markdown table) into `<run.output_dir>/<run.name>-bench/`.
@@ -24,7 +27,8 @@ from typing import Any
 import torch
 
 from rl.assets import resolve_model_path
-from rl.commands.peak import matmul_peak_gflops, timed
+from rl.commands.peak import matmul_peak_gflops, memory_bandwidth_gbs, timed
+from rl.commands.roofline import decode_bound, decode_model, training_peak_fraction
 from rl.config import Config
 from rl.loop.resolve import resolve_config
 from rl.precision import TORCH_DTYPES, native_bf16
@@ -86,6 +90,27 @@ def parameter_count(config: Config) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def generation_roofline(config: Config, sync: dict[str, float], results: dict[str, Any]) -> dict[str, Any]:
+    """The decode bound of the loop's generation (`rl.commands.roofline`), in the generator's dtype: each replica
+    decodes its share of a step's samples at once (at most `max_num_seqs`) at their mean context (prompt plus half
+    the completion); the replicas' bounds add up."""
+    model = decode_model(resolve_model_path(config.model.path), TORCH_DTYPES[config.generator.dtype].itemsize)
+    replicas = config.generator.num_replicas
+    samples = config.run.groups_per_step * config.algorithm.group_size
+    batch = min(-(-samples // replicas), config.generator.max_num_seqs)
+    context = sync["prompt_tokens_mean"] + sync["completion_tokens_mean"] / 2
+    peak, bandwidth = results["generator_peak_gflops"], results["bandwidth_gbs"]
+    bound = decode_bound(model, batch, context, peak, bandwidth)
+    return {
+        "batch": batch,
+        "context": context,
+        "tokens_per_s": replicas * batch / bound.seconds,
+        "flops_tokens_per_s": replicas * batch / bound.compute_s,
+        "bandwidth_tokens_per_s": replicas * batch / bound.memory_s,
+        "bound_by": bound.bound_by,
+    }
+
+
 async def run_loop(config: Config, staleness: int, name: str) -> dict[str, float]:
     """One training run at budget `staleness`; per-step averages from its metrics.jsonl."""
     from rl.loop.controller import Controller
@@ -99,6 +124,8 @@ async def run_loop(config: Config, staleness: int, name: str) -> dict[str, float
         return statistics.fmean(step[key] for step in steps)
 
     seconds = sum(step["time/step_s"] for step in steps)
+    trained = [json.loads(line) for line in (Path(summary["run_dir"]) / "rollouts.jsonl").read_text().splitlines()]
+    turns = [turn for record in trained if record["kind"] == "train" for turn in record["rollout"]["turns"]]
     train_seconds = sum(step["time/train_s"] for step in steps)
     return {
         "s_per_step": seconds / len(steps),
@@ -116,6 +143,8 @@ async def run_loop(config: Config, staleness: int, name: str) -> dict[str, float
         "version_offset_mean": mean("async/version_offset_mean"),
         "packing_efficiency": mean("train/packing_efficiency"),
         "evicted_stale_groups": sum(step["rollouts/evicted_stale_groups"] for step in steps),
+        "prompt_tokens_mean": statistics.fmean(len(turn["prompt_token_ids"]) for turn in turns),
+        "completion_tokens_mean": statistics.fmean(len(turn["completion_token_ids"]) for turn in turns),
     }
 
 
@@ -133,6 +162,21 @@ def table(results: dict[str, Any]) -> str:
         (
             f"training, share of the {results['trainer_dtype']} matmul peak (forwarded tokens)",
             f"{results['trainer_peak_fraction']:.2f}",
+        ),
+        (
+            f"memory bandwidth, GB/s (generator's cores); generator's {results['generator_dtype']} matmul peak, "
+            "GFLOP/s",
+            f"{results['bandwidth_gbs']:.1f}; {results['generator_peak_gflops']:.0f}",
+        ),
+        (
+            f"generation roofline at batch {results['generation_roofline']['batch']}: tokens/s (bound by)",
+            f"{results['generation_roofline']['tokens_per_s']:.0f} ({results['generation_roofline']['bound_by']})",
+        ),
+        (
+            "generation, share of its roofline (of the FLOP bound, of the bandwidth bound)",
+            f"{results['generation_roofline_fraction']:.2f} ("
+            f"{sync['generation_tokens_per_s'] / results['generation_roofline']['flops_tokens_per_s']:.2f}, "
+            f"{sync['generation_tokens_per_s'] / results['generation_roofline']['bandwidth_tokens_per_s']:.2f})",
         ),
     ]
     for name, loop in loops.items():
@@ -169,6 +213,7 @@ async def bench(config: Config) -> dict[str, Any]:
         "model": config.model.path,
         "machine": f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start",
         "trainer_dtype": config.trainer.dtype,
+        "generator_dtype": config.generator.dtype,
         "native_bf16": f"native bf16 on {device}: {'yes' if native else 'no'}",
         "loops": {},
     }
@@ -186,10 +231,23 @@ async def bench(config: Config) -> dict[str, Any]:
         )
         for name in dict.fromkeys(("float32", "bfloat16", config.trainer.dtype))
     }
+    generator_device, generator_cpus = config.generator.device, config.generator.cpus
+    results["generator_peak_gflops"] = (
+        results["matmul_peak_gflops"][config.generator.dtype]
+        if config.generator.dtype in results["matmul_peak_gflops"] and generator_cpus == config.trainer.cpus
+        else matmul_peak_gflops(TORCH_DTYPES[config.generator.dtype], generator_cpus, device=generator_device)
+    )
+    results["bandwidth_gbs"] = memory_bandwidth_gbs(generator_cpus, device=generator_device)
     results["weight_sync_floor"] = weight_sync_floor(config)  # last: its in-process engine holds memory until exit
     sync = results["loops"]["sync"]
     peak = results["matmul_peak_gflops"][config.trainer.dtype]
-    results["trainer_peak_fraction"] = 6 * parameter_count(config) * sync["train_forward_tokens_per_s"] / (peak * 1e9)
+    results["trainer_peak_fraction"] = training_peak_fraction(
+        parameter_count(config), sync["train_forward_tokens_per_s"], peak
+    )
+    results["generation_roofline"] = generation_roofline(config, sync, results)
+    results["generation_roofline_fraction"] = (
+        sync["generation_tokens_per_s"] / results["generation_roofline"]["tokens_per_s"]
+    )
     results["ratios"] = {
         "async_1_vs_sync": results["loops"]["async_1"]["trained_tokens_per_s"] / sync["trained_tokens_per_s"],
         "async_2_vs_sync": results["loops"]["async_2"]["trained_tokens_per_s"] / sync["trained_tokens_per_s"],

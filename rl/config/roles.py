@@ -78,8 +78,9 @@ class GeneratorConfig(Section):
     """Sampling of the training rollouts."""
     eval_sampling: SamplingConfig = SamplingConfig(temperature=0.0)
     """Sampling for held-out validation (greedy by default)."""
-    on_weight_update: Literal["finish", "resubmit"] = "finish"
-    """Requests in flight at a weight reload: finish on the old weights, or abort and restart on the new."""
+    on_weight_update: Literal["finish", "resubmit", "continue"] = "finish"
+    """Requests in flight at a weight reload: finish on the old weights; abort and restart from the prompt on the new;
+    or pause and continue on the new from the tokens they sampled (each token labelled with its version)."""
     cpus: list[int] | None = None
     """CPU cores for the generator processes (split evenly between replicas); None = no pinning."""
     colocate_with_trainer: bool = False

@@ -204,7 +204,7 @@ class Controller:
     async def _step(self, groups: list[RolloutGroup], evicted: list[RolloutGroup], wait_seconds: float) -> Trained:
         """One optimizer step on a consumed batch: its logs, its metrics and the actors' metric states."""
         stats = self.generation_stats.drain()
-        metrics = batch_metrics(groups, len(evicted), stats, self.state.policy_version, wait_seconds)
+        metrics = batch_metrics(groups, evicted, stats, self.state.policy_version, wait_seconds)
         train_start = time.perf_counter()
         step_metrics = await self.train_step(groups)
         busy = time.perf_counter() - train_start  # advantages, train step (all minibatches) and weight sync

@@ -109,18 +109,24 @@ class GroupFailures:
 
 
 def batch_metrics(
-    groups: list[RolloutGroup], evicted: int, stats: GenerationStats, policy_version: int, wait_seconds: float
+    groups: list[RolloutGroup],
+    evicted: list[RolloutGroup],
+    stats: GenerationStats,
+    policy_version: int,
+    wait_seconds: float,
 ) -> dict[str, float]:
-    """A consumed batch's metrics: drops and evictions, version offsets against `policy_version`, generation
-    throughput, the consumer's wait, and `rl.metrics.standard.rollout_metrics`; `rollouts/status/*` also counts
-    the rollouts of the failed groups dropped since the last step (`stats.dropped_failed`)."""
+    """A consumed batch's metrics: drops and evictions (with the evicted groups' mean completion length, to compare
+    with the kept ones': a budget that evicts long rollouts biases training toward short ones), version offsets
+    against `policy_version`, generation throughput, the consumer's wait, and `rl.metrics.standard.rollout_metrics`;
+    `rollouts/status/*` also counts the rollouts of the failed groups dropped since the last step
+    (`stats.dropped_failed`)."""
     rollouts = [rollout for group in groups for rollout in group.rollouts]
     policy_sampled = [
         r for r in rollouts if r.turns and r.metadata.get("sampler", "policy") == "policy"
     ]  # frozen samplers never age
     offsets = [policy_version - min(r.policy_versions) for r in policy_sampled]
     metrics: dict[str, float] = {
-        "rollouts/evicted_stale_groups": evicted,
+        "rollouts/evicted_stale_groups": len(evicted),
         "rollouts/dropped_groups": stats.dropped_groups,
         "rollouts/dropped_zero_adv_groups": stats.dropped_zero_adv_groups,
         "async/version_offset_mean": sum(offsets) / len(offsets) if offsets else 0.0,
@@ -135,6 +141,8 @@ def batch_metrics(
         "rollouts/new_samples": sum(new_samples(r) for r in rollouts),  # environment and gateway rollouts alike
     }
     metrics.update(rollout_metrics(groups))
+    if evicted_lengths := [rollout.num_completion_tokens for group in evicted for rollout in group.rollouts]:
+        metrics["rollouts/evicted_completion_tokens_mean"] = sum(evicted_lengths) / len(evicted_lengths)
     for rollout in (rollout for group in stats.dropped_failed for rollout in group.rollouts):
         metrics[f"rollouts/status/{rollout.status.value}"] += 1  # counted though dropped: a failure never hides
     return metrics

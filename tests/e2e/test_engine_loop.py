@@ -1,6 +1,7 @@
 """The generator's engine loop on a real in-process vLLM (tiny Qwen3, fp32): concurrent requests share
 the engine, and a weight update while requests are in flight either lets them finish on the old
-weights or restarts them on the new ones, tagging each output with the version that sampled it."""
+weights, restarts them on the new ones, or continues them on the new ones from the tokens they sampled,
+tagging each token with the version that sampled it."""
 
 import asyncio
 import os
@@ -62,7 +63,7 @@ async def run(loop, prompts, max_tokens=24):
     results = await asyncio.gather(
         *(loop.generate(TokensPrompt(prompt_token_ids=p), greedy(max_tokens)) for p in prompts)
     )
-    return [(list(output.outputs[0].token_ids), version) for output, version in results]
+    return [(list(result.output.outputs[0].token_ids), result.version) for result in results]
 
 
 async def load(llm, loop, state_dict, mode, version):
@@ -134,4 +135,69 @@ async def test_seeded_requests_whose_prompts_exceed_one_steps_token_budget(engin
             for i, p in enumerate(prompts)
         )
     )
-    assert [len(output.outputs[0].token_ids) for output, _ in results] == [4] * 60
+    assert [len(result.output.outputs[0].token_ids) for result in results] == [4] * 60
+
+
+async def greedy_after(loop, prefixes, max_tokens):
+    """Greedy continuations of each prompt + kept tokens, `max_tokens` each: what a continued request must sample."""
+    from vllm.inputs import TokensPrompt
+
+    results = await asyncio.gather(
+        *(
+            loop.generate(TokensPrompt(prompt_token_ids=prefix), greedy(budget))
+            for prefix, budget in zip(prefixes, max_tokens)
+        )
+    )
+    return [list(result.output.outputs[0].token_ids) for result in results]
+
+
+async def test_continue_keeps_the_sampled_tokens_across_two_updates_and_labels_each_with_its_version(engine, weights):
+    """Requests in flight across two weight updates (staleness 2: versions 0, 1 and 2 sample one completion) keep every
+    token they sampled: each completion is the old weights' greedy tokens up to the first pause, then the new
+    weights' greedy continuation of the prompt plus those tokens, and so on; no token is sampled twice, the
+    completions are exactly `max_tokens` long and the version of every token is the one whose weights chose it."""
+    from vllm.inputs import TokensPrompt
+
+    llm, loop = engine
+    original, changed = weights
+    third = {name: tensor * 0.5 if name.endswith("mlp.up_proj.weight") else tensor for name, tensor in changed.items()}
+    await load(llm, loop, original, "finish", 0)
+
+    def sampled() -> list[int]:
+        return [
+            len(request.latest.outputs[0].token_ids) if request.latest else 0 for request in loop._requests.values()
+        ]
+
+    in_flight = asyncio.ensure_future(
+        asyncio.gather(*(loop.generate(TokensPrompt(prompt_token_ids=p), greedy(40)) for p in PROMPTS))
+    )
+    while min(sampled(), default=0) < 3:  # every request has sampled a few tokens under version 0
+        await asyncio.sleep(0.001)
+    await load(llm, loop, changed, "continue", 1)
+    while min(sampled(), default=0) < 3:  # and a few more under version 1
+        await asyncio.sleep(0.001)
+    await load(llm, loop, third, "continue", 2)
+    results = await in_flight
+
+    switches = []
+    for prompt, result in zip(PROMPTS, results):
+        tokens, versions = list(result.output.outputs[0].token_ids), result.token_versions
+        assert len(tokens) == len(versions) == 40 and result.version == 2
+        assert versions == sorted(versions) and set(versions) == {0, 1, 2}  # each version sampled a contiguous run
+        assert len(result.output.outputs[0].logprobs) == 40
+        assert result.output.prompt_token_ids == prompt
+        switches.append((versions.index(1), versions.index(2)))
+    # replay each segment from scratch under its own weights: the same tokens, so none was resampled or lost
+    await load(llm, loop, original, "finish", 0)
+    completions = [list(result.output.outputs[0].token_ids) for result in results]
+    first = await greedy_after(loop, PROMPTS, [one for one, _ in switches])
+    await load(llm, loop, changed, "finish", 1)
+    second = await greedy_after(
+        loop, [p + c[:one] for p, c, (one, _) in zip(PROMPTS, completions, switches)], [b - a for a, b in switches]
+    )
+    await load(llm, loop, third, "finish", 2)
+    last = await greedy_after(
+        loop, [p + c[:two] for p, c, (_, two) in zip(PROMPTS, completions, switches)], [40 - b for _, b in switches]
+    )
+    assert completions == [a + b + c for a, b, c in zip(first, second, last)]
+    await load(llm, loop, original, "finish", 0)

@@ -22,7 +22,12 @@ class RecordingEngine:
 
     def step(self):
         finished, self.pending = self.pending, []
-        return [SimpleNamespace(request_id=request_id, finished=True) for request_id in finished]
+        return [
+            SimpleNamespace(
+                request_id=request_id, finished=True, outputs=[SimpleNamespace(token_ids=[7], logprobs=None)]
+            )
+            for request_id in finished
+        ]
 
     def abort_request(self, request_ids):
         self.pending = [request_id for request_id in self.pending if request_id not in request_ids]
@@ -33,10 +38,10 @@ async def test_requests_after_a_reload_carry_the_new_adapter_and_its_version():
     engine = RecordingEngine()
     loop = EngineLoop(engine)
     try:
-        _, version = await loop.generate("before", None)
+        version = (await loop.generate("before", None)).version
         async with loop.pause("finish", 1, lora_request="adapter-v1"):
             pass
-        _, version_after = await loop.generate("after", None)
+        version_after = (await loop.generate("after", None)).version
     finally:
         await loop.close()
     assert (version, version_after) == (0, 1)
@@ -54,7 +59,7 @@ async def test_a_request_resubmitted_at_a_reload_runs_on_the_new_adapter():
             await asyncio.sleep(0.01)
         async with loop.pause("resubmit", 2, lora_request="adapter-v2"):
             engine.step = RecordingEngine.step.__get__(engine)
-        _, version = await asyncio.wait_for(request, 10)
+        version = (await asyncio.wait_for(request, 10)).version
     finally:
         await loop.close()
     assert version == 2

@@ -13,7 +13,9 @@ from tasks.sum_digits import SumDigitsTask
 IM_END = 151645
 
 
-def scripted_generator(tokenizer, reply: str, *, finish_reason="stop", fail_when=None, calls=None):
+def scripted_generator(tokenizer, reply: str, *, finish_reason="stop", fail_when=None, calls=None, versions=None):
+    """`versions(n)`: the per-token versions of an n-token completion (a request continued across weight updates)."""
+
     async def generate(requests):
         if calls is not None:
             calls.append(requests)
@@ -23,8 +25,15 @@ def scripted_generator(tokenizer, reply: str, *, finish_reason="stop", fail_when
                 results.append(GenerationFailed("generation failed: boom"))
                 continue
             ids = tokenizer.encode(reply, add_special_tokens=False) + ([IM_END] if finish_reason == "stop" else [])
+            token_versions = versions(len(ids)) if versions is not None else []
             results.append(
-                Completion(token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason=finish_reason, policy_version=7)
+                Completion(
+                    token_ids=ids,
+                    logprobs=[-0.5] * len(ids),
+                    finish_reason=finish_reason,
+                    policy_version=min(token_versions, default=7),
+                    token_policy_versions=token_versions,
+                )
             )
         return results
 
@@ -67,6 +76,16 @@ async def test_single_turn_group_completes_with_exact_tokens(renderer, tokenizer
     assert tokenizer.decode(turn.prompt_token_ids) == expected_prompt
     assert turn.assistant_message == {"role": "assistant", "content": "9"}
     assert turn.completion_token_ids[-1] == IM_END and turn.policy_version == 7
+
+
+async def test_a_continued_completion_keeps_each_tokens_version_and_ages_the_group_by_its_oldest(renderer, tokenizer):
+    task = SumDigitsTask(num_digits=2, num_validation=4)
+    row = task.load_dataset("validation")[0]
+    generate = scripted_generator(tokenizer, "1 2 3", versions=lambda n: [5] * 2 + [6] * (n - 2))
+    [group] = await collect_groups([spec(task, row, renderer, RendererEnvConfig(max_new_tokens=8))], 2, generate)
+    turn = group.rollouts[0].turns[0]
+    assert turn.token_policy_versions == [5, 5] + [6] * (len(turn.completion_token_ids) - 2)
+    assert turn.policy_version == 5 and group.min_policy_version == 5
 
 
 async def test_prompt_overflow_never_reaches_the_generator(renderer, tokenizer):

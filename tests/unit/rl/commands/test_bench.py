@@ -1,4 +1,5 @@
-"""`rlmesh bench`'s table: both token counts, their ratio, and the matmul peak of each dtype are shown."""
+"""`rlmesh bench`'s table: both token counts, their ratio, the matmul peak of each dtype and each phase's roofline
+fraction are shown."""
 
 from rl.commands.bench import table
 
@@ -21,6 +22,18 @@ def test_bench_table_shows_both_token_counts_the_gain_and_each_dtype_peak():
         "model": "m",
         "machine": "2 CPUs",
         "trainer_dtype": "float32",
+        "generator_dtype": "float32",
+        "generator_peak_gflops": 32.0,
+        "bandwidth_gbs": 8.04,
+        "generation_roofline": {
+            "batch": 32,
+            "context": 60.0,
+            "tokens_per_s": 400.0,
+            "flops_tokens_per_s": 750.0,
+            "bandwidth_tokens_per_s": 400.0,
+            "bound_by": "bandwidth",
+        },
+        "generation_roofline_fraction": 0.375,
         "native_bf16": "native bf16: no",
         "matmul_peak_gflops": {"float32": 32.0, "bfloat16": 1.5},
         "trainer_peak_fraction": 0.4,
@@ -32,4 +45,11 @@ def test_bench_table_shows_both_token_counts_the_gain_and_each_dtype_peak():
     assert "| training alone: forwarded, logical tokens/s | 120, 324 |" in text
     assert "| prefix-sharing gain (logical / forwarded tokens) | 2.70 |" in text
     assert "| matmul peak, GFLOP/s (native bf16: no) | float32 32, bfloat16 2 |" in text
+    assert "| memory bandwidth, GB/s (generator's cores); generator's float32 matmul peak, GFLOP/s | 8.0; 32 |" in text
+    assert "| generation roofline at batch 32: tokens/s (bound by) | 400 (bandwidth) |" in text
+    # generation at 150 tokens/s: 150 / 400 and 150 / 750
+    assert (
+        "| generation, share of its roofline (of the FLOP bound, of the bandwidth bound) | 0.38 (0.20, 0.38) |" in text
+    )
+    assert "| training, share of the float32 matmul peak (forwarded tokens) | 0.40 |" in text
     assert "| packing efficiency (real / all forwarded positions) | 0.97 |" in text

@@ -73,7 +73,7 @@ def test_a_run_stopped_by_the_rollout_breaker_says_why_and_how_to_resume():
     resume hint when a checkpoint was committed."""
     from types import SimpleNamespace
 
-    from rl.commands.cli import _stopped_message
+    from rl.commands.train import _stopped_message
     from rl.config.services import BreakerConfig
     from rl.loop.roles import RESUME_HINT
     from rl.services.breaker import CircuitBreaker
@@ -84,7 +84,7 @@ def test_a_run_stopped_by_the_rollout_breaker_says_why_and_how_to_resume():
         breaker.record(True, "ValueError: this rubric always fails")
     stopped = SimpleNamespace(actor_failures=failures, checkpoints=SimpleNamespace(committed_step=1), resume_from=None)
     assert _stopped_message(stopped) == (
-        "rlmesh: run stopped:\nrollout circuit breaker: 2 consecutive groups failed "
+        "run stopped:\nrollout circuit breaker: 2 consecutive groups failed "
         "(services.breaker.max_consecutive_failed_groups = 2); last error: ValueError: this rubric always fails\n"
         f"{RESUME_HINT}"
     )

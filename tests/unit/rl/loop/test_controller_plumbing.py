@@ -150,7 +150,7 @@ def test_version_offsets_count_only_policy_sampled_rollouts():
         rollout.metadata["sampler"] = "teacher"
     metrics = batch_metrics(
         [policy, frozen],
-        evicted=0,
+        evicted=[],
         stats=GenerationStats(),
         policy_version=controller.state.policy_version,
         wait_seconds=0.0,

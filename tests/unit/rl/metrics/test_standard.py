@@ -92,3 +92,25 @@ def test_malformed_tool_calls_are_counted_per_task_not_failed_tool_runs():
     metrics = rollout_metrics([RolloutGroup(group_id="g", task_name="a", example={}, rollouts=[calling, other])])
     assert metrics["rollouts/malformed_tool_calls"] == 3
     assert metrics["rollouts/a/malformed_tool_calls"] == 1 and metrics["rollouts/b/malformed_tool_calls"] == 2
+
+
+def test_evicted_groups_report_their_completion_length_beside_the_kept_ones():
+    """Kept rollouts of 2 and 4 tokens (mean 3); evicted ones of 10, 20 and 30 (mean 20): the two means show a budget
+    that discards long rollouts. A step that evicts nothing has no evicted length."""
+    from rl.metrics.generation import GenerationStats, batch_metrics
+
+    kept = RolloutGroup(
+        group_id="k", task_name="t", example={}, rollouts=[rollout("t", 0, 1.0, 2), rollout("t", 1, 0.0, 4)]
+    )
+    evicted = [
+        RolloutGroup(
+            group_id="e0", task_name="t", example={}, rollouts=[rollout("t", 0, 1.0, 10), rollout("t", 1, 0.0, 20)]
+        ),
+        RolloutGroup(group_id="e1", task_name="t", example={}, rollouts=[rollout("t", 0, 1.0, 30)]),
+    ]
+    metrics = batch_metrics([kept], evicted, GenerationStats(), policy_version=3, wait_seconds=0.0)
+    assert metrics["rollouts/evicted_stale_groups"] == 2
+    assert metrics["rollouts/evicted_completion_tokens_mean"] == 20.0
+    assert metrics["rollouts/completion_tokens_mean"] == 3.0
+    none_evicted = batch_metrics([kept], [], GenerationStats(), policy_version=3, wait_seconds=0.0)
+    assert "rollouts/evicted_completion_tokens_mean" not in none_evicted
