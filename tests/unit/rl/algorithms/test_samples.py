@@ -62,7 +62,7 @@ def test_a_broken_prefix_is_counted_in_the_step_record_and_shown_on_its_line(cap
     rerendered = rollout(0, 1.0, turns=[turn([1, 2], [3, 4], [-0.5, -0.25]), turn([1, 9, 9, 5], [7], [-1.5])])
     bridged = rollout(1, 0.0, turns=[turn([1, 2], [3, 4], [-0.5, -0.25]), turn([1, 2, 3, 4, 5], [7], [-1.5])])
     group = RolloutGroup(group_id="g", task_name="t", example={}, rollouts=[rerendered, bridged])
-    metrics = batch_metrics([group], evicted=0, stats=GenerationStats(), policy_version=0, wait_seconds=0.0)
+    metrics = batch_metrics([group], evicted=[], stats=GenerationStats(), policy_version=0, wait_seconds=0.0)
     assert metrics["rollouts/new_samples"] == 1 and metrics["rollouts/gateway_new_samples"] == 0
     ConsoleBackend().log({"policy_version": 0, "loss": 0.5, "rollouts/new_samples": 1}, 1)
     ConsoleBackend().log({"policy_version": 1, "loss": 0.5, "rollouts/new_samples": 0}, 2)
