@@ -68,6 +68,7 @@ async def trained(tmp_path_factory):
             "generator.eval_sampling.temperature": "1.0",
             "run.eval_pass_threshold": "0.5",  # the share of even tokens: rows pass on some samples, not all
             "checkpoint.every_steps": "1",  # step 1's checkpoint holds policy version 1, which sampled step 2
+            "checkpoint.keep": "5",  # step 1's is exported below, beside the newest
             "sample_logging.console": "true",  # off by default: a line per logged sample
             **SAMPLE_FILTERS,
         },
