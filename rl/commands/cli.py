@@ -109,6 +109,15 @@ def import_from_launch_directory() -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join([here, *paths])
 
 
+class EveryValue(argparse.Action):
+    """An option given once or more: its last value in `dest`, every value in `dest_all` (`rlmesh train` with several
+    `--config` or `--resume` runs them as LoRA tenants: `rl.commands.tenants`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_all", [*getattr(namespace, f"{self.dest}_all", []), values])
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `rlmesh` command line: its commands and options (config overrides are parsed apart)."""
     parser = argparse.ArgumentParser(
@@ -143,8 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
             epilog=OVERRIDES_HELP,
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
-        command.add_argument("--config", help="TOML config file (defaults apply to anything it leaves out)")
-        command.add_argument("--resume", metavar="RUN_DIR", type=Path, help=resume_help)
+        tenants = dict(action=EveryValue) if name == "train" else {}  # several: LoRA tenants (rl.commands.tenants)
+        command.add_argument("--config", help="TOML config file (defaults apply to anything it leaves out)", **tenants)
+        command.add_argument("--resume", metavar="RUN_DIR", type=Path, help=resume_help, **tenants)
     new_task = commands.add_parser("new-task", help="write a task package (task, rubric, config, test) to start from")
     new_task.add_argument("name", help="package name, a lower-case Python identifier")
     new_task.add_argument("--dir", default=".", help="folder to create the package in")
@@ -201,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         return report_command(args.run_dirs, args.out)
     if args.command == "new-task":
         return _new_task(args.name, args.dir, extra)
+    if args.command == "train" and len(getattr(args, "config_all", [])) + len(getattr(args, "resume_all", [])) > 1:
+        from rl.commands.tenants import train_tenants
+
+        configs, resumes = getattr(args, "config_all", []), getattr(args, "resume_all", [])
+        return train_tenants(configs, resumes, parse_overrides(extra))
     if args.command == "train" and (run_dir_to_guard := guarded_run_dir(args, extra)) is not None:
         return _train_guarded(sys.argv[1:] if argv is None else argv, run_dir_to_guard)
     if args.command == "train":

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,9 @@ Trained = tuple[dict[str, Any], list]
 
 
 class Controller:
-    def __init__(self, config: Config, resume_from: Path | None = None):
-        """`resume_from`: a committed checkpoint directory to continue from (see `rl.checkpoint`)."""
+    def __init__(self, config: Config, resume_from: Path | None = None, roles_class: Callable[..., Roles] = Roles):
+        """`resume_from`: a committed checkpoint directory to continue from (see `rl.checkpoint`); `roles_class`: what
+        makes the run's roles (a LoRA tenant's share the tenants' generator and trainer: `rl.loop.tenants`)."""
         self.config = config = resolve_config(config)  # what needs the runtime, checked and decided
         self.resume_from = resume_from
         self.state = RunState(**checkpoint.read(resume_from, checkpoint.RUN_STATE)) if resume_from else RunState()
@@ -73,7 +75,7 @@ class Controller:
         self.generation_stats = GenerationStats()
         self.mismatch_watch = MismatchWatch(config.run.mismatch_warn_factor, config.run.mismatch_warn_floor)
         self.algorithms = config.task_algorithms()
-        self.roles = Roles(config, stop_run=self._stop_run, policy_version=lambda: self.state.policy_version)
+        self.roles = roles_class(config, stop_run=self._stop_run, policy_version=lambda: self.state.policy_version)
         self.samples = SampleBuilder(self.algorithms, self.renderers, self.roles.prompt_logprobs)
         self.scored_groups = ScoredGroups(self.tasks, self.renderers, self.roles, config.run.seed)
         self.group_failures = GroupFailures()

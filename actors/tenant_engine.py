@@ -1,0 +1,116 @@
+"""An `EngineLoop` whose requests belong to tenants: each tenant has its own lane (version, adapter, pause).
+
+One vLLM engine serves every LoRA tenant (`rl.loop.tenants`): every request goes in with its tenant's current
+`LoRARequest`, so vLLM batches all tenants' requests in one decode loop while each samples its own adapter. A
+tenant's weight update pauses its lane alone: "finish" waits for that tenant's requests only, "resubmit" aborts only
+its requests; the engine keeps stepping the other tenants' requests around the reload (it only waits for the step
+under way, to load the adapter between steps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from actors.engine_loop import EngineLoop, OnWeightUpdate, _Request
+
+
+@dataclass
+class Lane:
+    """One tenant's view of the engine."""
+
+    version: int = 0
+    """The tenant's policy version its requests are stamped with."""
+    lora_request: Any = None
+    """The adapter of `version` every request of the tenant is (re)submitted with (None: the base model)."""
+    open: asyncio.Event = field(default_factory=asyncio.Event)
+    """Cleared while the tenant's weights are updated: its new requests wait."""
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set while none of the tenant's requests is unfinished."""
+    unfinished: int = 0
+
+    def __post_init__(self) -> None:
+        self.open.set()
+        self.idle.set()
+
+
+@dataclass
+class _TenantRequest(_Request):
+    tenant: str = ""
+
+
+class TenantEngineLoop(EngineLoop):
+    def __init__(self, engine: Any, tenants: list[str]):
+        super().__init__(engine)
+        self.lanes = {tenant: Lane() for tenant in tenants}
+
+    async def generate_for(self, tenant: str, prompt: Any, params: Any) -> tuple[Any, int]:
+        """The finished `RequestOutput` of one request of `tenant` and the tenant's version that produced it."""
+        lane = self.lanes[tenant]
+        await lane.open.wait()
+        if self._loop_task is None:
+            self._loop_task = asyncio.create_task(self._drive())
+        request = _TenantRequest(prompt, params, asyncio.get_running_loop().create_future(), tenant=tenant)
+        lane.unfinished += 1
+        lane.idle.clear()
+        request.output.add_done_callback(lambda _: self._finished(lane))
+        await self._submit(request)
+        return await request.output, request.version
+
+    @staticmethod
+    def _finished(lane: Lane) -> None:
+        lane.unfinished -= 1
+        if lane.unfinished == 0:
+            lane.idle.set()
+
+    async def _submit(self, request: _Request) -> None:
+        """As `EngineLoop._submit`, with the request's tenant's version and adapter."""
+        lane = self.lanes[request.tenant]
+        request_id = str(next(self._ids))
+        request.version = lane.version
+        self._requests[request_id] = request
+        self._idle.clear()
+        try:
+            await self.call(
+                self.engine.add_request, request_id, request.prompt, request.params, lora_request=lane.lora_request
+            )
+        except Exception as exc:
+            del self._requests[request_id]
+            request.output.set_exception(exc)
+        self._work.set()
+        if not self._requests:
+            self._idle.set()
+
+    @asynccontextmanager
+    async def pause_lane(
+        self, tenant: str, mode: OnWeightUpdate, new_version: int, lora_request: Any
+    ) -> AsyncIterator[None]:
+        """`EngineLoop.pause` for `tenant`'s requests alone; the block runs between two engine steps. A block that
+        raises leaves the engine `refused` and the tenant's lane closed."""
+        lane = self.lanes[tenant]
+        lane.open.clear()
+        resubmit: list[_Request] = []
+        try:
+            if mode == "finish":
+                await lane.idle.wait()
+                async with self._stepping:
+                    lane.version, lane.lora_request = new_version, lora_request
+                    yield
+            else:
+                async with self._stepping:
+                    ids = [rid for rid, request in self._requests.items() if request.tenant == tenant]
+                    resubmit = [self._requests.pop(rid) for rid in ids]
+                    await self.call(self.engine.abort_request, ids)
+                    if not self._requests:
+                        self._idle.set()
+                    lane.version, lane.lora_request = new_version, lora_request
+                    yield
+        except BaseException:
+            self.refused = True
+            raise
+        lane.open.set()
+        for request in resubmit:
+            await self._submit(request)

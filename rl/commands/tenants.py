@@ -1,0 +1,52 @@
+"""`rlmesh train --config a.toml --config b.toml [...]` and `rlmesh train --resume RUN_A --resume RUN_B [...]`: LoRA
+runs as tenants of one generator engine and one trainer (`rl.loop.tenants`). Overrides apply to every tenant; a
+`--config` tenant and a `--resume` tenant may be mixed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from rl.config import ConfigError, load_config
+from rl.console import say
+
+
+def train_tenants(config_paths: list[str], resume_dirs: list[Path], overrides: dict[str, str]) -> int:
+    """Run every tenant to its end; the exit code (0: every tenant finished, 1: one or more failed, 2: refused)."""
+    from rl.checkpoint.resume import NothingToResume, resume_config, take_over
+    from rl.checkpoint.run_dir import RunDirBusy
+    from rl.loop.tenants import Tenants
+
+    locks = []
+    try:
+        configs = [load_config(path, overrides) for path in config_paths]
+        resumes: list[Path | None] = [None] * len(configs)
+        for run_dir in resume_dirs:
+            config, resume_from = resume_config(run_dir, overrides)
+            locks.append(take_over(run_dir, resume_from))
+            configs.append(config)
+            resumes.append(resume_from)
+        tenants = Tenants(configs, resumes)
+    except (ConfigError, ValueError, NothingToResume, RunDirBusy) as exc:
+        for lock in locks:
+            lock.release()
+        print(f"rlmesh: {exc}", file=sys.stderr)
+        return 2
+    try:
+        results = asyncio.run(tenants.run())
+    finally:
+        for lock in locks:
+            lock.release()
+    failed = 0
+    for name, result in results.items():
+        controller = tenants.controllers[name]
+        if isinstance(result, BaseException):
+            failed += 1
+            why = "; ".join(controller.actor_failures) or repr(result)
+            print(f"rlmesh: tenant {name} stopped: {why}", file=sys.stderr)
+        else:
+            say(f"tenant {name} finished")
+            print(json.dumps({"tenant": name, **result}, indent=2))
+    return 1 if failed else 0
