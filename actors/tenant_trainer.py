@@ -65,7 +65,7 @@ class Tenant:
 
 def weights_namespace(tenant: str) -> str:
     """The store-key and file prefix of `tenant`'s published versions."""
-    return f"tenant-{tenant}/"
+    return f"tenant-{tenant}-"
 
 
 class TenantTrainer(MetricsActor, ServiceReplica):
