@@ -118,6 +118,16 @@ class EveryValue(argparse.Action):
         setattr(namespace, f"{self.dest}_all", [*getattr(namespace, f"{self.dest}_all", []), values])
 
 
+def tenants_of(args: argparse.Namespace) -> tuple[list[str], list[Path]] | None:
+    """The configs and run directories of a `train` of LoRA tenants (several, or the resume of one tenant), else None."""
+    from rl.commands.tenants import is_tenant_run
+
+    configs, resumes = getattr(args, "config_all", []), getattr(args, "resume_all", [])
+    if len(configs) + len(resumes) > 1 or (resumes and not configs and is_tenant_run(resumes[0])):
+        return configs, resumes
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `rlmesh` command line: its commands and options (config overrides are parsed apart)."""
     parser = argparse.ArgumentParser(
@@ -211,11 +221,10 @@ def main(argv: list[str] | None = None) -> int:
         return report_command(args.run_dirs, args.out)
     if args.command == "new-task":
         return _new_task(args.name, args.dir, extra)
-    if args.command == "train" and len(getattr(args, "config_all", [])) + len(getattr(args, "resume_all", [])) > 1:
+    if args.command == "train" and (several := tenants_of(args)) is not None:
         from rl.commands.tenants import train_tenants
 
-        configs, resumes = getattr(args, "config_all", []), getattr(args, "resume_all", [])
-        return train_tenants(configs, resumes, parse_overrides(extra))
+        return train_tenants(*several, parse_overrides(extra))
     if args.command == "train" and (run_dir_to_guard := guarded_run_dir(args, extra)) is not None:
         return _train_guarded(sys.argv[1:] if argv is None else argv, run_dir_to_guard)
     if args.command == "train":

@@ -13,6 +13,21 @@ from rl.config import ConfigError, load_config
 from rl.console import say
 
 
+def is_tenant_run(run_dir: Path) -> bool:
+    """Whether `run_dir` was trained as a LoRA tenant: its newest checkpoint holds an adapter named after the tenant
+    (a solo run's is peft's "default"), so a `--resume` of it alone resumes it as the one tenant."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    from rl.checkpoint import store
+
+    try:
+        newest = store.newest_checkpoint(run_dir)
+        keys = FileSystemReader(str(newest / store.TRAINER)).read_metadata().state_dict_metadata
+    except (OSError, ValueError, RuntimeError):
+        return False  # the ordinary resume says what is wrong
+    return any(".lora_A." in key and ".lora_A.default." not in key for key in keys)
+
+
 def train_tenants(config_paths: list[str], resume_dirs: list[Path], overrides: dict[str, str]) -> int:
     """Run every tenant to its end; the exit code (0: every tenant finished, 1: one or more failed, 2: refused)."""
     from rl.checkpoint.resume import NothingToResume, resume_config, take_over

@@ -70,3 +70,29 @@ def test_rlmesh_train_with_two_configs_refuses_what_cannot_be_shared_before_star
     assert "these configs cannot run as tenants of one base" in refused
     assert "run.name: tenants need distinct names" in refused
     assert "trainer.lora.enabled: tenant tiny_qwen3_e2e is not a LoRA run" in refused
+
+
+def test_a_run_trained_as_a_tenant_is_told_apart_by_its_adapters_name(tmp_path):
+    import shutil
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from rl.commands.tenants import is_tenant_run
+    from tests.support.runs import fake_run
+
+    def adapters_named(name: str):
+        def write(tmp):
+            shutil.rmtree(tmp / "trainer")
+            key = f"base_model.model.model.layers.0.self_attn.q_proj.lora_A.{name}.weight"
+            dcp.save({"model": {key: torch.zeros(8, 64)}}, checkpoint_id=tmp / "trainer")
+
+        return write
+
+    for name in ("tenant", "solo", "full"):
+        (tmp_path / name).mkdir()
+    tenant = fake_run(tmp_path / "tenant", [1], damage_before_commit=adapters_named("tenant_a"))
+    solo = fake_run(tmp_path / "solo", [1], damage_before_commit=adapters_named("default"))
+    assert is_tenant_run(tenant) and not is_tenant_run(solo)
+    assert not is_tenant_run(fake_run(tmp_path / "full", [1]))  # a full fine-tune has no adapters
+    assert not is_tenant_run(tmp_path / "nothing")
