@@ -51,6 +51,12 @@ def train_tenants(config_paths: list[str], resume_dirs: list[Path], overrides: d
         return 2
     try:
         results = asyncio.run(tenants.run())
+    except KeyboardInterrupt:
+        print("rlmesh: interrupted; the tenants' actors stopped (resume each from its last checkpoint)", file=sys.stderr)
+        return 130
+    except (OSError, RuntimeError, TimeoutError) as exc:  # the shared actors did not start
+        print(f"rlmesh: the tenants stopped: {exc}", file=sys.stderr)
+        return 1
     finally:
         for lock in locks:
             lock.release()
