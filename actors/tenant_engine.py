@@ -40,12 +40,59 @@ class Lane:
 @dataclass
 class _TenantRequest(_Request):
     tenant: str = ""
+    on_engine: bool = False
+    """Submitted to the engine and not finished or aborted since."""
 
 
 class TenantEngineLoop(EngineLoop):
+    """Engine steps hold one tenant's requests at a time: vLLM's CPU LoRA path fails a step whose batch mixes requests
+    of different adapters (or with and without one: an `einsum` size mismatch in its `bgmv` ops, seen with two tenants
+    at once), so a tenant's requests enter the engine only while no other tenant's are on it; tenants waiting take
+    turns in the order they asked, and the tenant on the engine adds no more while another waits. A tenant's numbers do
+    not depend on the batch it shares with its own requests (vLLM's CPU kernels give each row the same bits in any
+    batch: `tests/unit/actors/test_tenant_batch_invariance.py`)."""
+
     def __init__(self, engine: Any, tenants: list[str]):
         super().__init__(engine)
         self.lanes = {tenant: Lane() for tenant in tenants}
+        self._holder: str | None = None
+        """The tenant whose requests are on the engine (None: none are)."""
+        self._on_engine = dict.fromkeys(tenants, 0)
+        self._waiting: list[str] = []  # tenants asking for a turn, in order (once per request)
+        self._turns = asyncio.Condition()
+        self._handing_on: set[asyncio.Future] = set()
+
+    def _may_enter(self, tenant: str) -> bool:
+        if self._holder is None:
+            return self._waiting[0] == tenant
+        return self._holder == tenant and all(waiting == tenant for waiting in self._waiting)
+
+    async def _enter(self, tenant: str) -> None:
+        """Wait for `tenant`'s turn on the engine and count one more of its requests on it."""
+        async with self._turns:
+            self._waiting.append(tenant)
+            await self._turns.wait_for(lambda: self._may_enter(tenant))
+            self._waiting.remove(tenant)
+            self._holder = tenant
+            self._on_engine[tenant] += 1
+
+    def _left(self, request: _TenantRequest) -> None:
+        if request.on_engine:
+            request.on_engine = False
+            self._leave(request.tenant)
+
+    def _leave(self, tenant: str, requests: int = 1) -> None:
+        """`requests` of `tenant`'s left the engine (finished, failed or aborted); the last hands the turn on."""
+        self._on_engine[tenant] -= requests
+        if self._on_engine[tenant] == 0 and self._holder == tenant:
+            self._holder = None
+            handing_on = asyncio.ensure_future(self._hand_on())
+            self._handing_on.add(handing_on)
+            handing_on.add_done_callback(self._handing_on.discard)
+
+    async def _hand_on(self) -> None:
+        async with self._turns:
+            self._turns.notify_all()
 
     async def generate_for(self, tenant: str, prompt: Any, params: Any) -> tuple[Any, int]:
         """The finished `RequestOutput` of one request of `tenant` and the tenant's version that produced it."""
@@ -57,7 +104,13 @@ class TenantEngineLoop(EngineLoop):
         lane.unfinished += 1
         lane.idle.clear()
         request.output.add_done_callback(lambda _: self._finished(lane))
-        await self._submit(request)
+        request.output.add_done_callback(lambda _: self._left(request))
+        try:
+            await self._submit(request)
+        except asyncio.CancelledError:
+            if not request.on_engine:  # cancelled while waiting for its turn: it never runs
+                request.output.cancel()
+            raise
         return await request.output, request.version
 
     @staticmethod
@@ -66,9 +119,11 @@ class TenantEngineLoop(EngineLoop):
         if lane.unfinished == 0:
             lane.idle.set()
 
-    async def _submit(self, request: _Request) -> None:
+    async def _submit(self, request: _TenantRequest) -> None:
         """As `EngineLoop._submit`, with the request's tenant's version and adapter."""
         lane = self.lanes[request.tenant]
+        await self._enter(request.tenant)
+        request.on_engine = True
         request_id = str(next(self._ids))
         request.version = lane.version
         self._requests[request_id] = request
@@ -92,7 +147,7 @@ class TenantEngineLoop(EngineLoop):
         raises leaves the engine `refused` and the tenant's lane closed."""
         lane = self.lanes[tenant]
         lane.open.clear()
-        resubmit: list[_Request] = []
+        resubmit: list[_TenantRequest] = []
         try:
             if mode == "finish":
                 await lane.idle.wait()
@@ -104,6 +159,8 @@ class TenantEngineLoop(EngineLoop):
                     ids = [rid for rid, request in self._requests.items() if request.tenant == tenant]
                     resubmit = [self._requests.pop(rid) for rid in ids]
                     await self.call(self.engine.abort_request, ids)
+                    for request in resubmit:
+                        self._left(request)
                     if not self._requests:
                         self._idle.set()
                     lane.version, lane.lora_request = new_version, lora_request

@@ -52,7 +52,9 @@ def train_tenants(config_paths: list[str], resume_dirs: list[Path], overrides: d
     try:
         results = asyncio.run(tenants.run())
     except KeyboardInterrupt:
-        print("rlmesh: interrupted; the tenants' actors stopped (resume each from its last checkpoint)", file=sys.stderr)
+        print(
+            "rlmesh: interrupted; the tenants' actors stopped (resume each from its last checkpoint)", file=sys.stderr
+        )
         return 130
     except (OSError, RuntimeError, TimeoutError) as exc:  # the shared actors did not start
         print(f"rlmesh: the tenants stopped: {exc}", file=sys.stderr)

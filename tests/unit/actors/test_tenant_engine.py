@@ -65,10 +65,11 @@ async def test_a_tenants_finish_reload_waits_for_its_own_requests_only():
         async with asyncio.timeout(10):  # would hang if it waited for b's request
             async with loop.pause_lane("a", "finish", 1, "a-v1"):
                 pass
-        assert not b_request.done()
-        _, version = await loop.generate_for("a", "a after", None)
+        a_request = asyncio.create_task(loop.generate_for("a", "a after", None))
+        await asyncio.sleep(0.1)
+        assert not a_request.done() and not b_request.done()  # a's request waits for b's turn on the engine to end
         engine.hold = set()
-        _, b_version = await asyncio.wait_for(b_request, 10)
+        (_, version), (_, b_version) = await asyncio.wait_for(asyncio.gather(a_request, b_request), 10)
     finally:
         await loop.close()
     assert (version, b_version) == (1, 0)
@@ -77,20 +78,42 @@ async def test_a_tenants_finish_reload_waits_for_its_own_requests_only():
 @pytest.mark.asyncio
 async def test_a_tenants_resubmit_reload_aborts_and_resubmits_only_its_requests():
     engine = RecordingEngine()
-    engine.hold = {"a in flight", "b in flight"}
+    engine.hold = {"a in flight"}
     loop = TenantEngineLoop(engine, ["a", "b"])
     try:
         a_request = asyncio.create_task(loop.generate_for("a", "a in flight", None))
-        b_request = asyncio.create_task(loop.generate_for("b", "b in flight", None))
         await submitted(engine, "a in flight")
-        await submitted(engine, "b in flight")
+        b_request = asyncio.create_task(loop.generate_for("b", "b waiting", None))
+        await asyncio.sleep(0.1)
         async with loop.pause_lane("a", "resubmit", 2, "a-v2"):
-            engine.hold = {"b in flight"}
-        _, a_version = await asyncio.wait_for(a_request, 10)
-        assert engine.aborted == ["a in flight"] and not b_request.done()
-        engine.hold = set()
-        _, b_version = await asyncio.wait_for(b_request, 10)
+            engine.hold = set()
+        (_, a_version), (_, b_version) = await asyncio.wait_for(asyncio.gather(a_request, b_request), 10)
     finally:
         await loop.close()
+    assert engine.aborted == ["a in flight"]
     assert (a_version, b_version) == (2, 0)
-    assert engine.submitted[-1] == ("a in flight", "a-v2")
+    assert engine.submitted == [("a in flight", None), ("b waiting", None), ("a in flight", "a-v2")]
+
+
+@pytest.mark.asyncio
+async def test_no_engine_step_holds_two_tenants_requests():
+    engine = RecordingEngine()
+    steps: list[set[str]] = []
+    step = engine.step
+
+    def recording_step():
+        steps.append({prompt.split()[0] for prompt in engine.pending.values()})
+        return step()
+
+    engine.step = recording_step
+    loop = TenantEngineLoop(engine, ["a", "b", "c"])
+    try:
+        prompts = [(tenant, f"{tenant} {index}") for index in range(6) for tenant in ("a", "b", "c")]
+        results = await asyncio.wait_for(
+            asyncio.gather(*(loop.generate_for(tenant, prompt, None) for tenant, prompt in prompts)), 10
+        )
+    finally:
+        await loop.close()
+    assert len(results) == 18 and len(engine.submitted) == 18
+    assert all(len(tenants) <= 1 for tenants in steps), steps
+    assert {tenant for tenants in steps for tenant in tenants} == {"a", "b", "c"}
