@@ -1,10 +1,9 @@
 """An `EngineLoop` whose requests belong to tenants: each tenant has its own lane (version, adapter, pause).
 
 One vLLM engine serves every LoRA tenant (`rl.loop.tenants`): every request goes in with its tenant's current
-`LoRARequest`, so vLLM batches all tenants' requests in one decode loop while each samples its own adapter. A
-tenant's weight update pauses its lane alone: "finish" waits for that tenant's requests only, "resubmit" aborts only
-its requests; the engine keeps stepping the other tenants' requests around the reload (it only waits for the step
-under way, to load the adapter between steps).
+`LoRARequest`, and the tenants take turns on the engine's steps (`TenantEngineLoop`). A tenant's weight update pauses
+its lane alone: "finish" waits for that tenant's requests only, "resubmit" aborts only its requests; the other tenants
+keep their turns around the reload (it waits only for the step under way, to load the adapter between steps).
 """
 
 from __future__ import annotations
