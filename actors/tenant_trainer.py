@@ -140,6 +140,7 @@ class TenantTrainer(MetricsActor, ServiceReplica):
                 ranks=self.ranks,
             )
         finally:
+            state.optimizer.zero_grad(set_to_none=True)  # no stale gradient in another tenant's clipping norm
             self._keep_metrics(state)
 
     @endpoint
