@@ -48,7 +48,7 @@ class Finished:
 
 
 @dataclass
-class _Request:
+class EngineRequest:
     prompt: Any
     params: Any
     output: asyncio.Future
@@ -103,7 +103,7 @@ class EngineLoop:
         """The LoRA adapter of `version` that every request is (re)submitted with (None: the engine's own weights)."""
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-engine")
         self._ids = itertools.count()
-        self._requests: dict[str, _Request] = {}  # engine request id -> request, until it finishes
+        self._requests: dict[str, EngineRequest] = {}  # engine request id -> request, until it finishes
         self._open = asyncio.Event()  # cleared while paused: new requests wait
         self._open.set()
         self._work = asyncio.Event()  # set when a request was added
@@ -123,11 +123,11 @@ class EngineLoop:
         await self._open.wait()
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._drive())
-        request = _Request(prompt, params, asyncio.get_running_loop().create_future())
+        request = EngineRequest(prompt, params, asyncio.get_running_loop().create_future())
         await self._submit(request)
         return await request.output
 
-    async def _submit(self, request: _Request) -> None:
+    async def _submit(self, request: EngineRequest) -> None:
         request_id = str(next(self._ids))
         request.version = self.version
         self._requests[request_id] = request
@@ -177,7 +177,7 @@ class EngineLoop:
         the policy is a LoRA adapter (loaded inside the block). A block that raises (a failed load, weights that did
         not prove the version) leaves the engine `refused`: requests waiting or aborted by the pause never run on it."""
         self._open.clear()
-        resubmit: list[_Request] = []
+        resubmit: list[EngineRequest] = []
         try:
             if mode == "finish":
                 await self._idle.wait()

@@ -74,13 +74,14 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts as `max_lora_rank`."""
 
 
-def lora_engine_args(lora: LoraConfig | None) -> dict[str, Any]:
+def lora_engine_args(lora: LoraConfig | None, slots: int = 1) -> dict[str, Any]:
     """vLLM's LoRA settings for a policy trained as adapters (none without): the smallest `max_lora_rank` that holds
-    `lora.rank`, and room for two adapters (the one served and the next version's, loaded before the old goes)."""
+    `lora.rank`, and room for `slots` served adapters (one per LoRA tenant, `rl.loop.tenants`) plus one (the next
+    version's, loaded before the old goes)."""
     if lora is None:
         return {}
     max_rank = next(rank for rank in VLLM_LORA_RANKS if rank >= lora.rank)
-    return dict(enable_lora=True, max_lora_rank=max_rank, max_loras=2, max_cpu_loras=2)
+    return dict(enable_lora=True, max_lora_rank=max_rank, max_loras=slots + 1, max_cpu_loras=slots + 1)
 
 
 def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> dict[str, str]:
@@ -200,9 +201,11 @@ class Generator(MetricsActor, ServiceReplica):
         stop_token_ids: list[int],
         replica: ReplicaId | None = None,
         lora: LoraConfig | None = None,
+        lora_slots: int = 1,
     ):
         """`model_path`: the policy's (or a frozen model's) weights; `weight_transport`: `weight_sync.transport`;
-        `lora`: the policy is `model_path` plus adapters (`trainer.lora`), and each sync carries only the adapters."""
+        `lora`: the policy is `model_path` plus adapters (`trainer.lora`), and each sync carries only the adapters;
+        `lora_slots`: policies served side by side as adapters (`actors.tenant_generator`)."""
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         if generator_config.device == "cpu":
             no_shared_onednn_primitive_cache()  # the reloaded layers' own caches are the ones used (see rl.processes.heap)
@@ -219,7 +222,7 @@ class Generator(MetricsActor, ServiceReplica):
         self.stop_token_ids = stop_token_ids
         self.policy_version = 0
         base = resolve_model_path(model_path)
-        self.llm = LLM(model=base, **engine_args(generator_config), **lora_engine_args(lora))
+        self.llm = LLM(model=base, **engine_args(generator_config), **lora_engine_args(lora, lora_slots))
         self.adapters = AdapterFolders(lora, base) if lora is not None else None
         """Set for a LoRA policy: versions arrive as adapters, served through vLLM's LoRA support."""
         self.engine = EngineLoop(self.llm.llm_engine)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +58,9 @@ Trained = tuple[dict[str, Any], list]
 
 
 class Controller:
-    def __init__(self, config: Config, resume_from: Path | None = None):
-        """`resume_from`: a committed checkpoint directory to continue from (see `rl.checkpoint`)."""
+    def __init__(self, config: Config, resume_from: Path | None = None, roles_class: Callable[..., Roles] = Roles):
+        """`resume_from`: a committed checkpoint directory to continue from (see `rl.checkpoint`); `roles_class`: what
+        makes the run's roles (a LoRA tenant's share the tenants' generator and trainer: `rl.loop.tenants`)."""
         self.config = config = resolve_config(config)  # what needs the runtime, checked and decided
         self.resume_from = resume_from
         self.tasks, self.renderers, self.stop_token_ids = built_tasks(config)
@@ -66,9 +68,9 @@ class Controller:
         self.progress = progress_at(config, self.tasks, resume_from)
         """Run state, row stream, buffer, admission and watches: replaced whole by `rewind`."""
         self.validation_rows = held_out_rows(self.tasks, config.run.eval_groups)
-        self.breaker = CircuitBreaker(config.services.breaker, on_open=self._stop_run)
+        self.breaker = CircuitBreaker(config.services.breaker, on_open=self.stop_run)
         self.algorithms = config.task_algorithms()
-        self.roles = Roles(config, stop_run=self._stop_run, policy_version=lambda: self.state.policy_version)
+        self.roles = roles_class(config, stop_run=self.stop_run, policy_version=lambda: self.state.policy_version)
         self.samples = SampleBuilder(self.algorithms, self.renderers, self.roles.prompt_logprobs)
         self.scored_groups = ScoredGroups(self.tasks, self.renderers, self.roles, config.run.seed)
         self.group_failures = GroupFailures()
@@ -125,7 +127,7 @@ class Controller:
             await asyncio.gather(self._unlogged, return_exceptions=True)
             self._unlogged = None
 
-    def _stop_run(self, message: str) -> None:
+    def stop_run(self, message: str) -> None:
         """Keep `message` for the CLI and cancel the run's task (from any thread)."""
         self.actor_failures.append(message)
         if self._run_task is not None:
@@ -134,7 +136,7 @@ class Controller:
     def _warn(self, warning: str, stop: bool = False) -> None:
         warn(warning)
         if stop:
-            self._stop_run(f"{warning}: stopping the run")
+            self.stop_run(f"{warning}: stopping the run")
 
     async def run(self) -> dict[str, Any]:
         """The whole run: start the actors, train, stop them (also on error or Ctrl-C)."""

@@ -30,16 +30,18 @@ def peft_config(lora: LoraConfig) -> peft.LoraConfig:
     )
 
 
-def with_adapters(model: torch.nn.Module, lora: LoraConfig) -> peft.PeftModel:
+def with_adapters(model: torch.nn.Module, lora: LoraConfig, adapter_name: str = "default") -> peft.PeftModel:
     """`model` with fresh adapters (B = 0: the policy starts as the base) and every base weight frozen.
-    A target name the model lacks raises peft's ValueError naming it."""
+    A target name the model lacks raises peft's ValueError naming it. `adapter_name`: peft's name of this set of
+    adapters (several tenants' sets live on one model: `actors.tenant_trainer`)."""
     import peft
 
-    return peft.get_peft_model(model, peft_config(lora))
+    return peft.get_peft_model(model, peft_config(lora), adapter_name=adapter_name)
 
 
-def adapter_state_dict(model: peft.PeftModel) -> dict[str, torch.Tensor]:
-    """The adapters' tensors under PEFT's saved names: all a sync of a LoRA policy carries."""
+def adapter_state_dict(model: peft.PeftModel, adapter_name: str = "default") -> dict[str, torch.Tensor]:
+    """The adapters' tensors of set `adapter_name` under PEFT's saved names (the set's name left out): all a sync of
+    a LoRA policy carries."""
     import peft
 
-    return peft.get_peft_model_state_dict(model)
+    return peft.get_peft_model_state_dict(model, adapter_name=adapter_name)

@@ -269,8 +269,11 @@ class WeightPublisher:
     store. The controller reloads every generator before the next push, so two slots suffice.
     """
 
-    def __init__(self, transport: str):
+    def __init__(self, transport: str, namespace: str = ""):
+        """`namespace`: prefixes this publisher's store keys and files, so that several policies (LoRA tenants,
+        `rl.loop.tenants`) publish their own version numbers side by side (shared memory only)."""
         self.transport = transport
+        self.namespace = namespace
         self._slots: dict[int, tuple[SharedWeights, torch.Tensor]] = {}
 
     def _slot(
@@ -281,7 +284,7 @@ class WeightPublisher:
             layout, nbytes = plan_layout(  # DTensor parameters: tied ones are one object
                 state_dict, dtype, key=lambda tensor: id(tensor) if isinstance(tensor, DTensor) else tensor.data_ptr()
             )
-            path = file_path(str(slot))
+            path = file_path(f"{self.namespace}{slot}")
             self._slots[slot] = (SharedWeights(path, nbytes, layout), map_file(path, nbytes, create=True))
             if any(tensor.is_cuda for tensor in state_dict.values()):
                 pin_for_device_copies(self._slots[slot][1])  # GPU weights reach the file at pinned speed
@@ -325,8 +328,8 @@ class WeightPublisher:
                     write(buffer, handle.layout[name], tensor)
         if ranks.rank != 0:
             return None
-        await ts.put(policy_key(policy_version) + "/HANDLE", handle)
-        stale = policy_key(policy_version - 2) + "/HANDLE"
+        await ts.put(self.namespace + policy_key(policy_version) + "/HANDLE", handle)
+        stale = self.namespace + policy_key(policy_version - 2) + "/HANDLE"
         if policy_version >= 2 and await ts.exists(stale):
             await ts.delete(stale)
         if not fingerprint:
@@ -354,9 +357,10 @@ class WeightReceiver:
         self.transport = transport
         self._staging: tuple[SharedWeights, torch.Tensor] | None = None
 
-    async def pull(self, policy_version: int) -> SharedWeights:
+    async def pull(self, policy_version: int, namespace: str = "") -> SharedWeights:
+        """`namespace`: the publisher's (`WeightPublisher`)."""
         if self.transport == "shared_memory":
-            return await ts.get(policy_key(policy_version) + "/HANDLE")
+            return await ts.get(namespace + policy_key(policy_version) + "/HANDLE")
         state_dict = await pull_state_dict(policy_version)
         layout, nbytes = plan_layout(state_dict, None, key=id)
         if self._staging is None or self._staging[0].layout != layout:

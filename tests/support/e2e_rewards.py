@@ -44,3 +44,11 @@ def flaky(rollout: Rollout, example: dict) -> float | str:
 def flaky_rows_fail(number: int) -> bool:
     """Whether `flaky` fails every rollout of the row of `number`."""
     return number % 10 in (0, 1, 2, 3)
+
+
+def fails_from_version_1(rollout: Rollout, example: dict) -> float:
+    """`even_token_share` for samples of the base policy (version 0), a raise for every later one: at staleness 0
+    every row from step 2 on fails."""
+    if max(rollout.policy_versions) >= 1:
+        raise RuntimeError("this rubric fails on every sample of a trained policy")
+    return even_token_share(rollout, example)

@@ -1,0 +1,108 @@
+"""LoRA tenants on the tiny Qwen3 (fp32), with real Monarch actors and vLLM: three LoRA runs share one generator engine
+(one adapter slot each) and one trainer (one adapter and optimizer each), and each tenant's run is its solo run.
+
+Tenants: `tenant_a` (seed 0), `tenant_b` (seed 1) and `tenant_c` (seed 1, its reward raising on every sample of a
+trained policy, so every row from step 2 on fails and its breaker stops it). `tenant_a` and `tenant_b` must log the
+tokens and the metrics (all but timings and the shared services' counters) of their solo runs at staleness 0, with
+`tenant_c` failing beside them; each tenant's syncs are attested on its own adapter, and a replica measuring one tenant's
+adapter against another tenant's fingerprints refuses it.
+"""
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from rl.config import load_config
+from rl.loop.controller import Controller
+from rl.loop.tenants import Tenants
+from tests.support.paths import TINY
+from tests.support.runs import assert_same_run, comparable, read_jsonl
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module")]
+
+DEADLINE_S = 900
+STEPS = 4
+RANK = 8
+
+LORA = {
+    "run.steps": str(STEPS),
+    "run.eval_every": "2",
+    "tasks.0.rubric.reward_fns": "[{fn = 'tests.support.e2e_rewards:even_token_share'}]",
+    "trainer.lora.enabled": "true",
+    "trainer.lora.rank": str(RANK),
+    "trainer.lora.alpha": str(2 * RANK),
+    "trainer.lr": "1e-2",
+    "wandb.enabled": "false",
+}
+TENANTS = {
+    "tenant_a": {"run.seed": "0", "trainer.seed": "0"},
+    "tenant_b": {"run.seed": "1", "trainer.seed": "1"},
+    "tenant_c": {
+        "run.seed": "1",
+        "trainer.seed": "1",
+        "tasks.0.rubric.reward_fns": "[{fn = 'tests.support.e2e_rewards:fails_from_version_1'}]",
+        "services.breaker.max_consecutive_failed_groups": "2",
+    },
+}
+
+
+def tenant_config(output_dir: Path, name: str):
+    return load_config(TINY, {**LORA, "run.output_dir": str(output_dir), "run.name": name, **TENANTS[name]})
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def runs(tmp_path_factory):
+    solo_dir, tenants_dir = tmp_path_factory.mktemp("solo"), tmp_path_factory.mktemp("tenants")
+    for name in ("tenant_a", "tenant_b"):
+        await asyncio.wait_for(Controller(tenant_config(solo_dir, name)).run(), DEADLINE_S)
+    tenants = Tenants([tenant_config(tenants_dir, name) for name in TENANTS], [None] * len(TENANTS))
+    try:
+        await asyncio.wait_for(tenants.start(), DEADLINE_S)
+        results = await asyncio.wait_for(
+            asyncio.gather(*(c.run() for c in tenants.controllers.values()), return_exceptions=True), DEADLINE_S
+        )
+        # tenant a's adapter (its last version, published under its name) measured against tenant b's fingerprints
+        shared = tenants.shared
+        version_a = tenants.controllers["tenant_a"].state.policy_version
+        others = shared.tenants["tenant_b"].published
+        generator = shared.generators.actors()[0]
+        crossed = await generator.update_weights.call_one(version_a, others, "tenant_a")
+    finally:
+        await tenants.shared.stop()
+    yield {
+        "solo": solo_dir,
+        "tenants": tenants_dir,
+        "results": dict(zip(tenants.controllers, results)),
+        "failures": {name: c.actor_failures for name, c in tenants.controllers.items()},
+        "crossed": crossed,
+        "others": others,
+    }
+
+
+async def test_each_tenant_logs_its_solo_runs_tokens_and_metrics(runs):
+    for name in ("tenant_a", "tenant_b"):
+        assert isinstance(runs["results"][name], dict), runs["results"][name]
+        assert_same_run(runs["tenants"] / name, runs["solo"] / name, steps=STEPS)
+    solo_a, solo_b = (read_jsonl(runs["solo"] / name / "rollouts.jsonl") for name in ("tenant_a", "tenant_b"))
+    assert solo_a != solo_b  # the seeds differ: equal logs would not tell the tenants apart
+
+
+async def test_a_failing_tenant_stops_alone(runs):
+    assert isinstance(runs["results"]["tenant_c"], BaseException)
+    assert any("consecutive groups failed" in failure for failure in runs["failures"]["tenant_c"]), runs["failures"]
+    records = [record for record in read_jsonl(runs["tenants"] / "tenant_c" / "metrics.jsonl") if record["step"] > 0]
+    assert all(record["step"] <= 1 for record in records)  # its rows of version 1 failed: it stopped by step 1's end
+
+
+async def test_every_tenant_sync_is_attested_on_its_own_adapter(runs):
+    for name in ("tenant_a", "tenant_b"):
+        records = [record for record in read_jsonl(runs["tenants"] / name / "metrics.jsonl") if record["step"] > 0]
+        assert [record["weight_sync/attested"] for record in records] == [1.0] * STEPS
+        assert all(comparable(record) for record in records)
+    verdict = runs["crossed"].verdict
+    assert not verdict.attested
+    named = {failure.split(":")[0] for failure in verdict.failures}
+    others = runs["others"]
+    assert set(others.tensors) <= named  # every tensor of the other tenant's adapter differs from this tenant's
