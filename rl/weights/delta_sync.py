@@ -186,9 +186,10 @@ class DeltaReceiver:
         self.receiver = receiver
         self.resident = ResidentWeights()
 
-    async def pull(self, policy_version: int) -> SharedWeights:
+    async def pull(self, policy_version: int, namespace: str = "") -> SharedWeights:
+        """`namespace`: the publisher's (`WeightPublisher`); deltas are never sent under one (LoRA tenants)."""
         if not await ts.exists(manifest_key(policy_version)):
-            return await self.receiver.pull(policy_version)
+            return await self.receiver.pull(policy_version, namespace)
         manifest: Manifest = await ts.get(manifest_key(policy_version))
         resident = self.resident
         if (resident.policy_version, resident.digest) == (policy_version, manifest.digest):

@@ -85,7 +85,7 @@ def comparable(record: dict) -> dict:
     return {
         key: value
         for key, value in record.items()
-        if not key.startswith(("time/", "perf/", "services/", "recovery/")) and not key.endswith("_per_s")
+        if not key.startswith(("time/", "perf/", "services/", "recovery/", "memory/")) and not key.endswith("_per_s")
     }
 
 
