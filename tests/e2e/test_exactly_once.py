@@ -38,6 +38,10 @@ OVERRIDES = [
     "0",
     "--sample_logging.enabled",
     "false",
+    "--loss.clip_eps_low",  # a zero-width clip: every drifted token clips in its advantage's direction, so the clip's
+    "0.0",  # signal does not depend on how far the random kill moments let the policy drift
+    "--loss.clip_eps_high",
+    "0.0",
     "--tasks.0.rubric.reward_fns",
     "[{fn = 'tests.support.e2e_rewards:by_sample_index'}]",  # no group is dropped for zero advantage
 ]
@@ -120,7 +124,7 @@ def assert_off_policy_loop(run_dir, budget: int) -> None:
 def assert_two_minibatches_a_batch(run_dir) -> None:
     """Every step took two optimizer steps (the LR schedule counts both), the second drifted from the step-start
     snapshot (k3 `train/ppo_kl` > 0: 0 would mean the minibatches did not update in turn), and some tokens were
-    clipped in the run (the clip engages only on a drifted policy)."""
+    clipped in the run (the clip, zero-wide here, engages only on a drifted policy)."""
     steps = [record for record in read_jsonl(run_dir / "metrics.jsonl") if record["step"] > 0]
     assert [record["train/optimizer_steps"] for record in steps] == [2] * STEPS
     assert [record["train/optimizer_steps_total"] for record in steps] == [2 * record["step"] for record in steps]
