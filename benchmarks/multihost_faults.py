@@ -1,4 +1,4 @@
-"""Faults across hosts: the multi-host run of tests/e2e/test_multihost.py (namespaced hosts, tests/support/hosts.py) with
+"""Faults across hosts: the multi-host run of tests/e2e/test_multihost.py (namespaced hosts, testbed/hosts.py) with
 one fault injected after a step, measured: when it was noticed, what the run did (healed, or stopped with a resume
 hint), how long it took against the configured deadlines. The table is in docs/gpus-and-clusters.md.
 
@@ -29,8 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support import multihost
-from tests.support.paths import E2E_CONFIGS
+from testbed import multihost
+
+TINY_MULTIHOST = (
+    multihost.REPO / "tests" / "e2e" / "configs" / "tiny_qwen3_multihost.toml"
+)  # the multi-host test's config
 
 STEPS = 6
 FAULT_AFTER_STEP = 2
@@ -95,7 +98,7 @@ def steps_done(run_dir: Path) -> int:
 def run(name: str) -> dict:
     output_dir = Path(tempfile.mkdtemp(prefix=f"rlmesh-faults-{name}-", dir="/tmp"))
     run_dir = output_dir / "tiny_qwen3_multihost"
-    args = ["--config", str(E2E_CONFIGS / "tiny_qwen3_multihost.toml"), "--run.output_dir", str(output_dir)]
+    args = ["--config", str(TINY_MULTIHOST), "--run.output_dir", str(output_dir)]
     args += ["--run.steps", str(STEPS), "--checkpoint.every_steps", "2"]
     args += [item for pair in DEADLINES.items() for item in pair]
     with multihost.cluster(output_dir) as cluster:

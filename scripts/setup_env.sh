@@ -25,7 +25,7 @@ if ! (PATH="$PATH:/usr/sbin:/sbin" && command -v slurmctld && command -v slurmd 
     { apt-get install -y -q "${SLURM_PACKAGES[@]}" || { apt-get update -q && apt-get install -y -q "${SLURM_PACKAGES[@]}"; }; } \
         >/dev/null 2>&1 || echo "[setup] could not install Slurm; tests/e2e/test_slurm.py is skipped" >&2
 fi
-# The multi-host test blocks new connections into a namespaced host with nftables (tests/support/hosts.py).
+# The multi-host test blocks new connections into a namespaced host with nftables (testbed/hosts.py).
 if ! (PATH="$PATH:/usr/sbin:/sbin" && command -v nft) >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "[setup] installing nftables (the multi-host test's firewall)" >&2
     { apt-get install -y -q nftables || { apt-get update -q && apt-get install -y -q nftables; }; } >/dev/null 2>&1 \

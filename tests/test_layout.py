@@ -160,3 +160,19 @@ def test_the_readmes_layout_table_is_the_floor_plans():
     """The table is written by `python -m tests.floor_plan` from the floors and each module's docstring."""
     readme = README.read_text()
     assert readme == readme_with_table(readme), "stale: run PYTHONPATH=$PWD .venv/bin/python -m tests.floor_plan"
+
+
+def test_benchmarks_and_the_testbed_import_no_tests():
+    """Benchmarks and the one-machine cluster stand on their own: what they share with the tests lives in `testbed/`."""
+    modules = {
+        f"tests.{'.'.join(path.relative_to(ROOT / 'tests').with_suffix('').parts)}": path
+        for path in (ROOT / "tests").rglob("*.py")
+    }
+    modules["tests"] = ROOT / "tests" / "__init__.py"
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for folder in ("benchmarks", "testbed")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for name in sorted(imports(path, modules))
+    ]
+    assert not offenders, "\n".join(offenders)

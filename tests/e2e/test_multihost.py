@@ -1,4 +1,4 @@
-"""A run across four namespaced hosts of this machine (tests/support/hosts.py): the launcher on one, a 2-rank trainer
+"""A run across four namespaced hosts of this machine (testbed/hosts.py): the launcher on one, a 2-rank trainer
 across two (one rank each, gloo over TCP), the vLLM generator on the fourth. Each host has its own hostname, network
 stack, /tmp and /dev/shm; only the repository, the venv, the model cache and the run directory are shared, as on a
 cluster with a shared filesystem. The hosts' workers already run (`rlmesh worker`), the launcher attaches to them
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import hosts as namespaced
-from tests.support import multihost
+from testbed import hosts as namespaced
+from testbed import multihost
 from tests.support.paths import E2E_CONFIGS
 
 REASON = namespaced.unavailable()

@@ -1,5 +1,5 @@
 """`rlmesh train` with `cluster.scheduler = "slurm"` on a real Slurm: Debian's Slurm 22.05 (munge, slurmctld and two
-slurmd, tests/support/slurm_cluster.py) on three namespaced hosts of this machine (tests/support/hosts.py): the
+slurmd, testbed/slurm_cluster.py) on three namespaced hosts of this machine (testbed/hosts.py): the
 launcher and slurmctld on `login`, the compute nodes `node1` and `node2`, each with its own hostname, network stack,
 /tmp and /dev/shm; the repository, the venv, the model cache and the run directory are shared, as on a cluster with a
 shared filesystem.
@@ -24,9 +24,9 @@ import pytest
 
 from rl.assets import cache_dir
 from rl.processes.titles import role_of
-from tests.support import hosts as namespaced
+from testbed import hosts as namespaced
 from tests.support.paths import E2E_CONFIGS, REPO
-from tests.support.slurm_cluster import slurm_cluster, unavailable
+from testbed.slurm_cluster import slurm_cluster, unavailable
 
 REASON = unavailable()
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(REASON is not None, reason=REASON or "")]

@@ -2,7 +2,7 @@
 
 The fixtures are real output of Slurm 22.05.8 (Debian 12's slurmctld/slurmd): `squeue --job 2 --json` on one node "vm"
 with one running batch job (captured 2026-11-25), and `squeue --job 4 --json` on the two-node cluster of
-tests/support/slurm_cluster.py (nodes node1, node2 in their own network namespaces) while job 4 ran and jobs 1-3 had
+testbed/slurm_cluster.py (nodes node1, node2 in their own network namespaces) while job 4 ran and jobs 1-3 had
 ended (captured 2026-11-26): it lists all four, job 1 first, since 22.05's `--json` ignores `--job`. Monarch's own `_wait_for_job_start` parses it, with `squeue` answered
 from the file; the job objects are made without `__init__`, which would switch this process to TCP transport.
 Importing `monarch.job` imports flask, whose context proxies an in-process vLLM engine must not see

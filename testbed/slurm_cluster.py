@@ -1,7 +1,7 @@
 """A real Slurm on this machine: Debian's munge, slurmctld and slurmd, each node a namespaced host of its own.
 
 `slurm_cluster(network, controller, nodes, state_dir)` (a context manager) runs, on the hosts of a
-`tests/support/hosts.py` network:
+`testbed/hosts.py` network:
 
 - **munged** on the controller's host with a key generated for this cluster, its socket in the sockets' folder (a
   Unix socket is reached through the filesystem, so every host's Slurm talks to it; `AuthInfo=socket=` points Slurm
@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support import hosts as namespaced
+from testbed import hosts as namespaced
 
 TOOLS = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "sinfo", "scontrol", "scancel")
 START_TIMEOUT_S = 60

@@ -1,4 +1,4 @@
-"""tests/support/hosts.py: namespaced hosts see their own hostname, /tmp, /dev/shm and loopback, resolve and reach each
+"""testbed/hosts.py: namespaced hosts see their own hostname, /tmp, /dev/shm and loopback, resolve and reach each
 other over TCP by name, lose each other when a link is down, and leave nothing behind."""
 
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import hosts as namespaced
+from testbed import hosts as namespaced
 from tests.support.paths import REPO
 
 REASON = namespaced.unavailable()

@@ -1,4 +1,4 @@
-"""A cluster of namespaced hosts (tests/support/hosts.py) running rlmesh: a worker on every host but the launcher's,
+"""A cluster of namespaced hosts (testbed/hosts.py) running rlmesh: a worker on every host but the launcher's,
 `rlmesh train` with `scheduler = "attach"` in the launcher's host. Shared by tests/e2e/test_multihost.py and
 benchmarks/multihost_faults.py.
 
@@ -21,8 +21,9 @@ from pathlib import Path
 import psutil
 
 from rl.assets import cache_dir
-from tests.support import hosts as namespaced
-from tests.support.paths import REPO
+from testbed import hosts as namespaced
+
+REPO = Path(__file__).resolve().parents[1]  # the checkout the workers run
 
 WORKER_PORT = 26600  # every host has its own ports
 HOSTS = {"trainer": ["trainer0", "trainer1"], "generator": ["generator0"]}

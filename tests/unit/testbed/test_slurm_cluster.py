@@ -1,11 +1,11 @@
-"""tests/support/slurm_cluster.py: a real Slurm on namespaced hosts runs a job's tasks on the nodes it names, under the
+"""testbed/slurm_cluster.py: a real Slurm on namespaced hosts runs a job's tasks on the nodes it names, under the
 nodes' own hostnames, and leaves no daemon and no key behind."""
 
 import psutil
 import pytest
 
-from tests.support import hosts as namespaced
-from tests.support.slurm_cluster import slurm_cluster, unavailable
+from testbed import hosts as namespaced
+from testbed.slurm_cluster import slurm_cluster, unavailable
 
 REASON = unavailable()
 pytestmark = [pytest.mark.processes, pytest.mark.slurm, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
