@@ -16,14 +16,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import cached_property
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from monarch._rust_bindings.monarch_hyperactor.supervision import SupervisionError
 from monarch.actor import Endpoint
 
-from rl.config.services import ServiceConfig
 from rl.services.ledger import Ledger
-from rl.services.replica import ReplicaId, SpawnProcs
 from rl.services.router import Router
 from rl.services.supervision import Replica, SupervisedReplicas, after_run_fault_hook
 
@@ -98,38 +97,21 @@ class NamedEndpoint:
 
 
 class Service(SupervisedReplicas):
-    """Calls to the replicas: routed to one (`call`) or sent to all (`broadcast`), counted, failed over."""
+    """Calls to the replicas: routed to one (`call`) or sent to all (`broadcast`), counted, failed over. Built with
+    `SupervisedReplicas`' arguments; its router and ledger start empty."""
 
-    def __init__(
-        self,
-        name: str,
-        actor_class: type,
-        args: Callable[[ReplicaId], tuple],
-        *,
-        replicas: int,
-        config: ServiceConfig,
-        spawn_procs: SpawnProcs,
-        on_fatal: Callable[[str], None],
-        prepare: Callable[[Any], Awaitable[None]] | None = None,
-        config_key: str | None = None,
-        release: str | None = None,
-    ):
-        """The replicas' arguments are `SupervisedReplicas`'s; the router and the ledger start empty."""
-        super().__init__(
-            name,
-            actor_class,
-            args,
-            replicas=replicas,
-            config=config,
-            spawn_procs=spawn_procs,
-            on_fatal=on_fatal,
-            prepare=prepare,
-            config_key=config_key,
-            release=release,
-        )
-        self.router = Router(replicas)
-        self.ledger = Ledger()
-        self.failed_requests = 0
+    failed_requests = 0
+    """Requests lost on `max_attempts` replicas (or no replica healthy in time)."""
+
+    @cached_property
+    def router(self) -> Router:
+        """Picks a replica per call: least outstanding, sticky by key; counts what each replica served."""
+        return Router(len(self.replicas))
+
+    @cached_property
+    def ledger(self) -> Ledger:
+        """Each request's attempts, for resubmission and its counters."""
+        return Ledger()
 
     def endpoint(self, method: Endpoint[P, R] | Callable[Concatenate[Any, P], Awaitable[R]]) -> ServiceEndpoint[P, R]:
         """The endpoint `method` of the service's actor class (`service.endpoint(Generator.generate)`), typed from it."""
