@@ -1,6 +1,6 @@
 """A checkpoint's commit (sha256 and fsync of every file: minutes at 8B with AdamW) runs off the controller's event
 loop, so pings and generation go on meanwhile: a coroutine ticking every 10 ms keeps ticking through a commit that
-blocks its thread for 1 s. (How long a real commit would stall the loop depends on the disk and the page cache: a
+blocks its thread for 2 s. (How long a real commit would stall the loop depends on the disk and the page cache: a
 measurement, not a test.)"""
 
 import asyncio
@@ -11,7 +11,7 @@ from rl.config import load_config
 from rl.loop.state import RunState, save_checkpoint
 from tests.support.paths import TINY
 
-COMMIT_S = 1.0
+COMMIT_S = 2.0  # a commit on the loop would stall it this long; a loaded 2-core box stalls it far less
 
 
 class NoRoles:
@@ -44,4 +44,4 @@ async def test_the_event_loop_keeps_ticking_while_a_checkpoint_commits(tmp_path,
     done.set()
     await ticking
     assert checkpoint.newest_checkpoint(tmp_path).name == "step_00000001"
-    assert max(gaps) < COMMIT_S / 2, f"the loop stalled {max(gaps):.2f} s during the commit"
+    assert max(gaps) < COMMIT_S * 0.75, f"the loop stalled {max(gaps):.2f} s during the commit"
