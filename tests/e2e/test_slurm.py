@@ -25,8 +25,8 @@ import pytest
 from rl.assets import cache_dir
 from rl.processes.titles import role_of
 from testbed import hosts as namespaced
-from tests.support.paths import E2E_CONFIGS, REPO
 from testbed.slurm_cluster import slurm_cluster, unavailable
+from tests.support.paths import E2E_CONFIGS, REPO
 
 REASON = unavailable()
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(REASON is not None, reason=REASON or "")]
