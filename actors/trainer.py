@@ -152,9 +152,8 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         self.wire_dtype = TORCH_DTYPES[wire_dtype]
         self.device = torch.device(trainer_config.device)
         if trainer_config.device == "cuda" and trainer_config.gpu_memory_fraction is not None:
-            torch.cuda.set_per_process_memory_fraction(
-                trainer_config.gpu_memory_fraction
-            )  # generators may share the GPU
+            # generators may share the GPU
+            torch.cuda.set_per_process_memory_fraction(trainer_config.gpu_memory_fraction)
         self.ranks = distributed.init_process_group(trainer_config.device) if world > 1 else distributed.Ranks.single()
         reset_peaks()
         before_load = rss_bytes()

@@ -31,9 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed import multihost
 
-TINY_MULTIHOST = (
-    multihost.REPO / "tests" / "e2e" / "configs" / "tiny_qwen3_multihost.toml"
-)  # the multi-host test's config
+# the multi-host test's config
+TINY_MULTIHOST = multihost.REPO / "tests" / "e2e" / "configs" / "tiny_qwen3_multihost.toml"
 
 STEPS = 6
 FAULT_AFTER_STEP = 2

@@ -121,9 +121,8 @@ def batch_metrics(
     `rollouts/status/*` also counts the rollouts of the failed groups dropped since the last step
     (`stats.dropped_failed`)."""
     rollouts = [rollout for group in groups for rollout in group.rollouts]
-    policy_sampled = [
-        r for r in rollouts if r.turns and r.metadata.get("sampler", "policy") == "policy"
-    ]  # frozen samplers never age
+    # frozen samplers never age
+    policy_sampled = [r for r in rollouts if r.turns and r.metadata.get("sampler", "policy") == "policy"]
     offsets = [policy_version - min(r.policy_versions) for r in policy_sampled]
     metrics: dict[str, float] = {
         "rollouts/evicted_stale_groups": len(evicted),

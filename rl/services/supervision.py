@@ -95,9 +95,8 @@ class SupervisedReplicas:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._context: contextvars.Context | None = None
         self._by_mesh: dict[str, Replica] = {}  # every replica ever spawned (old ones too), by actor mesh name
-        self._serial = next(
-            _SERVICES
-        )  # in mesh names: a late report about an earlier run's replica never matches a live one
+        # in mesh names: a late report about an earlier run's replica never matches a live one
+        self._serial = next(_SERVICES)
 
     async def start(self) -> None:
         """Spawn every replica (each within `start_timeout_s`), then keep probing them."""

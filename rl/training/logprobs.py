@@ -162,9 +162,8 @@ def tree_attention_mask(model: torch.nn.Module, subtree_end: torch.Tensor) -> to
             f"prefix-tree attention needs attn_implementation 'sdpa' or 'flex_attention', not {implementation!r}"
         )
     columns = torch.arange(length, device=subtree_end.device)
-    return ((columns[None, :] <= columns[:, None]) & (columns[:, None] < subtree_end[:, None, :]))[
-        :, None
-    ]  # [B,1,L(q),L(k)]
+    # [B,1,L(q),L(k)]
+    return ((columns[None, :] <= columns[:, None]) & (columns[:, None] < subtree_end[:, None, :]))[:, None]
 
 
 def packed_logprobs(

@@ -104,7 +104,6 @@ async def test_sft_from_the_dataset_generates_nothing_and_echo_trains(run):
     demos = by_task["DemonstratedDigits"]
     assert demos and all(r["metadata"]["sampler"] == "dataset" and len(r["turns"]) == 1 for r in demos)
     assert len({r["group_id"] for r in demos}) == len(demos)  # one demonstration per row, not group_size generations
-    echo = by_task[
-        "arithmetic_retry"
-    ]  # the random tiny model rarely stops within 8 tokens: its retries are unit-tested
+    # the random tiny model rarely stops within 8 tokens: its retries are unit-tested
+    echo = by_task["arithmetic_retry"]
     assert any(r["advantage"] is not None for r in echo)  # rollouts.jsonl carries the advantage the step trained

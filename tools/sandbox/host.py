@@ -48,9 +48,8 @@ class Sandbox:
                     parents, (self.limits.memory_mb + self.limits.scratch_mb) << 20, self.limits.max_processes + 4
                 )
             command, env, cwd = build_command(fn_path, self.limits, self.isolate, group, host_dirs)
-            nproc = (
-                self.isolate and group is None
-            )  # outside a user namespace RLIMIT_NPROC would count all this user's processes
+            # outside a user namespace RLIMIT_NPROC would count all this user's processes
+            nproc = self.isolate and group is None
             request = json.dumps({"fn": fn_path, "arguments": arguments, "limits": asdict(self.limits), "nproc": nproc})
             returncode, stdout, stderr = await communicate(command, env, cwd, request.encode(), self.limits, group)
             out_of_memory = group is not None and group.oom_killed()

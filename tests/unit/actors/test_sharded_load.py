@@ -10,6 +10,7 @@ by the safetensors library itself.
 import os
 import tempfile
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -50,6 +51,7 @@ def _rank(rank: int, world: int, init_file: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.processes  # two gloo ranks in their own processes
 def test_each_rank_holds_its_shard_and_a_bounded_buffer_while_loading() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank")

@@ -538,7 +538,6 @@ def test_echo_attributes_a_rerendered_prompt_too():
         renderers={"t": renderer},
     )
     new = len(prompt) + len(completion)
-    expected = [
-        0.5 if i == 2 else 0.0 for i in rendered.message_indices[new:]
-    ]  # message 2 is the environment's user message
+    # message 2 is the environment's user message
+    expected = [0.5 if i == 2 else 0.0 for i in rendered.message_indices[new:]]
     assert sample.ce_weights == [0.0] * new + expected + [0.0] and 0.5 in expected and expected[-1] == 0.0

@@ -132,9 +132,8 @@ def test_checkpoints_newer_than_the_one_resumed_are_kept_aside(tmp_path):
     run_dir = fake_run(tmp_path, [1, 2])
     older = checkpoint.committed_checkpoints(run_dir)[0]
     assert [path.name for path in checkpoint.set_aside(run_dir, older)] == ["damaged-step_00000002"]
-    assert checkpoint.committed_checkpoints(run_dir) == [
-        older
-    ]  # the resumed run's next commits never prune the older one for it
+    # the resumed run's next commits never prune the older one for it
+    assert checkpoint.committed_checkpoints(run_dir) == [older]
 
 
 def test_checkpoint_files_and_directories_are_on_disk_before_committed(tmp_path, monkeypatch):
@@ -152,10 +151,11 @@ def test_checkpoint_files_and_directories_are_on_disk_before_committed(tmp_path,
     final = checkpoint.commit(tmp_path, tmp, 3, keep=1)
     before_commit = {Path(path).name for path, committed in synced if not committed}
     assert {"model.distcp", "trainer", "run_state.json", checkpoint.MANIFEST, tmp.name, "checkpoints"} <= before_commit
+    # then COMMITTED
     assert [path for path, committed in synced if committed] == [
         str(final / checkpoint.COMMITTED),
         str(final),
-    ]  # then COMMITTED
+    ]
 
 
 @pytest.mark.processes

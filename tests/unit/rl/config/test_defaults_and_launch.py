@@ -177,12 +177,14 @@ def test_a_task_package_beside_the_config_is_found_from_the_launch_directory(tmp
     )
     assert result.returncode == 0, result.stderr
     assert 'name = "my_tasks.capitals:CapitalsTask"' in result.stdout
+    # actor processes inherit it
     assert result.stdout.splitlines()[-1].split(os.pathsep)[:2] == [
         str(tmp_path),
         str(REPO),
-    ]  # actor processes inherit it
+    ]
 
 
+@pytest.mark.processes  # a `rlmesh validate` subprocess
 def test_a_task_package_beside_the_config_launched_from_elsewhere_names_the_directories_searched(tmp_path):
     beside = tmp_path / "project"
     (beside / "my_tasks").mkdir(parents=True)

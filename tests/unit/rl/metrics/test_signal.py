@@ -33,9 +33,8 @@ def test_a_task_flat_for_n_steps_is_warned_about_once_and_again_only_after_a_sig
     assert len(warnings) == 1  # once
     warnings += watch.observe(5, [group("math", [0.0, 1.0])])  # a signal resets the count
     for step in (6, 7, 8):
-        warnings += watch.observe(
-            step, [group("math", [0.0, 0.5, 0.5], failed=1)]
-        )  # 0.5 and 0.5 once the failure is left out
+        # 0.5 and 0.5 once the failure is left out
+        warnings += watch.observe(step, [group("math", [0.0, 0.5, 0.5], failed=1)])
     assert len(warnings) == 2 and warnings[1].startswith("step 8: task 'math'")
     warnings += SignalWatch(0).observe(1, flat)  # 0 = never
     assert len(warnings) == 2

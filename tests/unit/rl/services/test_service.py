@@ -60,9 +60,8 @@ async def test_endpoints_typed_from_the_actors_methods_route_to_one_replica_or_f
 
 async def test_endpoints_by_name_take_their_options_as_keywords():
     service = make_service(FakeHost())
-    service.actor_class = type(
-        "DeclaredEndpoints", (), {"generate": None, "update": None}
-    )  # what the actor class declares
+    # what the actor class declares
+    service.actor_class = type("DeclaredEndpoints", (), {"generate": None, "update": None})
     await service.start()
     assert await service.generate.route(1, key="row=0") == ("generator_0_0", 1)
     assert await service.update.fanout(3, timeout_s=1.0) == [3, 3]

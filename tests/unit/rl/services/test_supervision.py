@@ -25,9 +25,8 @@ async def test_a_dead_replicas_requests_go_to_the_other_and_a_prepared_replaceme
     assert host.actors["generator_0_0"].calls == [("generate", "seed=7")]
     assert service.handle_failure(Failure(f"generator_0_0_s{service._serial}-Ab3xYz"))
     assert not service.handle_failure(Failure("trainer-Ab3xYz"))
-    assert service.handle_failure(
-        Failure(f"generator_1_0_s{service._serial + 1}-Ab3xYz")
-    )  # another run's replica, reported late: ignored
+    # another run's replica, reported late: ignored
+    assert service.handle_failure(Failure(f"generator_1_0_s{service._serial + 1}-Ab3xYz"))
     late: list[str] = []
     hook = after_run_fault_hook([service], late.append)
     for name in (f"generator_0_0_s{service._serial}-Ab3xYz", "logger-Ab3xYz", "trainer-Ab3xYz"):

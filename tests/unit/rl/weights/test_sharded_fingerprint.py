@@ -11,6 +11,7 @@ gathers and buffers fragment (129 MiB seen once), which measures the allocator, 
 import os
 import tempfile
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -51,6 +52,7 @@ def _rank(rank: int, world: int, init_file: str, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.processes  # two gloo ranks in their own processes
 def test_a_sharded_version_is_fingerprinted_one_whole_tensor_at_a_time() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank")
