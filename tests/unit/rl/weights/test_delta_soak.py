@@ -1,9 +1,10 @@
 """200 delta syncs through the trainer's `DeltaPublisher` and a generator's `DeltaReceiver` (the shared-memory transport,
 its store calls on a `DirectoryStore`), on a small Qwen-shaped fp32 state with a tied embedding, each step an Adam-like
-update (every element moves by the step's lr, 1e-7 to 3e-6 (about RL's 1e-6), its sign random) and a bf16 wire. After every sync the
-generator's resident file must be the trainer's weights cast to bf16 by torch, bit for bit; a version goes whole
-exactly every `delta_full_every` syncs (counted from the last whole one); a replica that joins mid-chain has no base,
-is refused the delta, and loads the version the trainer publishes again whole (the other replica keeps its copy)."""
+update (every element moves by the step's lr, 1e-7 to 3e-6, around RL's 1e-6; its sign random) and a bf16 wire. After
+every sync the generator's resident file must be the trainer's weights cast to bf16 by torch, bit for bit; a version
+goes whole exactly every `delta_full_every` syncs (counted from the last whole one); every 20th version's fingerprints
+are those of the cast weights; a replica that joins mid-chain has no base, is refused the delta, and loads the version
+the trainer publishes again whole (the other replica keeps its copy)."""
 
 import asyncio
 import time
@@ -11,6 +12,7 @@ import time
 import torch
 
 from rl.training.distributed import Ranks
+from rl.weights.attestation import fingerprint_state_dict
 from rl.weights.delta import DeltaRejected
 from rl.weights.delta_sync import DeltaPublisher, DeltaReceiver
 from rl.weights.shared_file import view
@@ -65,7 +67,11 @@ async def soak(tmp_path) -> dict:
         for version in range(1, SYNCS + 1):
             if version > 1:
                 adam_like_step(state, generator)
-            _, stats = await publisher.publish(state, version, WIRE, Ranks())
+            check = version % 20 == 0  # the version's fingerprints, as a sync that attests takes them
+            prints, stats = await publisher.publish(state, version, WIRE, Ranks(), fingerprint=check)
+            if check:
+                cast = cast_once(state)
+                assert prints.tensors == fingerprint_state_dict(cast, version).tensors
             if version == LATE_REPLICA_AT:  # a replica that joins mid-chain holds no base
                 replicas.append(DeltaReceiver(WeightReceiver("shared_memory")))
             try:
@@ -136,3 +142,9 @@ def test_always_never_sends_a_scheduled_whole_version(tmp_path, monkeypatch):
         return sent
 
     assert asyncio.run(run()) == [False] + [True] * 29
+
+
+def cast_once(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` in bf16 by torch, a tie one tensor under each of its names (what the trainer publishes)."""
+    cast: dict[int, torch.Tensor] = {}
+    return {name: cast.setdefault(tensor.data_ptr(), tensor.to(WIRE)) for name, tensor in state.items()}
