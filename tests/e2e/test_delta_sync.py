@@ -14,7 +14,6 @@ after."""
 
 import json
 import os
-import re
 import signal
 import time
 from pathlib import Path
@@ -34,8 +33,6 @@ DELTA_RUN = (
     "decoupled_token_is",
     "--trainer.lr",
     "1e-6",
-    "--checkpoint.every_steps",
-    "1",
     "--tasks.0.rubric.reward_fns",
     "[{fn = 'tests.support.e2e_rewards:even_token_share'}]",
 )
@@ -75,8 +72,13 @@ def assert_generators_hold(run_dir: Path, step: int, pids: list[int]) -> None:
     with torch.no_grad():
         for name, tensor in trained.items():
             state[name].copy_(tensor)
-    # the publisher's layout (ties once), which a generator's copy keeps; through torchstore a tie arrives under each
-    # name, in a place of its own: the file's size tells which
+    # the publisher's order (a tie's names together, where the first stands) and layout (ties once), which a
+    # generator's copy keeps; through torchstore a tie arrives under each name, in a place of its own: the file's size
+    # tells which
+    ties: dict[int, list[str]] = {}
+    for name, tensor in state.items():
+        ties.setdefault(tensor.data_ptr(), []).append(name)
+    state = {name: state[name] for names in ties.values() for name in names}
     layouts = {
         plan_layout(state, torch.bfloat16)[1]: plan_layout(state, torch.bfloat16),
         plan_layout(state, torch.bfloat16, key=id)[1]: plan_layout(state, torch.bfloat16, key=id),
@@ -95,7 +97,8 @@ def assert_generators_hold(run_dir: Path, step: int, pids: list[int]) -> None:
 
 def test_deltas_are_small_attested_and_exact_through_a_trainer_recovery_a_replacement_mid_chain_and_a_resume(tmp_path):
     run_dir = tmp_path / "run" / "tiny_qwen3_e2e"
-    launch = Launch(tmp_path / "run", *DELTA_RUN, "--run.steps", "6", "--generator.num_replicas", "2")
+    every_2 = ("--checkpoint.every_steps", "2")
+    launch = Launch(tmp_path / "run", *DELTA_RUN, *every_2, "--run.steps", "6", "--generator.num_replicas", "2")
     try:
         launch.wait_for_line("step    3 v3", timeout=600)
         [trainer] = trainer_pids(launch)
@@ -104,8 +107,9 @@ def test_deltas_are_small_attested_and_exact_through_a_trainer_recovery_a_replac
         pids = stop_at(launch, run_dir, 6)
     finally:
         launch.kill_everything()
-    [recovered] = {int(found) for found in re.findall(r"loads checkpoint step_(\d+)", launch.output())}
-    assert recovered in (2, 3), recovered  # step 3's checkpoint, or step 2's when 3's was not committed yet
+    # back to step 2's checkpoint: the generators, on version 3, load version 2 whole (an older one, on purpose)
+    assert "loads checkpoint step_00000002" in launch.output(), launch.output()[-3000:]
+    recovered = 2
     by_step = records(run_dir)
     full = by_step[1]["weight_sync/bytes"]
     assert by_step[1]["weight_sync/delta"] == 0
@@ -114,6 +118,7 @@ def test_deltas_are_small_attested_and_exact_through_a_trainer_recovery_a_replac
     # the new trainer's first sync (the recovered version, whole) goes into the next step's record, beside its delta
     after = by_step[recovered + 1]
     assert after["recovery/trainer_count"] == 1 and after["recovery/attested"] == 1, after
+    assert after["recovery/replayed_steps"] == 1, after  # step 3 trained again: its version 3 a delta onto the new 2
     assert after["weight_sync/delta"] == 0 and after["weight_sync/bytes"] >= full, after
     for step in (step for step in range(2, 7) if step != recovered + 1):  # before the loss and after the recovery
         assert by_step[step]["weight_sync/delta"] == 1, by_step[step]
@@ -159,7 +164,8 @@ def test_a_sharded_trainer_and_tensor_parallel_generators_take_exact_deltas_thro
     run_dir = tmp_path / "run" / "tiny_qwen3_e2e"
     sharded = ("--trainer.num_procs", "2", "--generator.tensor_parallel_size", "2")
     transport = ("--weight_sync.transport", "torchstore", "--run.weight_sync_timeout_s", "300")
-    launch = Launch(tmp_path / "run", *DELTA_RUN, *sharded, *transport, "--run.steps", "3", "--run.eval_every", "0")
+    steps = ("--run.steps", "3", "--run.eval_every", "0", "--checkpoint.every_steps", "1")
+    launch = Launch(tmp_path / "run", *DELTA_RUN, *sharded, *transport, *steps)
     try:
         pids = stop_at(launch, run_dir, 3, timeout=900)  # two ranks, an engine core and two workers on two cores
     finally:
