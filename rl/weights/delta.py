@@ -258,6 +258,9 @@ class PublishedCopy:
 
     def __init__(self) -> None:
         self.kept: list[_Kept] = []
+        self.blocks: list[Block] = []
+        """This rank's blocks of the copy, as the last `update` described them (a version published again whole from the
+        copy names the same blocks, so it has the same digest and the next delta applies onto it)."""
         self.policy_version: int | None = None
         self.digest: str | None = None
 
@@ -301,6 +304,7 @@ class PublishedCopy:
                 elements += new.numel()
                 blocks.append(Block(index, start, start + new.numel(), crc(kept.copy)))
         chunks, infos = chunks_of(pieces, ranks.rank)
+        self.blocks = blocks
         return Encoded(chunks, infos, blocks, changed, elements)
 
     @property

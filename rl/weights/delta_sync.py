@@ -133,9 +133,11 @@ class DeltaPublisher:
                 f"asked for version {policy_version} in full, the trainer last published {self.copy.policy_version}"
             )
         start = time.perf_counter()
-        blocks = ranks.gather(_blocks(self.copy))
+        blocks = ranks.gather(self.copy.blocks)
         parts = [Encoded([], [], part, 0, 0) for part in blocks]
         manifest = whole_manifest(policy_version, self.copy.tensors, parts, base=None)
+        if manifest.digest != self.copy.digest:  # the next delta names the copy's digest as its base
+            raise RuntimeError(f"version {policy_version} published again would not be the version first published")
         fingerprints = await self._publish_full(manifest, dtype, ranks, fingerprint)
         self.since_full = 0
         return fingerprints, SyncStats(manifest.payload_bytes, 0.0, False, time.perf_counter() - start)
@@ -169,16 +171,6 @@ class DeltaPublisher:
         if ranks.rank != 0:
             return None
         return Fingerprints(policy_version, tensors, seconds=time.perf_counter() - start)
-
-
-def _blocks(copy: PublishedCopy) -> list:
-    from rl.weights.delta import Block, crc
-
-    return [
-        Block(index, kept.start, kept.start + kept.copy.numel(), crc(kept.copy))
-        for index, kept in enumerate(copy.kept)
-        if kept.copy.numel()
-    ]
 
 
 class DeltaReceiver:

@@ -9,8 +9,11 @@ ranks' copies."""
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 import torch.multiprocessing as mp
+
+pytestmark = pytest.mark.processes
 
 WIRE = torch.bfloat16
 VERSIONS = 5

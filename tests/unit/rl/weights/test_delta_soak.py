@@ -148,3 +148,42 @@ def cast_once(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """`state` in bf16 by torch, a tie one tensor under each of its names (what the trainer publishes)."""
     cast: dict[int, torch.Tensor] = {}
     return {name: cast.setdefault(tensor.data_ptr(), tensor.to(WIRE)) for name, tensor in state.items()}
+
+
+def test_a_version_published_again_whole_is_the_same_version_and_the_next_delta_applies_onto_it(tmp_path, monkeypatch):
+    """A replica without a base gets the version again whole, then both replicas apply the next delta. The state holds
+    a tensor of no elements (what a rank of a sharded trainer holds of a tensor with fewer rows than ranks): the whole
+    version must name the same blocks as the delta that made the version, or its digest differs and every later delta
+    is refused as against another base."""
+    use_directory_store(tmp_path / "store", monkeypatch)
+
+    async def run() -> None:
+        state, generator = qwen_shaped(4) | {"empty.weight": torch.zeros(0, HIDDEN)}, torch.Generator().manual_seed(5)
+        publisher = DeltaPublisher(WeightPublisher("shared_memory"), "always", 50)
+        first, late = DeltaReceiver(WeightReceiver("shared_memory")), DeltaReceiver(WeightReceiver("shared_memory"))
+        try:
+            await publisher.publish(state, 1, WIRE, Ranks())
+            await first.pull(1)
+            adam_like_step(state, generator)
+            await publisher.publish(state, 2, WIRE, Ranks())
+            await first.pull(2)
+            try:
+                await late.pull(2)
+                raise AssertionError("a delta was applied without its base")
+            except DeltaRejected:
+                pass
+            await publisher.publish_again(2, WIRE, Ranks())
+            for version in (2, 3, 4):
+                if version > 2:
+                    adam_like_step(state, generator)
+                    _, stats = await publisher.publish(state, version, WIRE, Ranks())
+                    assert stats.delta
+                for replica in (first, late):
+                    await replica.pull(version)  # a delta refused here would need a full version each time
+                    assert_holds(replica, state, version)
+        finally:
+            publisher.publisher.close()
+            first.close()
+            late.close()
+
+    asyncio.run(run())
