@@ -46,6 +46,16 @@ def records(run_dir: Path) -> dict[int, dict]:
     return by_step
 
 
+def show(by_step: dict[int, dict], steps) -> None:
+    """Each step's sync on the test's output (-s): bytes, whether a delta, changed fraction, seconds."""
+    for step in steps:
+        record = by_step[step]
+        print(
+            f"step {step}: {record['weight_sync/bytes'] / 1e6:.2f} MB, delta {record['weight_sync/delta']:.0f}, "
+            f"changed {record.get('weight_sync/changed_fraction', 0):.4f}, sync {record['time/weight_sync_s']:.2f} s"
+        )
+
+
 def stop_at(launch: Launch, run_dir: Path, step: int, timeout: float = 600) -> list[int]:
     """Wait for `step`'s line and checkpoint, then SIGKILL everything; the generator processes that were alive."""
     launch.wait_for_line(f"v{step} ", timeout=timeout)
@@ -111,6 +121,7 @@ def test_deltas_are_small_attested_and_exact_through_a_trainer_recovery_a_replac
     assert "loads checkpoint step_00000002" in launch.output(), launch.output()[-3000:]
     recovered = 2
     by_step = records(run_dir)
+    show(by_step, range(1, 7))
     full = by_step[1]["weight_sync/bytes"]
     assert by_step[1]["weight_sync/delta"] == 0
     for step in range(1, 7):
@@ -171,6 +182,7 @@ def test_a_sharded_trainer_and_tensor_parallel_generators_take_exact_deltas_thro
     finally:
         launch.kill_everything()
     by_step = records(run_dir)
+    show(by_step, (1, 2, 3))
     full = by_step[1]["weight_sync/bytes"]
     assert by_step[1]["weight_sync/delta"] == 0
     for step in (1, 2, 3):
