@@ -7,14 +7,16 @@ With P parameters (tied weights once), S state-dict elements (tied weights once 
   master weights AdamW updates, fp32 unless `pure_low_precision`), through one read buffer of at most 1/W of the
   largest tensor (L/W x b); a KL reference likewise (another P/W x b). One rank alone, or a LoRA policy (its adapters
   wrap the loaded layers), loads the whole model (P x b; a reference whole after it). Training then holds 1/W of the
-  weights, their gradients and AdamW's two moments (4 x P/W x b, + P/W x b for a reference) on `trainer.device`. The
+  weights, their gradients and AdamW's two moments (4 x P/W x b, + P/W x b for a reference) on `trainer.device`, and
+  with delta sync (`rl.weights.delta`) its 1/W of the last published version in the generators' dtype (P/W x w). The
   compute dtype (`trainer.dtype`) adds transient copies and activations, not counted.
 - **torchstore volumes** (`weight_sync.transport = "torchstore"`): every key of a version in the generators' dtype
   (S elements: a tied weight is put under each name), 2 versions kept and a third while a push lands, held where the
   trainer runs (`rl.weights.sync`): in the launcher's process when the trainer is on its host, else split over the
   trainer hosts (each holds its ranks' shards: 1/H of it). "shared_memory" puts only a handle there.
 - **/dev/shm**: "shared_memory" keeps two slot files of P elements in the generators' dtype on rank 0's host;
-  "torchstore" stages each generator replica's pull in one file of P elements on its own host.
+  "torchstore" stages each generator replica's pull in one file of P elements on its own host; with delta sync each
+  generator replica also keeps the version it serves in a file of P elements (its resident copy).
 - **checkpoints** (`rl.checkpoint.estimate`): each trainer host writes its ranks' share of every checkpoint; the run
   directory's filesystem holds `checkpoint.keep` + 1 full ones while a regular one commits.
 Hosts of their own for the reward actors or frozen models hold none of the policy's bytes and are not listed.
@@ -38,8 +40,11 @@ class RankMemory:
     load_peak_bytes: int
     """Host RAM while the model (and a KL reference) load."""
     training_bytes: int
-    """Its shard of weights, gradients and AdamW moments (and of a reference), on `trainer.device`."""
+    """Its shard of weights, gradients and AdamW moments (and of a reference, and `published_copy_bytes`), on
+    `trainer.device`."""
     device: str
+    published_copy_bytes: int = 0
+    """With delta sync: its shard of the last published version, in the generators' dtype."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,17 @@ def rank_memory(config: Config, size: ModelSize) -> RankMemory:
         load_peak = shard + (shard if reference else 0) + buffer
     else:
         load_peak = whole + (shard if reference else 0)  # a reference loads whole after the policy is sharded
-    return RankMemory(load_peak, 4 * shard + (shard if reference else 0), trainer.device)
+    copy = math.ceil(size.parameters / trainer.ranks) * TORCH_DTYPES[config.generator.dtype].itemsize
+    copy = copy if delta_sync(config) else 0
+    return RankMemory(load_peak, 4 * shard + (shard if reference else 0) + copy, trainer.device, copy)
+
+
+def delta_sync(config: Config) -> bool:
+    """Whether the run's versions travel as deltas (`rl.weights.delta.sends_deltas`)."""
+    from rl.weights.delta import sends_deltas
+
+    wire, master = TORCH_DTYPES[config.generator.dtype], TORCH_DTYPES[config.trainer.param_dtype]
+    return sends_deltas(config.weight_sync.delta, wire, master, config.trainer.lora.enabled)
 
 
 def footprint(config: Config, size: ModelSize) -> Footprint:
@@ -107,6 +122,8 @@ def footprint(config: Config, size: ModelSize) -> Footprint:
             shm = 2 * staging  # rank 0's two slots (one trainer host: shared_memory works on one host only)
         elif torchstore:
             shm = replicas * staging
+        if delta_sync(config):
+            shm += replicas * staging  # each replica's resident copy
         trainer_hosts = max(1, hosts_of.trainer)
         return HostFootprint(
             name,
@@ -167,13 +184,14 @@ def _gib(nbytes: int) -> str:
 def footprint_lines(found: Footprint, config: Config) -> list[str]:
     """One line per kind of host, then the checkpoints' line."""
     rank, lines = found.rank, []
+    copy = f", and of the last published version in {config.generator.dtype}" if rank.published_copy_bytes else ""
     for host in found.hosts:
         parts = [f"{host.name}{f' (x{host.count})' if host.count > 1 else ''} [{', '.join(host.roles)}]:"]
         if host.trainer_ranks:
             parts.append(
                 f"{host.trainer_ranks} trainer rank(s), each {_gib(rank.load_peak_bytes)} host RAM while loading "
                 f"then {_gib(rank.training_bytes)} on {rank.device} (its 1/{config.trainer.ranks} of weights, "
-                f"gradients and AdamW moments in {config.trainer.param_dtype});"
+                f"gradients and AdamW moments in {config.trainer.param_dtype}{copy});"
             )
         if host.store_bytes:
             share = "its ranks' share of " if host.trainer_ranks and config.cluster.hosts.trainer > 1 else ""
@@ -207,7 +225,8 @@ def slurm_memory_warning(config: Config, found: Footprint | None) -> str | None:
         load = (
             f"{_gib(rank.load_peak_bytes)} of the model's {found.model.parameters / 1e6:.1f}M parameters in "
             f"{config.trainer.param_dtype}, then keeps {_gib(rank.training_bytes)} of weights, "
-            f"gradients and AdamW moments on {rank.device}"
+            f"gradients and AdamW moments{' and the last published version' if rank.published_copy_bytes else ''} "
+            f"on {rank.device}"
         )
     return (
         f"cluster.slurm sets no {missing}: the job gets the partition's defaults, while each of the "

@@ -224,7 +224,7 @@ class TrainerRecovery:
             controller.rewind(newest)
             await controller.roles.load_checkpoint(newest, service_counters=False)
             checkpoint.load_rng(newest, "controller")
-            await sync_policy(
+            synced = await sync_policy(
                 controller.roles,
                 controller.state,
                 controller.admission,
@@ -236,6 +236,8 @@ class TrainerRecovery:
         record_metric("recovery/trainer_count", self.count, Reduce.MAX)
         record_metric("recovery/trainer_s", seconds, Reduce.SUM)
         record_metric("recovery/replayed_steps", replayed, Reduce.SUM)
+        if "weight_sync/attested" in synced:  # the recovered version's proof (its step's record has the first one's)
+            record_metric("recovery/attested", synced["weight_sync/attested"], Reduce.MIN)
         self._say(f"trainer recovered {seconds:.1f} s after its loss; training step {controller.state.step + 1} again")
 
     def _say(self, line: str) -> None:

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import torch
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 from rl.weights.shared_file import SharedWeights, file_path, map_file, plan_layout, view
 
@@ -222,9 +222,9 @@ def local_block(tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
     local = tensor.to_local().detach()
-    shape, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
-    if any(offset[1:]) or tuple(shape[1:]) != tuple(tensor.shape[1:]):
-        raise NotImplementedError(f"delta sync needs dim-0 shards, got placements {tensor.placements}")
+    if tensor.placements != (Shard(0),):  # a replicated placement would be sent, and counted, by every rank
+        raise NotImplementedError(f"delta sync needs dim-0 shards on a 1-D mesh, got placements {tensor.placements}")
+    _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
     return local.reshape(-1), offset[0] * math.prod(tensor.shape[1:])
 
 
@@ -258,6 +258,9 @@ class PublishedCopy:
 
     def __init__(self) -> None:
         self.kept: list[_Kept] = []
+        self.blocks: list[Block] = []
+        """This rank's blocks of the copy, as the last `update` described them (a version published again whole from the
+        copy names the same blocks, so it has the same digest and the next delta applies onto it)."""
         self.policy_version: int | None = None
         self.digest: str | None = None
 
@@ -301,6 +304,7 @@ class PublishedCopy:
                 elements += new.numel()
                 blocks.append(Block(index, start, start + new.numel(), crc(kept.copy)))
         chunks, infos = chunks_of(pieces, ranks.rank)
+        self.blocks = blocks
         return Encoded(chunks, infos, blocks, changed, elements)
 
     @property

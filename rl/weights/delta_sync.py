@@ -23,7 +23,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from rl.training.distributed import Ranks
-from rl.weights.attestation import Fingerprints, fingerprint_state_dict
+from rl.weights.attestation import Fingerprints, TensorPrint, fingerprint
 from rl.weights.delta import (
     DELTA_PREFIX,
     DeltaMode,
@@ -133,9 +133,11 @@ class DeltaPublisher:
                 f"asked for version {policy_version} in full, the trainer last published {self.copy.policy_version}"
             )
         start = time.perf_counter()
-        blocks = ranks.gather(_blocks(self.copy))
+        blocks = ranks.gather(self.copy.blocks)
         parts = [Encoded([], [], part, 0, 0) for part in blocks]
         manifest = whole_manifest(policy_version, self.copy.tensors, parts, base=None)
+        if manifest.digest != self.copy.digest:  # the next delta names the copy's digest as its base
+            raise RuntimeError(f"version {policy_version} published again would not be the version first published")
         fingerprints = await self._publish_full(manifest, dtype, ranks, fingerprint)
         self.since_full = 0
         return fingerprints, SyncStats(manifest.payload_bytes, 0.0, False, time.perf_counter() - start)
@@ -153,28 +155,22 @@ class DeltaPublisher:
         return fingerprints
 
     def _fingerprints(self, policy_version: int, ranks: Ranks) -> Fingerprints | None:
-        """The version's fingerprints from the copy (sharded: each tensor gathered whole, one at a time)."""
+        """The version's fingerprints from the copy, on rank 0 (None elsewhere; every rank calls it). A sharded tensor
+        is gathered whole, fingerprinted and dropped before the next: no rank holds more than one whole tensor."""
         start = time.perf_counter()
-        whole: dict[str, torch.Tensor] = {}
-        done: dict[int, torch.Tensor] = {}
+        seen: set[int] = set()
+        tensors: dict[str, TensorPrint] = {}
         for name, tensor in self.copy.state_dict(ranks).items():
-            if id(tensor) not in done:
-                done[id(tensor)] = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor  # collective
-            whole[name] = done[id(tensor)]
+            if id(tensor) in seen:  # a tie: one object under each of its names, fingerprinted under the first
+                continue
+            seen.add(id(tensor))
+            whole = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor  # collective
+            if ranks.rank == 0:
+                tensors[name] = fingerprint(name, whole)
+            del whole
         if ranks.rank != 0:
             return None
-        prints = fingerprint_state_dict(whole, policy_version)
-        return Fingerprints(prints.policy_version, prints.tensors, prints.seed, time.perf_counter() - start)
-
-
-def _blocks(copy: PublishedCopy) -> list:
-    from rl.weights.delta import Block, crc
-
-    return [
-        Block(index, kept.start, kept.start + kept.copy.numel(), crc(kept.copy))
-        for index, kept in enumerate(copy.kept)
-        if kept.copy.numel()
-    ]
+        return Fingerprints(policy_version, tensors, seconds=time.perf_counter() - start)
 
 
 class DeltaReceiver:

@@ -111,3 +111,23 @@ def test_validate_prints_the_estimates(capsys):
     assert "rlmesh: estimate: trainer host [trainer, torchstore]: 2 trainer rank(s)" in err
     assert f"torchstore volume up to {mib(3 * TINY_S * 4)} (3 versions in float32)" in err
     assert f"rlmesh: estimate: checkpoints: {mib(156_494_080)} each" in err
+
+
+def test_delta_sync_counts_the_trainers_published_copy_and_each_replicas_resident_file():
+    """A bf16 generator on the tiny run ("auto": deltas): one fp32 rank keeps weights, gradients, two moments (4 x P x 4)
+    and the last published version in bf16 (P x 2); /dev/shm holds the trainer's two bf16 slots and the replica's
+    resident bf16 file (3 x P x 2). Two ranks keep half the copy each; "never" keeps none."""
+    config = resolve_config(load_config(TINY, {"generator.dtype": "bfloat16"}))
+    found = run_footprint(config)
+    assert found.rank.published_copy_bytes == TINY_P * 2 == 19_611_136
+    assert found.rank.training_bytes == 4 * TINY_P * 4 + TINY_P * 2
+    assert found.hosts[0].shm_bytes == 3 * TINY_P * 2
+    assert "and of the last published version in bfloat16" in footprint_lines(found, config)[0]
+    sharded = run_footprint(resolve_config(load_config(PROCESS_2HOSTS, {"generator.dtype": "bfloat16"})))
+    assert sharded.rank.published_copy_bytes == TINY_P // 2 * 2
+    assert sharded.hosts[2].shm_bytes == 2 * TINY_P * 2  # torchstore: the replica's staging file and resident file
+    never = run_footprint(
+        resolve_config(load_config(TINY, {"generator.dtype": "bfloat16", "weight_sync.delta": "never"}))
+    )
+    assert never.rank.published_copy_bytes == 0 and never.rank.training_bytes == 4 * TINY_P * 4
+    assert never.hosts[0].shm_bytes == 2 * TINY_P * 2

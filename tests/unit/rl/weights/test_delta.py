@@ -296,7 +296,7 @@ def test_a_dtensor_shard_is_kept_at_its_offset_and_published_again_as_a_dtensor(
     offset, and the copy rebuilt as a DTensor of the same placement (what a full version publishes)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:
@@ -313,5 +313,8 @@ def test_a_dtensor_shard_is_kept_at_its_offset_and_published_again_as_a_dtensor(
         assert torch.equal(
             rebuilt["w"].full_tensor().view(torch.int16), weight.full_tensor().to(WIRE).view(torch.int16)
         )
+        replicated = distribute_tensor(torch.randn(6, 4), mesh, [Replicate()])  # every rank would send it whole
+        with pytest.raises(NotImplementedError, match="dim-0 shards"):
+            delta.local_block(replicated)
     finally:
         dist.destroy_process_group()
