@@ -33,6 +33,7 @@ from rl.services.replica import ReplicaId, injected_fault
 from rl.weights.adapter import AdapterFolders, lora_request_id
 from rl.weights.attestation import Fingerprints, check
 from rl.weights.shared_file import MappedFiles
+from rl.weights.sync import WeightReceiver
 from rollouts.types import Completion, GenerationFailed, GenerationRequest
 
 VERSIONS_PER_TENANT = 10_000_000
@@ -58,6 +59,9 @@ class TenantGenerator(Generator):
         )
         self.adapters.close()
         self.adapters = None
+        self.weights.close()
+        self.weights = WeightReceiver(weight_transport)
+        """Adapters travel whole under each tenant's namespace, never as deltas (`rl.weights.delta.sends_deltas`)."""
         base = resolve_model_path(model_path)
         self.tenant_adapters = {tenant: AdapterFolders(lora, base) for tenant, lora in loras.items()}
         self.tenant_index = {tenant: index for index, tenant in enumerate(loras)}

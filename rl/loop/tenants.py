@@ -96,14 +96,28 @@ def sharing_problems(configs: list[Config]) -> list[str]:
     return problems
 
 
+TRAINER_TENANT_ENDPOINTS = (
+    "train_step",
+    "push_weights",
+    "save_checkpoint",
+    "load_checkpoint",
+    "logprobs",
+    "metric_states",
+)
+"""The trainer endpoints that take the tenant (`tenant=`); the others (the process's memory, host, ping) are the shared
+process's."""
+
+
 class TenantHandle:
-    """A tenant's view of the shared trainer: every endpoint call carries `tenant=`."""
+    """A tenant's view of the shared trainer: its tenant endpoints' calls carry `tenant=`."""
 
     def __init__(self, actor: Any, tenant: str):
         self._actor, self._tenant = actor, tenant
 
-    def __getattr__(self, name: str) -> _TenantCall:
-        return _TenantCall(getattr(self._actor, name), self._tenant)
+    def __getattr__(self, name: str) -> Any:
+        if name in TRAINER_TENANT_ENDPOINTS:
+            return _TenantCall(getattr(self._actor, name), self._tenant)
+        return getattr(self._actor, name)
 
 
 class _TenantCall:
