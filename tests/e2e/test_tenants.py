@@ -1,12 +1,12 @@
-"""LoRA tenants on the tiny Qwen3 (fp32), with real Monarch actors and vLLM: four LoRA runs share one generator engine
+"""LoRA tenants on the tiny Qwen3 (fp32), with real Monarch actors and vLLM: five LoRA runs share one generator engine
 (one adapter slot each) and one trainer (one adapter and optimizer each), and each tenant's run is its solo run.
 
 Tenants: `tenant_a` (seed 0), `tenant_b` (seed 1), `tenant_c` (seed 1, its reward raising on every sample of a
-trained policy, so every row from step 2 on fails and its breaker stops it) and `tenant_d` (seed 2, stopped once its
-step 1 is done). `tenant_a` and `tenant_b` must log the tokens and the metrics (all but timings and the shared services'
-counters) of their solo runs at staleness 0, with `tenant_c` failing and `tenant_d` stopped beside them; each tenant's
-syncs are attested on its own adapter, and a replica measuring one tenant's adapter against another tenant's
-fingerprints refuses it.
+trained policy, so every row from step 2 on fails and its breaker stops it), `tenant_d` (seed 2, stopped once its
+step 1 is done) and `tenant_e` (seed 3, an infinite learning rate: its adapter is NaN after its first step). `tenant_a`
+and `tenant_b` must log the tokens and the metrics (all but timings and the shared services' counters) of their solo
+runs at staleness 0, with the others failing or stopped beside them; each tenant's syncs are attested on its own
+adapter, and a replica measuring one tenant's adapter against another tenant's fingerprints refuses it.
 """
 
 import asyncio
@@ -17,6 +17,7 @@ import pytest_asyncio
 
 from rl.config import load_config
 from rl.loop.controller import Controller
+from rl.loop.roles import AdapterNotServed
 from rl.loop.tenants import Tenants
 from tests.support.paths import TINY
 from tests.support.runs import assert_same_run, comparable, read_jsonl
@@ -47,6 +48,7 @@ TENANTS = {
         "services.breaker.max_consecutive_failed_groups": "2",
     },
     "tenant_d": {"run.seed": "2", "trainer.seed": "2"},
+    "tenant_e": {"run.seed": "3", "trainer.seed": "3", "trainer.lr": "inf"},
 }
 STOPPED = "tenant_d stopped by the test after its step 1"
 
@@ -113,6 +115,12 @@ async def test_a_stopped_tenant_stops_alone(runs):
     assert STOPPED in runs["failures"]["tenant_d"]
     steps = [record["step"] for record in read_jsonl(runs["tenants"] / "tenant_d" / "metrics.jsonl")]
     assert 1 in steps and max(steps) < STEPS  # it trained, and stopped before its end
+
+
+async def test_a_tenant_whose_adapter_turns_non_finite_stops_alone(runs):
+    assert isinstance(runs["results"]["tenant_e"], AdapterNotServed), runs["results"]["tenant_e"]
+    steps = [record["step"] for record in read_jsonl(runs["tenants"] / "tenant_e" / "metrics.jsonl")]
+    assert max(steps) <= 1  # the sync of its first step found the generator's logprobs of its adapter not the trainer's
 
 
 async def test_every_tenant_sync_is_attested_on_its_own_adapter(runs):
