@@ -4,7 +4,9 @@ Every endpoint names its tenant (`rl.loop.tenants`). A tenant's sync pulls the a
 tenant's namespace, writes it as a PEFT folder of the tenant's own, loads it under an adapter id no other tenant or
 version has, and pauses only that tenant's lane of the engine (`actors.tenant_engine`); with attestation, the replica
 measures the adapter in that id's slot against that tenant's fingerprints and the version that tenant's lane stamps.
-A tenant's requests carry only its own adapter, so a tenant never samples another's.
+A tenant's requests carry only its own adapter, so a tenant never samples another's. A tenant's adapter that is not
+finite is not loaded (`NonFiniteAdapter`): vLLM's CPU LoRA ops give the requests of every adapter NaN logprobs once one
+slot holds a NaN or an infinity.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import time
 from pathlib import Path
 
+import torch
 from monarch.actor import concurrent_endpoint
 
 from actors.generator import AttestationFailed, Generator, WeightUpdate, attest_adapter
@@ -31,6 +34,11 @@ from rollouts.types import Completion, GenerationFailed, GenerationRequest
 
 VERSIONS_PER_TENANT = 10_000_000
 """vLLM adapter ids of tenant i are i * VERSIONS_PER_TENANT + `lora_request_id(version)`: distinct across tenants."""
+
+
+class NonFiniteAdapter(RuntimeError):
+    """A tenant's adapter holds a NaN or an infinity: loading it would spoil every tenant's sampling on the engine, so
+    the tenant's sync fails (and the tenant stops) instead."""
 
 
 class TenantGenerator(Generator):
@@ -82,7 +90,13 @@ class TenantGenerator(Generator):
         start = time.perf_counter()
         lane, folders = self.engine.lanes[tenant], self.tenant_adapters[tenant]
         handle = await self.weights.pull(policy_version, weights_namespace(tenant))
-        folder = await asyncio.to_thread(folders.write, policy_version, MappedFiles().state_dict(handle))
+        state_dict = MappedFiles().state_dict(handle)
+        if nonfinite := [name for name, tensor in state_dict.items() if not torch.isfinite(tensor).all()]:
+            raise NonFiniteAdapter(
+                f"tenant {tenant}'s adapter of policy version {policy_version} is not finite ({len(nonfinite)} tensors, "
+                f"{nonfinite[0]} first); it is not loaded: vLLM's CPU LoRA ops would give every tenant's requests NaN"
+            )
+        folder = await asyncio.to_thread(folders.write, policy_version, state_dict)
         adapter_id = self._adapter_ids(tenant).start + lora_request_id(policy_version)
         adapter = LoRARequest(f"{tenant}-v{policy_version}", adapter_id, str(folder))
         previous_version, verdict = lane.version, None
