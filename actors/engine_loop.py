@@ -15,6 +15,10 @@ event loop stays free to accept calls while a step computes.
                  twice and each is labelled with the version that sampled it.
 Each request is stamped with the version the engine serves when it is dispatched to the engine (and again when a
 reload resubmits it); a reload that fails leaves the engine closed for good (`refused`).
+
+Requests belong to a `Lane`: the version and adapter they run under, paused together. An engine serving one policy has
+one lane; one serving LoRA tenants has one per tenant (`actors.tenant_engine`), and a pause then holds back and waits
+for that lane's requests alone.
 """
 
 from __future__ import annotations
@@ -48,10 +52,42 @@ class Finished:
 
 
 @dataclass
+class Lane:
+    """Requests served under one policy version and adapter, and paused together by its weight update."""
+
+    name: str = ""
+    """Whose requests they are (a LoRA tenant's name; empty for an engine's one policy)."""
+    version: int = 0
+    """The version the lane's requests are stamped with when they are (re)submitted."""
+    lora_request: Any = None
+    """The adapter of `version` the lane's requests are (re)submitted with (None: the engine's own weights)."""
+    open: asyncio.Event = field(default_factory=asyncio.Event)
+    """Cleared while the lane's weights are updated: its new requests wait."""
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set while none of the lane's requests is live: from its call until it has left the engine for good (finished,
+    failed, or cancelled before it reached the engine)."""
+    live: int = 0
+
+    def __post_init__(self) -> None:
+        self.open.set()
+        self.idle.set()
+
+    def enter(self) -> None:
+        self.live += 1
+        self.idle.clear()
+
+    def leave(self) -> None:
+        self.live -= 1
+        if self.live == 0:
+            self.idle.set()
+
+
+@dataclass
 class EngineRequest:
     prompt: Any
     params: Any
     output: asyncio.Future
+    lane: Lane
     version: int = 0
     """Weights version the request was last (re)submitted under: the one that samples the tokens of this submission."""
     latest: Any = None
@@ -60,6 +96,8 @@ class EngineRequest:
     """Tokens sampled before the pauses of "continue" weight updates, kept and not sampled again."""
     kept_logprobs: list[Any] = field(default_factory=list)
     kept_versions: list[int] = field(default_factory=list)
+    on_engine: bool = False
+    """Submitted to the engine and not finished or aborted since."""
 
     def keep_sampled(self) -> None:
         """Keep the tokens the current submission sampled (it is being aborted for a "continue" weight update)."""
@@ -98,49 +136,79 @@ class EngineRequest:
 class EngineLoop:
     def __init__(self, engine: Any, version: int = 0):
         self.engine = engine
-        self.version = version
-        self.lora_request: Any = None
-        """The LoRA adapter of `version` that every request is (re)submitted with (None: the engine's own weights)."""
+        self.lane = Lane(version=version)
+        """The lane of requests called without one (an engine serving one policy has no other)."""
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-engine")
         self._ids = itertools.count()
         self._requests: dict[str, EngineRequest] = {}  # engine request id -> request, until it finishes
-        self._open = asyncio.Event()  # cleared while paused: new requests wait
-        self._open.set()
         self._work = asyncio.Event()  # set when a request was added
-        self._idle = asyncio.Event()  # set while no request is on the engine
-        self._idle.set()
         self._stepping = asyncio.Lock()  # held by the loop around each step; a pause takes it to stop stepping
         self._loop_task: asyncio.Task | None = None
         self.refused = False
         """A weight update failed half-way or did not prove its version: the engine takes no more requests."""
 
+    @property
+    def version(self) -> int:
+        """The version requests of the default lane are stamped with."""
+        return self.lane.version
+
+    @version.setter
+    def version(self, version: int) -> None:
+        self.lane.version = version
+
     async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run `fn` on the engine thread (every engine access goes through here)."""
         return await asyncio.get_running_loop().run_in_executor(self._thread, lambda: fn(*args, **kwargs))
 
-    async def generate(self, prompt: Any, params: Any) -> Finished:
-        """One request's finished output and the weights version of each of its tokens."""
-        await self._open.wait()
+    async def generate(self, prompt: Any, params: Any, lane: Lane | None = None) -> Finished:
+        """One request's finished output and the weights version of each of its tokens; `lane`: the version and adapter
+        it runs under (None: `self.lane`)."""
+        lane = self.lane if lane is None else lane
+        await lane.open.wait()
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._drive())
-        request = EngineRequest(prompt, params, asyncio.get_running_loop().create_future())
-        await self._submit(request)
+        request = EngineRequest(prompt, params, asyncio.get_running_loop().create_future(), lane)
+        lane.enter()
+        try:
+            await self._submit(request)
+        except asyncio.CancelledError:
+            if not request.on_engine:  # cancelled while waiting for its turn (`_take_turn`): it never runs
+                request.output.cancel()
+                lane.leave()
+            raise
         return await request.output
 
+    async def _take_turn(self, request: EngineRequest) -> None:
+        """Wait until `request` may go on the engine (at once here; `actors.tenant_engine` keeps lanes apart)."""
+
+    def _left_engine(self, request: EngineRequest) -> None:
+        """`request` left the engine (finished, failed or aborted): nothing here; a turn ends in `actors.tenant_engine`."""
+
+    def _off_engine(self, request: EngineRequest) -> None:
+        if request.on_engine:
+            request.on_engine = False
+            self._left_engine(request)
+
+    def _done(self, request: EngineRequest) -> None:
+        """`request` left the engine for good."""
+        self._off_engine(request)
+        request.lane.leave()
+
     async def _submit(self, request: EngineRequest) -> None:
+        await self._take_turn(request)
+        lane = request.lane
         request_id = str(next(self._ids))
-        request.version = self.version
+        request.version = lane.version
+        request.on_engine = True
         self._requests[request_id] = request
-        self._idle.clear()
         prompt, params = request.engine_input()
         try:
-            await self.call(self.engine.add_request, request_id, prompt, params, lora_request=self.lora_request)
+            await self.call(self.engine.add_request, request_id, prompt, params, lora_request=lane.lora_request)
         except Exception as exc:
             del self._requests[request_id]
             request.output.set_exception(exc)
+            self._done(request)
         self._work.set()
-        if not self._requests:
-            self._idle.set()
 
     async def _drive(self) -> None:
         while True:
@@ -155,52 +223,58 @@ class EngineLoop:
                         if output.request_id in self._requests:
                             self._requests[output.request_id].latest = output
             except Exception as exc:  # the engine is broken: fail everyone waiting instead of hanging them
-                for request in self._requests.values():
+                failed = list(self._requests.values())
+                self._requests.clear()
+                for request in failed:
                     if not request.output.done():
                         request.output.set_exception(exc)
-                self._requests.clear()
-                self._idle.set()
+                    self._done(request)
                 continue
             for output in outputs:
                 if output.finished and output.request_id in self._requests:
                     request = self._requests.pop(output.request_id)
                     if not request.output.done():
                         request.output.set_result(request.finished(output))
-            if not self._requests:
-                self._idle.set()
+                    self._done(request)
             await asyncio.sleep(0)  # let new callers add their requests between steps
 
     @asynccontextmanager
-    async def pause(self, mode: OnWeightUpdate, new_version: int, lora_request: Any = None) -> AsyncIterator[None]:
-        """Inside the block no request runs on the engine and `version` is already `new_version` (what requests are
-        stamped with from then on); after it the engine serves `new_version`, through the adapter `lora_request` when
-        the policy is a LoRA adapter (loaded inside the block). A block that raises (a failed load, weights that did
-        not prove the version) leaves the engine `refused`: requests waiting or aborted by the pause never run on it."""
-        self._open.clear()
+    async def pause(
+        self, mode: OnWeightUpdate, new_version: int, lora_request: Any = None, lane: Lane | None = None
+    ) -> AsyncIterator[None]:
+        """Inside the block no request of `lane` (None: `self.lane`) runs on the engine and the lane's version is
+        already `new_version` (what its requests are stamped with from then on); the block runs between two engine
+        steps. After it the lane serves `new_version`, through the adapter `lora_request` when the policy is a LoRA
+        adapter (loaded inside the block). A block that raises (a failed load, weights that did not prove the version)
+        leaves the engine `refused`: the lane's requests waiting or aborted by the pause never run on it."""
+        lane = self.lane if lane is None else lane
+        lane.open.clear()
         resubmit: list[EngineRequest] = []
         try:
             if mode == "finish":
-                await self._idle.wait()
+                await lane.idle.wait()
                 async with self._stepping:
-                    self.version, self.lora_request = new_version, lora_request
+                    lane.version, lane.lora_request = new_version, lora_request
                     yield
             else:
                 async with self._stepping:
-                    resubmit = list(self._requests.values())
-                    await self.call(self.engine.abort_request, list(self._requests))
-                    self._requests.clear()
+                    ids = [request_id for request_id, request in self._requests.items() if request.lane is lane]
+                    resubmit = [self._requests.pop(request_id) for request_id in ids]
+                    await self.call(self.engine.abort_request, ids)
                     for request in resubmit:
+                        self._off_engine(request)
                         if mode == "continue":
                             request.keep_sampled()
                         else:
                             request.latest = None
-                    self._idle.set()
-                    self.version, self.lora_request = new_version, lora_request
+                    lane.version, lane.lora_request = new_version, lora_request
                     yield
         except BaseException:
             self.refused = True
+            for _ in resubmit:  # never run again: the lane does not wait for them
+                lane.leave()
             raise
-        self._open.set()
+        lane.open.set()
         for request in resubmit:
             await self._submit(request)
 

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from actors.engine_loop import EngineLoop
+from actors.engine_loop import EngineLoop, Lane
 from rl.assets import resolve_model_path
 from rl.config.lora import LoraConfig
 from rl.config.roles import GeneratorConfig, SamplingConfig
@@ -150,13 +150,20 @@ def measure_adapter(llm: Any, expected: Fingerprints, lora_int_id: int, scaling:
 
 
 async def attest_adapter(
-    engine: EngineLoop, llm: Any, expected: Fingerprints, previous_version: int, lora_int_id: int, scaling: float
+    engine: EngineLoop,
+    llm: Any,
+    expected: Fingerprints,
+    previous_version: int,
+    lora_int_id: int,
+    scaling: float,
+    lane: Lane | None = None,
 ) -> Verdict:
-    """Whether the adapter vLLM holds under `lora_int_id` and the version `engine` stamps are `expected` (a LoRA
-    sync's attestation; run while the engine is paused)."""
+    """Whether the adapter vLLM holds under `lora_int_id` and the version `engine` stamps on `lane`'s requests (None:
+    its one lane) are `expected` (a LoRA sync's attestation; run while the lane is paused)."""
     start = time.perf_counter()
     pieces = await engine.call(measure_adapter, llm, expected, lora_int_id, scaling)
-    verdict = check(expected, pieces, served_version=engine.version, previous_version=previous_version)
+    served = (lane or engine.lane).version
+    verdict = check(expected, pieces, served_version=served, previous_version=previous_version)
     verdict.seconds = time.perf_counter() - start
     return verdict
 
@@ -233,12 +240,15 @@ class Generator(MetricsActor, ServiceReplica):
         self.memory_role = replica.service if replica else "generator"  # "generator", or a frozen model's service
         reset_peaks()  # the steps' peaks start after the engine's start-up
 
-    async def _generate_one(self, request: GenerationRequest, sampling: SamplingConfig) -> Completion:
+    async def _generate_one(
+        self, request: GenerationRequest, sampling: SamplingConfig, lane: Lane | None = None
+    ) -> Completion:
         from vllm.inputs import TokensPrompt
 
         finished = await self.engine.generate(
             TokensPrompt(prompt_token_ids=request.prompt_token_ids),
             sampling_params(sampling, request, self.stop_token_ids),
+            lane,
         )
         sample = finished.output.outputs[0]
         token_ids = list(sample.token_ids)
@@ -259,11 +269,17 @@ class Generator(MetricsActor, ServiceReplica):
 
         Requests enter the engine one by one and batch there with every other caller's.
         """
+        return await self._generate_all(requests, sampling)
+
+    async def _generate_all(
+        self, requests: list[GenerationRequest], sampling: SamplingConfig, lane: Lane | None = None
+    ) -> list[Completion | GenerationFailed]:
+        """`generate`'s work, each request on the engine's `lane` (None: its one lane)."""
         await injected_fault(self.replica)
 
         async def one(request: GenerationRequest) -> Completion | GenerationFailed:
             try:
-                return await self._generate_one(request, sampling)
+                return await self._generate_one(request, sampling, lane)
             except Exception as exc:
                 return GenerationFailed(f"generation failed: {exc!r}")
 
@@ -318,27 +334,33 @@ class Generator(MetricsActor, ServiceReplica):
         folder = await asyncio.to_thread(self.adapters.write, policy_version, state_dict)
         return LoRARequest(f"policy-v{policy_version}", lora_request_id(policy_version), str(folder))
 
-    async def _load_adapter(self, request: Any) -> None:
+    async def _load_adapter(self, request: Any, own: range | None = None) -> None:
         """Inside the engine's pause: load adapter `request` (every request after the pause runs with it) and drop
-        the previous version's. An adapter vLLM does not list as loaded raises: the sync fails loudly instead of the
-        engine sampling an older policy."""
+        the previous version's (`own`: the adapter ids of this policy's versions, where the engine serves other
+        policies' too; None: every other id). An adapter vLLM does not list as loaded raises: the sync fails loudly
+        instead of the engine sampling an older policy."""
         engine = self.llm.llm_engine
         await self.engine.call(engine.add_lora, request)
         loaded = await self.engine.call(engine.list_loras)
         if request.lora_int_id not in loaded:
-            raise RuntimeError(f"vLLM did not load the adapter of policy version {self.engine.version} ({request})")
+            raise RuntimeError(f"vLLM did not load adapter {request.lora_name} ({request})")
         for stale in loaded - {request.lora_int_id}:
-            await self.engine.call(engine.remove_lora, stale)
+            if own is None or stale in own:
+                await self.engine.call(engine.remove_lora, stale)
         await self.engine.call(self.llm.reset_prefix_cache)
 
     @concurrent_endpoint
     async def prompt_logprobs(self, token_ids: list[int]) -> list[float]:
         """Logprob of each token given its prefix under the loaded weights (position 0 gets 0.0)."""
+        return await self._prompt_logprobs(token_ids)
+
+    async def _prompt_logprobs(self, token_ids: list[int], lane: Lane | None = None) -> list[float]:
+        """`prompt_logprobs`'s work, on the engine's `lane` (None: its one lane)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        output = (await self.engine.generate(TokensPrompt(prompt_token_ids=token_ids), params)).output
+        output = (await self.engine.generate(TokensPrompt(prompt_token_ids=token_ids), params, lane)).output
         return [0.0] + [
             position[token_id].logprob for position, token_id in zip(output.prompt_logprobs[1:], token_ids[1:])
         ]

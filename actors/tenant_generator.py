@@ -4,7 +4,9 @@ Every endpoint names its tenant (`rl.loop.tenants`). A tenant's sync pulls the a
 tenant's namespace, writes it as a PEFT folder of the tenant's own, loads it under an adapter id no other tenant or
 version has, and pauses only that tenant's lane of the engine (`actors.tenant_engine`); with attestation, the replica
 measures the adapter in that id's slot against that tenant's fingerprints and the version that tenant's lane stamps.
-A tenant's requests carry only its own adapter, so a tenant never samples another's.
+A tenant's requests carry only its own adapter, so a tenant never samples another's. A tenant's adapter that is not
+finite is not loaded (`NonFiniteAdapter`): vLLM's CPU LoRA ops give the requests of every adapter NaN logprobs once one
+slot holds a NaN or an infinity.
 """
 
 from __future__ import annotations
@@ -12,31 +14,31 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
 
+import torch
 from monarch.actor import concurrent_endpoint
 
-from actors.generator import (
-    AttestationFailed,
-    Generator,
-    WeightUpdate,
-    measure_adapter,
-    sampling_params,
-)
+from actors.generator import AttestationFailed, Generator, WeightUpdate, attest_adapter
 from actors.tenant_engine import TenantEngineLoop
 from actors.tenant_trainer import weights_namespace
 from rl.assets import resolve_model_path
 from rl.config.lora import LoraConfig
 from rl.config.roles import GeneratorConfig, SamplingConfig
 from rl.processes.heap import return_free_heap_pages
-from rl.services.replica import ReplicaId, injected_fault
+from rl.services.replica import ReplicaId
 from rl.weights.adapter import AdapterFolders, lora_request_id
-from rl.weights.attestation import Fingerprints, check
+from rl.weights.attestation import Fingerprints
 from rl.weights.shared_file import MappedFiles
+from rl.weights.sync import WeightReceiver
 from rollouts.types import Completion, GenerationFailed, GenerationRequest
 
 VERSIONS_PER_TENANT = 10_000_000
 """vLLM adapter ids of tenant i are i * VERSIONS_PER_TENANT + `lora_request_id(version)`: distinct across tenants."""
+
+
+class NonFiniteAdapter(RuntimeError):
+    """A tenant's adapter holds a NaN or an infinity: loading it would spoil every tenant's sampling on the engine, so
+    the tenant's sync fails (and the tenant stops) instead."""
 
 
 class TenantGenerator(Generator):
@@ -58,45 +60,25 @@ class TenantGenerator(Generator):
         )
         self.adapters.close()
         self.adapters = None
+        self.weights.close()
+        self.weights = WeightReceiver(weight_transport)
+        """Adapters travel whole under each tenant's namespace, never as deltas (`rl.weights.delta.sends_deltas`)."""
         base = resolve_model_path(model_path)
         self.tenant_adapters = {tenant: AdapterFolders(lora, base) for tenant, lora in loras.items()}
         self.tenant_index = {tenant: index for index, tenant in enumerate(loras)}
         self.engine = TenantEngineLoop(self.llm.llm_engine, list(loras))
 
-    def _adapter_id(self, tenant: str, policy_version: int) -> int:
-        return self.tenant_index[tenant] * VERSIONS_PER_TENANT + lora_request_id(policy_version)
-
-    async def _generate_for(self, tenant: str, request: GenerationRequest, sampling: SamplingConfig) -> Completion:
-        from vllm.inputs import TokensPrompt
-
-        output, version = await self.engine.generate_for(
-            tenant,
-            TokensPrompt(prompt_token_ids=request.prompt_token_ids),
-            sampling_params(sampling, request, self.stop_token_ids),
-        )
-        sample = output.outputs[0]
-        token_ids = list(sample.token_ids)
-        return Completion(
-            token_ids=token_ids,
-            logprobs=[position[token_id].logprob for position, token_id in zip(sample.logprobs, token_ids)],
-            finish_reason=sample.finish_reason or "abort",
-            policy_version=version,
-        )
+    def _adapter_ids(self, tenant: str) -> range:
+        """The vLLM adapter ids of `tenant`'s versions."""
+        first = self.tenant_index[tenant] * VERSIONS_PER_TENANT
+        return range(first, first + VERSIONS_PER_TENANT)
 
     @concurrent_endpoint
     async def generate(
         self, requests: list[GenerationRequest], sampling: SamplingConfig, tenant: str = ""
     ) -> list[Completion | GenerationFailed]:
         """`Generator.generate` for `tenant`: each request runs with the tenant's adapter."""
-        await injected_fault(self.replica)
-
-        async def one(request: GenerationRequest) -> Completion | GenerationFailed:
-            try:
-                return await self._generate_for(tenant, request, sampling)
-            except Exception as exc:
-                return GenerationFailed(f"generation failed: {exc!r}")
-
-        return list(await asyncio.gather(*(one(request) for request in requests)))
+        return await self._generate_all(requests, sampling, self.engine.lanes[tenant])
 
     @concurrent_endpoint
     async def update_weights(
@@ -108,19 +90,23 @@ class TenantGenerator(Generator):
         start = time.perf_counter()
         lane, folders = self.engine.lanes[tenant], self.tenant_adapters[tenant]
         handle = await self.weights.pull(policy_version, weights_namespace(tenant))
-        folder = await asyncio.to_thread(folders.write, policy_version, MappedFiles().state_dict(handle))
-        adapter = LoRARequest(f"{tenant}-v{policy_version}", self._adapter_id(tenant, policy_version), str(folder))
+        state_dict = MappedFiles().state_dict(handle)
+        if nonfinite := [name for name, tensor in state_dict.items() if not torch.isfinite(tensor).all()]:
+            raise NonFiniteAdapter(
+                f"tenant {tenant}'s adapter of policy version {policy_version} is not finite ({len(nonfinite)} tensors, "
+                f"{nonfinite[0]} first); it is not loaded: vLLM's CPU LoRA ops would give every tenant's requests NaN"
+            )
+        folder = await asyncio.to_thread(folders.write, policy_version, state_dict)
+        adapter_id = self._adapter_ids(tenant).start + lora_request_id(policy_version)
+        adapter = LoRARequest(f"{tenant}-v{policy_version}", adapter_id, str(folder))
         previous_version, verdict = lane.version, None
         try:
-            async with self.engine.pause_lane(tenant, self.on_weight_update, policy_version, adapter):
-                await self._load_tenant_adapter(tenant, adapter)
+            async with self.engine.pause(self.on_weight_update, policy_version, adapter, lane):
+                await self._load_adapter(adapter, own=self._adapter_ids(tenant))
                 if expected is not None:
-                    measured = time.perf_counter()
-                    pieces = await self.engine.call(
-                        measure_adapter, self.llm, expected, adapter.lora_int_id, folders.scaling
+                    verdict = await attest_adapter(
+                        self.engine, self.llm, expected, previous_version, adapter_id, folders.scaling, lane
                     )
-                    verdict = check(expected, pieces, served_version=lane.version, previous_version=previous_version)
-                    verdict.seconds = time.perf_counter() - measured
                     if not verdict.attested:
                         raise AttestationFailed(verdict.summary())
         except AttestationFailed:
@@ -129,30 +115,10 @@ class TenantGenerator(Generator):
         return_free_heap_pages()
         return WeightUpdate(time.perf_counter() - start, verdict)
 
-    async def _load_tenant_adapter(self, tenant: str, request: Any) -> None:
-        """`Generator._load_adapter` for one tenant: only that tenant's previous adapter is removed."""
-        engine = self.llm.llm_engine
-        await self.engine.call(engine.add_lora, request)
-        loaded = await self.engine.call(engine.list_loras)
-        if request.lora_int_id not in loaded:
-            raise RuntimeError(f"vLLM did not load tenant {tenant}'s adapter ({request})")
-        first = self.tenant_index[tenant] * VERSIONS_PER_TENANT
-        for stale in loaded - {request.lora_int_id}:
-            if first <= stale < first + VERSIONS_PER_TENANT:
-                await self.engine.call(engine.remove_lora, stale)
-        await self.engine.call(self.llm.reset_prefix_cache)
-
     @concurrent_endpoint
     async def prompt_logprobs(self, token_ids: list[int], tenant: str = "") -> list[float]:
         """Logprob of each token given its prefix under `tenant`'s adapter (position 0 gets 0.0)."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        output, _ = await self.engine.generate_for(tenant, TokensPrompt(prompt_token_ids=token_ids), params)
-        return [0.0] + [
-            position[token_id].logprob for position, token_id in zip(output.prompt_logprobs[1:], token_ids[1:])
-        ]
+        return await self._prompt_logprobs(token_ids, self.engine.lanes[tenant])
 
     @concurrent_endpoint
     async def shutdown(self) -> None:

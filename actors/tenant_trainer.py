@@ -144,8 +144,12 @@ class TenantTrainer(MetricsActor, ServiceReplica):
             self._keep_metrics(state)
 
     @endpoint
-    async def push_weights(self, policy_version: int, fingerprint: bool = False, *, tenant: str) -> Fingerprints | None:
-        """`tenant`'s adapter published as its `policy_version` (PEFT's saved names, as a solo LoRA run's)."""
+    async def push_weights(
+        self, policy_version: int, fingerprint: bool = False, full: bool = False, *, tenant: str
+    ) -> Fingerprints | None:
+        """`tenant`'s adapter published as its `policy_version` (PEFT's saved names, as a solo LoRA run's). An adapter
+        always travels whole (never as a delta), so `full` (`PolicyTrainer.push_weights`'s repair of a delta) changes
+        nothing."""
         state = self._use(tenant)
         state_dict = lora.adapter_state_dict(self.lm, adapter_name=tenant)
         try:

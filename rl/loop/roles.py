@@ -161,29 +161,11 @@ class Roles:
     async def start(self, stop_token_ids: list[int], planned_steps: int) -> None:
         """Start the store and spawn the actors, each kind on its own processes."""
         config, trainer = self.config, self.with_trainer
-        self._previous_fault_hook = monarch.actor.unhandled_fault_hook
-        monarch.actor.unhandled_fault_hook = self._on_actor_failure
-        monarch.config.configure(cleanup_timeout="10s")
-        self.run_log = RunLog(config.run.output_dir)
-        if trainer:
-            weight_sync.check_shared_memory(config)  # removes dead runs' weight files first
-        await asyncio.to_thread(self.placement.allocate)  # the [cluster] hosts of each role
-        if trainer:
-            await self._start_store()
+        await self._open()
         self._planned_steps = planned_steps
         transport = config.weight_sync.transport
-        generator_args = (config.generator, config.model.path, transport, stop_token_ids)
-        self.generators = Service(
-            "generator",
-            Generator,
-            lambda replica: (*generator_args, replica, config.trainer.lora if config.trainer.lora.enabled else None),
-            replicas=config.generator.num_replicas,
-            config=config.services.generator,
-            on_fatal=self.stop_run,
-            prepare=self._load_policy,
-            release="shutdown",
-            spawn_procs=self.placement.replica_procs("generator", gpus_per_proc=config.generator.tensor_parallel_size),
-        )
+        lora = config.trainer.lora if config.trainer.lora.enabled else None
+        self.generators = self._generator_service(Generator, stop_token_ids, lora)
         model_paths = {name: model.path for name, model in config.models.items()}
         reward_args = (
             config.tasks,
@@ -227,6 +209,36 @@ class Roles:
             await self._connect_models(actor)
         self._actors_ready = True
         reset_peaks()  # the launcher's step peaks start after the start-up
+
+    async def _open(self) -> None:
+        """What comes before any actor: the fault hook, the run log, the hosts and (with a trainer) the weight store."""
+        config = self.config
+        self._previous_fault_hook = monarch.actor.unhandled_fault_hook
+        monarch.actor.unhandled_fault_hook = self._on_actor_failure
+        monarch.config.configure(cleanup_timeout="10s")
+        self.run_log = RunLog(config.run.output_dir)
+        if self.with_trainer:
+            weight_sync.check_shared_memory(config)  # removes dead runs' weight files first
+        await asyncio.to_thread(self.placement.allocate)  # the [cluster] hosts of each role
+        if self.with_trainer:
+            await self._start_store()
+
+    def _generator_service(self, actor_class: type, stop_token_ids: list[int], *extra: Any) -> Service:
+        """The policy's generator service of `actor_class` replicas, built with `extra` after the replica's id
+        (`Generator`: the LoRA config or None; `actors.tenant_generator`: every tenant's)."""
+        config = self.config
+        generator_args = (config.generator, config.model.path, config.weight_sync.transport, stop_token_ids)
+        return Service(
+            "generator",
+            actor_class,
+            lambda replica: (*generator_args, replica, *extra),
+            replicas=config.generator.num_replicas,
+            config=config.services.generator,
+            on_fatal=self.stop_run,
+            prepare=self._load_policy,
+            release="shutdown",
+            spawn_procs=self.placement.replica_procs("generator", gpus_per_proc=config.generator.tensor_parallel_size),
+        )
 
     async def _start_store(self) -> None:
         """The weight store: its tensors on the trainer's own hosts when it has some (one process per host), so the

@@ -31,10 +31,8 @@ from rl.console import say
 from rl.loop.controller import Controller
 from rl.loop.resolve import resolve_config
 from rl.loop.roles import Roles, refusal
-from rl.metrics.run_log import RunLog
 from rl.processes.trainer_mesh import spawn_trainer
 from rl.services.service import Service
-from rl.weights import sync as weight_sync
 
 SHARED_GENERATOR_KEYS = ("sampling", "eval_sampling")
 """`[generator]` keys a tenant may set its own way (they travel with each request); all others are one engine's."""
@@ -96,14 +94,28 @@ def sharing_problems(configs: list[Config]) -> list[str]:
     return problems
 
 
+TRAINER_TENANT_ENDPOINTS = (
+    "train_step",
+    "push_weights",
+    "save_checkpoint",
+    "load_checkpoint",
+    "logprobs",
+    "metric_states",
+)
+"""The trainer endpoints that take the tenant (`tenant=`); the others (the process's memory, host, ping) are the shared
+process's."""
+
+
 class TenantHandle:
-    """A tenant's view of the shared trainer: every endpoint call carries `tenant=`."""
+    """A tenant's view of the shared trainer: its tenant endpoints' calls carry `tenant=`."""
 
     def __init__(self, actor: Any, tenant: str):
         self._actor, self._tenant = actor, tenant
 
-    def __getattr__(self, name: str) -> _TenantCall:
-        return _TenantCall(getattr(self._actor, name), self._tenant)
+    def __getattr__(self, name: str) -> Any:
+        if name in TRAINER_TENANT_ENDPOINTS:
+            return _TenantCall(getattr(self._actor, name), self._tenant)
+        return getattr(self._actor, name)
 
 
 class _TenantCall:
@@ -164,30 +176,10 @@ class SharedRoles(Roles):
 
     async def start_shared(self, stop_token_ids: list[int], specs: dict[str, TenantSpec]) -> None:
         """Start the store, the generator service and the trainer for the tenants `specs` (by name)."""
-        import monarch.actor
-        import monarch.config
-
         config = self.config
-        self._previous_fault_hook = monarch.actor.unhandled_fault_hook
-        monarch.actor.unhandled_fault_hook = self._on_actor_failure
-        monarch.config.configure(cleanup_timeout="10s")
-        self.run_log = RunLog(config.run.output_dir)
-        weight_sync.check_shared_memory(config)
-        await asyncio.to_thread(self.placement.allocate)
-        await self._start_store()
+        await self._open()
         loras = {name: spec.trainer.lora for name, spec in specs.items()}
-        generator_args = (config.generator, config.model.path, config.weight_sync.transport, stop_token_ids)
-        self.generators = Service(
-            "generator",
-            TenantGenerator,
-            lambda replica: (*generator_args, replica, loras),
-            replicas=config.generator.num_replicas,
-            config=config.services.generator,
-            on_fatal=self.stop_run,
-            prepare=self._load_policy,
-            release="shutdown",
-            spawn_procs=self.placement.replica_procs("generator", gpus_per_proc=config.generator.tensor_parallel_size),
-        )
+        self.generators = self._generator_service(TenantGenerator, stop_token_ids, loras)
         self._trainer_meshes.append("trainer")
         say(
             f"starting the tenants' trainer ({len(specs)} adapters on {config.model.path}) and "

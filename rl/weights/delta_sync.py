@@ -182,10 +182,9 @@ class DeltaReceiver:
         self.receiver = receiver
         self.resident = ResidentWeights()
 
-    async def pull(self, policy_version: int, namespace: str = "") -> SharedWeights:
-        """`namespace`: the publisher's (`WeightPublisher`); deltas are never sent under one (LoRA tenants)."""
+    async def pull(self, policy_version: int) -> SharedWeights:
         if not await ts.exists(manifest_key(policy_version)):
-            return await self.receiver.pull(policy_version, namespace)
+            return await self.receiver.pull(policy_version)
         manifest: Manifest = await ts.get(manifest_key(policy_version))
         resident = self.resident
         if (resident.policy_version, resident.digest) == (policy_version, manifest.digest):

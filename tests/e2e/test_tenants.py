@@ -1,11 +1,13 @@
-"""LoRA tenants on the tiny Qwen3 (fp32), with real Monarch actors and vLLM: three LoRA runs share one generator engine
+"""LoRA tenants on the tiny Qwen3 (fp32), with real Monarch actors and vLLM: five LoRA runs share one generator engine
 (one adapter slot each) and one trainer (one adapter and optimizer each), and each tenant's run is its solo run.
 
-Tenants: `tenant_a` (seed 0), `tenant_b` (seed 1) and `tenant_c` (seed 1, its reward raising on every sample of a
-trained policy, so every row from step 2 on fails and its breaker stops it). `tenant_a` and `tenant_b` must log the
-tokens and the metrics (all but timings and the shared services' counters) of their solo runs at staleness 0, with
-`tenant_c` failing beside them; each tenant's syncs are attested on its own adapter, and a replica measuring one tenant's
-adapter against another tenant's fingerprints refuses it.
+Tenants: `tenant_a` (seed 0), `tenant_b` (seed 1), `tenant_c` (seed 1, its reward raising on every sample of a
+trained policy, so every row from step 2 on fails and its breaker stops it), `tenant_d` (seed 2, stopped once its
+step 1 is done) and `tenant_e` (seed 3, an infinite learning rate: its adapter is not finite after its first step, and
+loaded into the shared engine it would give the others' requests NaN logprobs). `tenant_a`
+and `tenant_b` must log the tokens and the metrics (all but timings and the shared services' counters) of their solo
+runs at staleness 0, with the others failing or stopped beside them; each tenant's syncs are attested on its own
+adapter, and a replica measuring one tenant's adapter against another tenant's fingerprints refuses it.
 """
 
 import asyncio
@@ -20,14 +22,7 @@ from rl.loop.tenants import Tenants
 from tests.support.paths import TINY
 from tests.support.runs import assert_same_run, comparable, read_jsonl
 
-pytestmark = [
-    pytest.mark.asyncio(loop_scope="module"),
-    pytest.mark.skip(
-        reason="known defect on main: since delta weight sync joined the loop, a tenant generator's first pull asks "
-        "the store for tenant-<name>-policy/v0/HANDLE, which the tenant trainer has not published (KeyError); the "
-        "tenants branch passed this test before that merge"
-    ),
-]
+pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 DEADLINE_S = 900
 STEPS = 4
@@ -52,7 +47,17 @@ TENANTS = {
         "tasks.0.rubric.reward_fns": "[{fn = 'tests.support.e2e_rewards:fails_from_version_1'}]",
         "services.breaker.max_consecutive_failed_groups": "2",
     },
+    "tenant_d": {"run.seed": "2", "trainer.seed": "2"},
+    "tenant_e": {"run.seed": "3", "trainer.seed": "3", "trainer.lr": "inf"},
 }
+STOPPED = "tenant_d stopped by the test after its step 1"
+
+
+async def stop_after_step(controller: Controller, step: int) -> None:
+    """Stop `controller`'s run (as `rlmesh` stops one tenant) once it has finished `step`."""
+    while controller.state.step < step:
+        await asyncio.sleep(0.1)
+    controller.stop_run(STOPPED)
 
 
 def tenant_config(output_dir: Path, name: str):
@@ -65,6 +70,7 @@ async def runs(tmp_path_factory):
     for name in ("tenant_a", "tenant_b"):
         await asyncio.wait_for(Controller(tenant_config(solo_dir, name)).run(), DEADLINE_S)
     tenants = Tenants([tenant_config(tenants_dir, name) for name in TENANTS], [None] * len(TENANTS))
+    stopper = asyncio.create_task(stop_after_step(tenants.controllers["tenant_d"], 1))
     try:
         await asyncio.wait_for(tenants.start(), DEADLINE_S)
         results = await asyncio.wait_for(
@@ -77,6 +83,7 @@ async def runs(tmp_path_factory):
         generator = shared.generators.actors()[0]
         crossed = await generator.update_weights.call_one(version_a, others, "tenant_a")
     finally:
+        stopper.cancel()
         await tenants.shared.stop()
     yield {
         "solo": solo_dir,
@@ -101,6 +108,20 @@ async def test_a_failing_tenant_stops_alone(runs):
     assert any("consecutive groups failed" in failure for failure in runs["failures"]["tenant_c"]), runs["failures"]
     records = [record for record in read_jsonl(runs["tenants"] / "tenant_c" / "metrics.jsonl") if record["step"] > 0]
     assert all(record["step"] <= 1 for record in records)  # its rows of version 1 failed: it stopped by step 1's end
+
+
+async def test_a_stopped_tenant_stops_alone(runs):
+    assert isinstance(runs["results"]["tenant_d"], BaseException)
+    assert STOPPED in runs["failures"]["tenant_d"]
+    steps = [record["step"] for record in read_jsonl(runs["tenants"] / "tenant_d" / "metrics.jsonl")]
+    assert 1 in steps and max(steps) < STEPS  # it trained, and stopped before its end
+
+
+async def test_a_tenant_whose_adapter_turns_non_finite_stops_alone(runs):
+    result = runs["results"]["tenant_e"]
+    assert isinstance(result, Exception) and "adapter of policy version 1 is not finite" in str(result), result
+    steps = [record["step"] for record in read_jsonl(runs["tenants"] / "tenant_e" / "metrics.jsonl")]
+    assert max(steps) <= 1  # the sync of its first step failed: the generator did not load that adapter
 
 
 async def test_every_tenant_sync_is_attested_on_its_own_adapter(runs):

@@ -36,6 +36,11 @@ class RecordingEngine:
             self.aborted.append(self.pending.pop(rid))
 
 
+async def generate(loop: TenantEngineLoop, tenant: str, prompt: str) -> tuple[list[int], int]:
+    finished = await loop.generate(prompt, None, loop.lanes[tenant])
+    return finished.output.outputs[0].token_ids, finished.version
+
+
 async def submitted(engine: RecordingEngine, prompt: str) -> None:
     while prompt not in [p for p, _ in engine.submitted]:
         await asyncio.sleep(0.01)
@@ -46,10 +51,10 @@ async def test_each_tenants_requests_carry_its_own_adapter_and_version():
     engine = RecordingEngine()
     loop = TenantEngineLoop(engine, ["a", "b"])
     try:
-        async with loop.pause_lane("a", "finish", 1, "a-v1"):
+        async with loop.pause("finish", 1, "a-v1", loop.lanes["a"]):
             pass
         (_, version_a), (_, version_b) = await asyncio.gather(
-            loop.generate_for("a", "from a", None), loop.generate_for("b", "from b", None)
+            generate(loop, "a", "from a"), generate(loop, "b", "from b")
         )
     finally:
         await loop.close()
@@ -63,12 +68,12 @@ async def test_a_tenants_finish_reload_waits_for_its_own_requests_only():
     engine.hold = {"b in flight"}
     loop = TenantEngineLoop(engine, ["a", "b"])
     try:
-        b_request = asyncio.create_task(loop.generate_for("b", "b in flight", None))
+        b_request = asyncio.create_task(generate(loop, "b", "b in flight"))
         await submitted(engine, "b in flight")
         async with asyncio.timeout(10):  # would hang if it waited for b's request
-            async with loop.pause_lane("a", "finish", 1, "a-v1"):
+            async with loop.pause("finish", 1, "a-v1", loop.lanes["a"]):
                 pass
-        a_request = asyncio.create_task(loop.generate_for("a", "a after", None))
+        a_request = asyncio.create_task(generate(loop, "a", "a after"))
         await asyncio.sleep(0.1)
         assert not a_request.done() and not b_request.done()  # a's request waits for b's turn on the engine to end
         engine.hold = set()
@@ -84,11 +89,11 @@ async def test_a_tenants_resubmit_reload_aborts_and_resubmits_only_its_requests(
     engine.hold = {"a in flight"}
     loop = TenantEngineLoop(engine, ["a", "b"])
     try:
-        a_request = asyncio.create_task(loop.generate_for("a", "a in flight", None))
+        a_request = asyncio.create_task(generate(loop, "a", "a in flight"))
         await submitted(engine, "a in flight")
-        b_request = asyncio.create_task(loop.generate_for("b", "b waiting", None))
+        b_request = asyncio.create_task(generate(loop, "b", "b waiting"))
         await asyncio.sleep(0.1)
-        async with loop.pause_lane("a", "resubmit", 2, "a-v2"):
+        async with loop.pause("resubmit", 2, "a-v2", loop.lanes["a"]):
             engine.hold = set()
         (_, a_version), (_, b_version) = await asyncio.wait_for(asyncio.gather(a_request, b_request), 10)
     finally:
@@ -113,10 +118,32 @@ async def test_no_engine_step_holds_two_tenants_requests():
     try:
         prompts = [(tenant, f"{tenant} {index}") for index in range(6) for tenant in ("a", "b", "c")]
         results = await asyncio.wait_for(
-            asyncio.gather(*(loop.generate_for(tenant, prompt, None) for tenant, prompt in prompts)), 10
+            asyncio.gather(*(generate(loop, tenant, prompt) for tenant, prompt in prompts)), 10
         )
     finally:
         await loop.close()
     assert len(results) == 18 and len(engine.submitted) == 18
     assert all(len(tenants) <= 1 for tenants in steps), steps
     assert {tenant for tenants in steps for tenant in tenants} == {"a", "b", "c"}
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_request_keeps_its_tenants_turn_until_it_leaves_the_engine_and_a_cancelled_waiter_blocks_none():
+    engine = RecordingEngine()
+    engine.hold = {"a held"}
+    loop = TenantEngineLoop(engine, ["a", "b", "c"])
+    try:
+        a_request = asyncio.create_task(generate(loop, "a", "a held"))
+        await submitted(engine, "a held")
+        c_request = asyncio.create_task(generate(loop, "c", "c cancelled"))
+        b_request = asyncio.create_task(generate(loop, "b", "b after"))
+        await asyncio.sleep(0.1)
+        a_request.cancel()  # its request still runs on the engine: no other tenant's may join its steps
+        c_request.cancel()  # it never reached the engine: b, asking after it, must not wait behind it
+        await asyncio.sleep(0.1)
+        assert [prompt for prompt, _ in engine.submitted] == ["a held"]
+        engine.hold = set()
+        await asyncio.wait_for(b_request, 10)
+    finally:
+        await loop.close()
+    assert [prompt for prompt, _ in engine.submitted] == ["a held", "b after"]

@@ -96,3 +96,30 @@ def test_a_run_trained_as_a_tenant_is_told_apart_by_its_adapters_name(tmp_path):
     assert is_tenant_run(tenant) and not is_tenant_run(solo)
     assert not is_tenant_run(fake_run(tmp_path / "full", [1]))  # a full fine-tune has no adapters
     assert not is_tenant_run(tmp_path / "nothing")
+
+
+def _parameters(endpoint) -> list[tuple[str, object]]:
+    """An endpoint's parameters after `self` (name, default), without `tenant`."""
+    import inspect
+
+    parameters = list(inspect.signature(endpoint._method).parameters.values())[1:]
+    return [(p.name, p.default) for p in parameters if p.name != "tenant"]
+
+
+def test_the_tenants_trainer_and_generator_take_every_argument_a_runs_roles_pass():
+    """`Roles` calls the trainer and the generators as `PolicyTrainer` and `Generator` take their arguments; a tenant's
+    handle passes the same ones, plus its tenant, to the shared actors."""
+    import inspect
+
+    from actors.generator import Generator
+    from actors.tenant_generator import TenantGenerator
+    from actors.tenant_trainer import TenantTrainer
+    from actors.trainer import PolicyTrainer
+    from rl.loop.tenants import TENANT_ENDPOINTS, TRAINER_TENANT_ENDPOINTS
+
+    pairs = [(TenantTrainer, PolicyTrainer, TRAINER_TENANT_ENDPOINTS), (TenantGenerator, Generator, TENANT_ENDPOINTS)]
+    for tenants_class, solo_class, endpoints in pairs:
+        for name in endpoints:
+            tenant_endpoint = getattr(tenants_class, name)
+            assert "tenant" in inspect.signature(tenant_endpoint._method).parameters, (tenants_class, name)
+            assert _parameters(tenant_endpoint) == _parameters(getattr(solo_class, name)), (tenants_class, name)
