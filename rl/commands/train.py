@@ -151,7 +151,7 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
     from rl.checkpoint.estimate import checkpoint_line
     from rl.loop.controller import Controller
     from rl.loop.recovery import TrainerLost
-    from rl.loop.roles import AdapterNotServed, DeadlineMissed
+    from rl.loop.roles import AdapterNotServed, DeadlineMissed, NonFiniteWeights
     from rl.processes.cluster import HostsNotAllocated
     from rl.processes.interrupts import EXIT_INTERRUPTED
 
@@ -170,7 +170,7 @@ def _train(config: Config, resume_from: Path | None, interruptible: Interruptibl
         if not controller.actor_failures:
             raise
         return fail(_stopped_message(controller), 1)
-    except (DeadlineMissed, TrainerLost, AdapterNotServed) as exc:
+    except (DeadlineMissed, TrainerLost, AdapterNotServed, NonFiniteWeights) as exc:
         return fail(f"run stopped: {_resume_hint_if_any(str(exc), controller)}", 1)
     except HostsNotAllocated as exc:
         return fail(f"cannot get the run's hosts from {exc}", 2)

@@ -51,6 +51,10 @@ MEMORY_TIMEOUT_S = 5.0
 replica delays no step by more, and its peak is left out of the step."""
 
 
+class NonFiniteWeights(RuntimeError):
+    """The trainer's weights hold an inf or NaN: the version is not sent to any generator and the run stops."""
+
+
 class AdapterNotServed(RuntimeError):
     """After a LoRA sync a generator's logprobs differ from the trainer's: the adapter did not reach it or is not applied."""
 
@@ -380,14 +384,20 @@ class Roles:
     async def push_weights(self, policy_version: int, full: bool = False) -> Fingerprints | None:
         """The trainer publishes its weights as `policy_version` within `run.weight_sync_timeout_s`; returns the
         version's fingerprints when the run attests its syncs (`weight_sync.attest`), kept for replacements too.
-        `full`: the last published version once more, whole (for generators that cannot apply its delta)."""
+        `full`: the last published version once more, whole (for generators that cannot apply its delta).
+        Non-finite weights (seen in the fingerprints) raise `NonFiniteWeights` before any generator loads them."""
         push = self.trainer.push_weights.call_one(policy_version, self.config.weight_sync.attest, full)
         timeout_s = self.config.run.weight_sync_timeout_s
         what = f"trainer weight push (policy version {policy_version})"
-        self.published = await self._in_flight(
-            within(push, what, "run.weight_sync_timeout_s", timeout_s), "weight push"
-        )
-        return self.published
+        published = await self._in_flight(within(push, what, "run.weight_sync_timeout_s", timeout_s), "weight push")
+        if published is not None and (broken := published.non_finite()):
+            raise NonFiniteWeights(
+                f"the trainer's weights of policy version {policy_version} are not finite ({', '.join(broken[:3])}"
+                f"{', ...' if len(broken) > 3 else ''}); no generator loads them. Lower `trainer.lr` or clip harder, "
+                f"then {RESUME_HINT}"
+            )
+        self.published = published
+        return published
 
     async def check_adapter_served(self, policy_version: int) -> None:
         """After an adapter sync: every generator's logprobs of `SYNC_PROBE` are the trainer's (within

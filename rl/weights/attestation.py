@@ -71,6 +71,10 @@ class Fingerprints:
     """The controller moves the generators back to this older version on purpose (a trainer recovery reloads the
     last checkpoint's): the version counter may go backward this once."""
 
+    def non_finite(self) -> list[str]:
+        """The tensors holding an inf or NaN (their sum or projection is not finite): a version no generator should serve."""
+        return [name for name, p in self.tensors.items() if not math.isfinite(p.sum + p.projection)]
+
     def to_message(self) -> dict:
         """Plain values (what vLLM's RPC serializer carries to its workers)."""
         return {
@@ -281,9 +285,11 @@ def check(
             failures.append(f"{name}: the served model holds {covered} of its {rows * cols} elements")
             continue
         limit = sum(max(tolerance(published, piece) for piece in copies) for copies in blocks.values())
-        if abs(total - published.sum) > limit:
+        if not math.isfinite(published.sum + published.projection):  # NaN equals nothing: nothing can be proven
+            failures.append(f"{name}: the published weights are not finite")
+        elif not abs(total - published.sum) <= limit:  # a NaN served sum fails too
             failures.append(f"{name}: sum {total:.9g}, published {published.sum:.9g}")
-        elif abs(projection - published.projection) > limit:
+        elif not abs(projection - published.projection) <= limit:
             failures.append(f"{name}: projection {projection:.9g}, published {published.projection:.9g}")
     return verdict
 

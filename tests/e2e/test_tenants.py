@@ -119,7 +119,7 @@ async def test_a_stopped_tenant_stops_alone(runs):
 
 async def test_a_tenant_whose_adapter_turns_non_finite_stops_alone(runs):
     result = runs["results"]["tenant_e"]
-    assert isinstance(result, Exception) and "adapter of policy version 1 is not finite" in str(result), result
+    assert isinstance(result, Exception) and "weights of policy version 1 are not finite" in str(result), result
     steps = [record["step"] for record in read_jsonl(runs["tenants"] / "tenant_e" / "metrics.jsonl")]
     assert max(steps) <= 1  # the sync of its first step failed: the generator did not load that adapter
 

@@ -1,15 +1,17 @@
 """Teacher scoring (opd, opsd): a concurrency bound and its seconds in `time/scoring_s`. The trainer calls in
-flight, which a trainer recovery names."""
+flight, which a trainer recovery names. Non-finite published weights stop the run before any generator loads them."""
 
 import asyncio
 import time
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from rl.config import load_config
-from rl.loop.roles import Roles
+from rl.loop.roles import NonFiniteWeights, Roles
 from rl.metrics.reduce import drain_states, reduce_states
+from rl.weights.attestation import fingerprint_state_dict
 from tests.support.paths import E2E_CONFIGS
 
 
@@ -74,3 +76,27 @@ async def test_the_trainer_calls_in_flight_are_counted_until_they_end_or_fail():
     with pytest.raises(RuntimeError, match="the rank died"):
         await roles.trainer_call(trainer.save_checkpoint.call_one("ckpt", False), "checkpoint save")
     assert roles.trainer_calls == {}
+
+
+class PublishingTrainer:
+    """Stands in for the trainer's actor: `push_weights` returns the fingerprints of `weights`."""
+
+    def __init__(self, weights):
+        self.push_weights = SimpleNamespace(call_one=lambda version, attest, full: self.push(version))
+        self.weights = weights
+
+    async def push(self, version):
+        return fingerprint_state_dict(self.weights, version)
+
+
+async def test_non_finite_weights_stop_the_run_before_any_generator_loads_them():
+    roles = Roles(
+        load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml"), stop_run=lambda message: None, policy_version=lambda: 0
+    )
+    weights = {"a.weight": torch.ones(4, 4), "b.weight": torch.ones(4, 4)}
+    roles.trainer = PublishingTrainer(weights)
+    assert (await roles.push_weights(1)).non_finite() == []
+    weights["b.weight"][2, 3] = float("nan")
+    with pytest.raises(NonFiniteWeights, match=r"weights of policy version 2 are not finite \(b.weight\)"):
+        await roles.push_weights(2)
+    assert roles.published.policy_version == 1  # a replacement generator is never handed the broken version

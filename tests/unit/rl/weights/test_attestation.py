@@ -151,6 +151,25 @@ def test_a_zeroed_tensor_is_detected(layer):
 
 @pytest.mark.attestation
 @pytest.mark.parametrize("how", ["exact", "kernel"])
+def test_a_served_nan_is_detected(layer, how):
+    """One NaN element makes a sum NaN, and NaN compares false with any bound: the check must fail, not pass."""
+    served = {**layer, "k_proj.weight": layer["k_proj.weight"].clone()}
+    served["k_proj.weight"][3, 5] = float("nan")
+    failures = verdict_of(layer, pieces=measure(served, fused_layout(served, 2, "rows"), how))
+    assert len(failures) == 1 and failures[0].startswith("k_proj.weight: sum nan, published")
+
+
+@pytest.mark.attestation
+def test_non_finite_published_weights_prove_nothing(layer):
+    """A version whose published weights hold an inf or NaN is not attested even when the served copy holds the same."""
+    broken = {**layer, "q_proj.weight": layer["q_proj.weight"].clone()}
+    broken["q_proj.weight"][0, 0] = float("inf")
+    failures = verdict_of(broken, published=broken)
+    assert failures == ["q_proj.weight: the published weights are not finite"]
+
+
+@pytest.mark.attestation
+@pytest.mark.parametrize("how", ["exact", "kernel"])
 def test_the_previous_version_is_detected_after_one_small_optimizer_step(layer, how):
     """One Adam-sized step (1e-5 per element, weights of rms 0.04) moves every tensor beyond the fp32 tolerance."""
     generator = torch.Generator().manual_seed(1)
