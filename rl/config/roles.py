@@ -65,6 +65,11 @@ class GeneratorConfig(Section):
     environment). 2 GiB holds ~45k tokens of SmolLM2-135M's fp32 KV cache."""
     max_num_seqs: int = Field(256, ge=1)
     """Most sequences one engine decodes at once (vLLM's `max_num_seqs`); further requests wait in its queue."""
+    block_size: int | None = Field(None, ge=16)
+    """Tokens per KV-cache block (vLLM's `block_size`); None = 32 on CPU (the smallest block vLLM's CPU attention
+    takes; vLLM's own CPU default is 128), vLLM's choice on GPU. vLLM's prefix cache shares whole blocks only, so a
+    group's samples share the KV of their common prompt (one prefill instead of one per sample) only for the blocks
+    the prompt fills."""
     max_model_len: int = Field(2048, ge=16)
     """Longest sequence (prompt + completion) an engine accepts; every task's `env.max_total_tokens` must fit."""
     seed: int = 0

@@ -48,6 +48,14 @@ def test_every_worker_gets_the_weight_loader():
     assert resolve_obj_by_qualname(args["worker_extension_cls"]) is vllm_worker.WeightLoader
 
 
+def test_cpu_engines_share_a_groups_prompt_in_blocks_that_short_prompts_fill():
+    # vLLM's CPU default block (128 tokens) is longer than the main job's ~48-token prompts: no prefix-cache hit ever
+    assert engine_args(load_config(TINY).generator)["block_size"] == 32
+    assert engine_args(load_config(TINY, {"generator.block_size": "64"}).generator)["block_size"] == 64
+    gpu = load_config(TINY, {"generator.device": "cuda", "trainer.device": "cuda"}).generator
+    assert engine_args(gpu)["block_size"] is None  # vLLM's choice
+
+
 def test_user_stop_tokens_join_the_renderers_end_of_turn_tokens():
     from actors.generator import sampling_params
     from rollouts.types import GenerationRequest
