@@ -351,8 +351,8 @@ class WeightReceiver:
 
     With "shared_memory" it is the trainer's own file. With "torchstore" the version's tensors are fetched one at a
     time and written into a file of this process (one, reused: each reload finishes before the next pull), so vLLM's
-    workers, which may be other processes, load every version the same way, and a pull holds at most one fetched
-    tensor beside what the process held before it. The file is written with `pwrite`, never mapped here, so its pages
+    workers, which may be other processes, load every version the same way, and a pull holds one fetched tensor at a
+    time (torchstore's transport keeps up to three copies of it while it arrives) beside what the process held before. The file is written with `pwrite`, never mapped here, so its pages
     are not this process's resident memory.
     """
 
@@ -393,6 +393,10 @@ class WeightReceiver:
                 nbytes += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
                 del tensor  # before the next fetch: one tensor at a time
             os.ftruncate(fd, nbytes)
+        except BaseException:
+            if staging is None:  # a new file no handle names yet (a full /dev/shm, a failed fetch)
+                Path(path).unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)
         return SharedWeights(path, nbytes, layout)
