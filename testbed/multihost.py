@@ -18,8 +18,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
-
 from rl.assets import cache_dir
 from testbed import hosts as namespaced
 
@@ -67,27 +65,6 @@ class Launch:
                     return None
                 self._new_line.wait(min(left, 1.0))
         return found
-
-    def rss(self) -> tuple[int, int]:
-        """Resident bytes of the launcher's process, and of it with every process under it ((0, 0) once it ended).
-
-        On attached workers `rlmesh train` runs the launcher as a child of a thin guard (rl/processes/guard.py): the
-        launcher is that child, the guard not counted."""
-        try:
-            launcher = psutil.Process(self.process.pid)
-            guarded = [child for child in launcher.children() if "rl.commands.cli" in child.cmdline()]
-            if guarded:
-                launcher = guarded[0]
-            processes = [launcher, *launcher.children(recursive=True)]
-        except psutil.Error:
-            return 0, 0
-        sizes = []
-        for process in processes:
-            try:
-                sizes.append(process.memory_info().rss)
-            except psutil.Error:
-                sizes.append(0)
-        return sizes[0], sum(sizes)
 
     def wait(self, timeout: float) -> int:
         """The exit code, after killing the launcher if it runs past `timeout` seconds."""

@@ -26,6 +26,9 @@ class ModelSize:
     """Elements of the state dict a checkpoint writes: tied weights once per name, persistent buffers too."""
     largest_elements: int = 0
     """Elements of the largest tensor of the state dict (a sharded load's read buffer is one slice of it)."""
+    file_dtype: torch.dtype | None = None
+    """The dtype the model's files store its floating tensors in (`dtype` in its config.json; None: not stated):
+    a sharded load reads a file already in `trainer.param_dtype` straight into the shard, others through a buffer."""
 
 
 def model_size(model_path: str, lora: LoraConfig | None = None) -> ModelSize:
@@ -44,10 +47,12 @@ def model_size(model_path: str, lora: LoraConfig | None = None) -> ModelSize:
         )
         return ModelSize(parameters=adapters, state_elements=adapters)
     state = model.state_dict()
+    stated = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)  # "torch_dtype": older configs
     return ModelSize(
         parameters=sum(parameter.numel() for parameter in model.parameters()),
         state_elements=sum(tensor.numel() for tensor in state.values()),
         largest_elements=max(tensor.numel() for tensor in state.values()),
+        file_dtype=getattr(torch, stated) if isinstance(stated, str) else stated,
     )
 
 

@@ -4,8 +4,9 @@
 With P parameters (tied weights once), S state-dict elements (tied weights once per name) and b bytes per element:
 - **trainer rank, host RAM**: with W > 1 ranks (W in all) each builds the model on the meta device and reads only its
   1/W of every tensor from the files (`rl.training.sharded_load`) in `trainer.param_dtype` (P/W x b; these are the
-  master weights AdamW updates, fp32 unless `pure_low_precision`), through one read buffer of at most 1/W of the
-  largest tensor (L/W x b); a KL reference likewise (another P/W x b). One rank alone, or a LoRA policy (its adapters
+  master weights AdamW updates, fp32 unless `pure_low_precision`); files in another dtype pass through one read
+  buffer of at most 1/W of the largest tensor in the files' dtype (L/W x f), files in that dtype are read straight
+  into the shard; a KL reference likewise (another P/W x b). One rank alone, or a LoRA policy (its adapters
   wrap the loaded layers), loads the whole model (P x b; a reference whole after it). Training then holds 1/W of the
   weights, their gradients and AdamW's two moments (4 x P/W x b, + P/W x b for a reference) on `trainer.device`, and
   with delta sync (`rl.weights.delta`) its 1/W of the last published version in the generators' dtype (P/W x w). The
@@ -76,7 +77,8 @@ class Footprint:
 
 
 def rank_memory(config: Config, size: ModelSize) -> RankMemory:
-    """One trainer rank: while loading, its shard (and a reference's) and one read buffer, or the whole model when it
+    """One trainer rank: while loading, its shard (and a reference's) and one read buffer when the files are in
+    another dtype than `trainer.param_dtype` (an unstated one counts as another, in `trainer.param_dtype`), or the whole model when it
     is alone or the policy has LoRA adapters (and its shard beside a whole reference); then its shard of weights,
     gradients and two AdamW moments (and of a reference)."""
     trainer = config.trainer
@@ -85,7 +87,11 @@ def rank_memory(config: Config, size: ModelSize) -> RankMemory:
     shard = math.ceil(size.parameters / trainer.ranks) * itemsize
     reference = config.loss.kl_coef > 0
     if trainer.ranks > 1 and not trainer.lora.enabled:
-        buffer = math.ceil(size.largest_elements / trainer.ranks) * itemsize
+        master = TORCH_DTYPES[trainer.param_dtype]
+        if size.file_dtype == master:
+            buffer = 0  # read straight into the shard
+        else:
+            buffer = math.ceil(size.largest_elements / trainer.ranks) * (size.file_dtype or master).itemsize
         load_peak = shard + (shard if reference else 0) + buffer
     else:
         load_peak = whole + (shard if reference else 0)  # a reference loads whole after the policy is sharded

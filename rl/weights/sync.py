@@ -41,6 +41,7 @@ from torch.distributed.tensor import DTensor
 from rl.training.distributed import Ranks
 from rl.weights.attestation import Fingerprints, TensorPrint, fingerprint, fingerprint_state_dict
 from rl.weights.shared_file import (
+    ALIGN,
     SHM_DIR,
     SHM_PREFIX,
     SharedWeights,
@@ -348,33 +349,71 @@ class WeightPublisher:
 class WeightReceiver:
     """Generator side: the `SharedWeights` handle of a published version, for vLLM's workers to load.
 
-    With "shared_memory" it is the trainer's own file. With "torchstore" the pulled tensors are copied into a
-    file of this process first (one, reused: each reload finishes before the next pull), so vLLM's workers,
-    which may be other processes, load every version the same way.
+    With "shared_memory" it is the trainer's own file. With "torchstore" the version's tensors are fetched one at a
+    time and written into a file of this process (one, reused: each reload finishes before the next pull), so vLLM's
+    workers, which may be other processes, load every version the same way, and a pull holds one fetched tensor at a
+    time (torchstore's transport keeps up to three copies of it while it arrives) beside what the process held before. The file is written with `pwrite`, never mapped here, so its pages
+    are not this process's resident memory.
     """
 
     def __init__(self, transport: str):
         self.transport = transport
-        self._staging: tuple[SharedWeights, torch.Tensor] | None = None
+        self._staging: SharedWeights | None = None
 
     async def pull(self, policy_version: int, namespace: str = "") -> SharedWeights:
         """`namespace`: the publisher's (`WeightPublisher`)."""
         if self.transport == "shared_memory":
             return await ts.get(namespace + policy_key(policy_version) + "/HANDLE")
-        state_dict = await pull_state_dict(policy_version)
-        layout, nbytes = plan_layout(state_dict, None, key=id)
-        if self._staging is None or self._staging[0].layout != layout:
-            self.close()
-            path = file_path(f"staging-{policy_version}")  # a new name: workers map files by name
-            self._staging = (SharedWeights(path, nbytes, layout), map_file(path, nbytes, create=True))
-        handle, buffer = self._staging
-        with torch.no_grad():
-            for name, tensor in state_dict.items():
-                write(buffer, layout[name], tensor)
-        return handle
+        names = list(await ts.get(policy_key(policy_version) + "/MAPPING"))  # written last: the version is whole
+        if self._staging is not None and list(self._staging.layout) == names:
+            handle = await self._fetch_into(policy_version, names, self._staging)
+            if handle is not None:
+                return handle
+        self.close()  # first pull, or the version's tensors no longer fit the file's layout
+        self._staging = await self._fetch_into(policy_version, names, None)
+        return self._staging
+
+    async def _fetch_into(
+        self, policy_version: int, names: list[str], staging: SharedWeights | None
+    ) -> SharedWeights | None:
+        """Fetch each tensor of the version and write it at its place: into `staging` when given (None when a tensor's
+        shape or dtype differs from that file's layout), else into a new file laid out as `plan_layout` would."""
+        path = staging.path if staging is not None else file_path(f"staging-{policy_version}")  # workers map by name
+        layout: dict[str, tuple[int, tuple[int, ...], str]] = {}
+        nbytes = 0
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            for name in names:
+                tensor = await ts.get(f"{policy_key(policy_version)}/{name}")
+                entry = (nbytes, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+                if staging is not None and staging.layout[name] != entry:
+                    return None
+                layout[name] = entry
+                _pwrite_all(fd, tensor, nbytes, path)
+                nbytes += -(-tensor.numel() * tensor.element_size() // ALIGN) * ALIGN
+                del tensor  # before the next fetch: one tensor at a time
+            os.ftruncate(fd, nbytes)
+        except BaseException:
+            if staging is None:  # a new file no handle names yet (a full /dev/shm, a failed fetch)
+                Path(path).unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
+        return SharedWeights(path, nbytes, layout)
 
     def close(self) -> None:
         """Remove the staging file (mappings stay valid until their processes exit)."""
         if self._staging is not None:
-            Path(self._staging[0].path).unlink(missing_ok=True)
+            Path(self._staging.path).unlink(missing_ok=True)
             self._staging = None
+
+
+def _pwrite_all(fd: int, tensor: torch.Tensor, offset: int, path: str) -> None:
+    """Write `tensor`'s bytes at `offset` of the open file `fd` (`os.pwrite` may write fewer bytes than asked)."""
+    data = memoryview(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+    while len(data):
+        try:
+            written = os.pwrite(fd, data, offset)
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot write weights to {path}: {exc.strerror}") from None
+        data, offset = data[written:], offset + written

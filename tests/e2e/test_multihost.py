@@ -6,7 +6,7 @@ cluster with a shared filesystem. The hosts' workers already run (`rlmesh worker
 
 It proves: the run trains and samples the trainer's exact policy after every sync (fp32 on both sides); every
 process ran on the host it was placed on and saw that host's name; the launcher holds no weight bytes (its resident
-memory, with its children's, sampled through the syncs) and needs no new connection into it once the actors are ready
+high-water mark through the second sync, `memory/launcher/peak_rss_mb`) and needs no new connection into it once the actors are ready
 (they are blocked, when nftables is installed); a checkpoint written by ranks on other hosts resumes. It cannot prove anything about GPUs, NCCL, RDMA, real bandwidth or latency, or NFS semantics
 (docs/gpus-and-clusters.md)."""
 
@@ -26,24 +26,18 @@ pytestmark = [pytest.mark.multihost, pytest.mark.skipif(REASON is not None, reas
 CONFIG = E2E_CONFIGS / "tiny_qwen3_multihost.toml"
 RUN_DEADLINE_S = 600
 STEPS = 2  # run.steps of CONFIG
-ONE_VERSION_BYTES = 19_512_384 * 4
+ONE_VERSION_MIB = 19_512_384 * 4 / 2**20
 """One version of the tiny model's state dict in float32 (S elements, the tied lm_head counted: docs/gpus-and-clusters.md),
-what a torchstore volume in the launcher's process would grow by at each sync (it keeps two)."""
+74.4 MiB: what a torchstore volume in the launcher's process would grow by at each sync (it keeps two)."""
 
 
 @dataclass
 class FirstRun:
     run_dir: Path
     output: str
-    rss: list[tuple[float, int, int]]
-    """(monotonic time, the launcher's resident bytes, with its children's), every 0.2 s from the actors' readiness,
-    before the first sync, to the last step's line, printed after its sync."""
     blocked: bool
     """Whether new connections into the launcher's host were blocked from the actors' readiness to the last step's
     line."""
-
-    def growth(self, column: int) -> int:
-        return max(sample[column] for sample in self.rss) - self.rss[0][column]
 
 
 @pytest.fixture(scope="module")
@@ -60,21 +54,21 @@ def first_run(cluster):
     blocked = namespaced.firewall_unavailable() is None
     if blocked:
         cluster.network["launcher"].block_new_connections()
-    rss = []
     while launch.process.poll() is None and time.monotonic() - launch.started < RUN_DEADLINE_S:
         if launch.line_with(f"step {STEPS:4d} ") is not None:  # printed after the last step's sync
             break
-        rss.append((time.monotonic(), *launch.rss()))
         time.sleep(0.2)
     if blocked:  # the final checkpoint and the stop may open connections: syncs only are what must not
         cluster.network["launcher"].allow_new_connections()
     code = launch.wait(timeout=max(1.0, RUN_DEADLINE_S - (time.monotonic() - launch.started)))
     assert code == 0, launch.output[-4000:]
-    made = FirstRun(cluster.output_dir / "tiny_qwen3_multihost", launch.output, rss, blocked)
+    made = FirstRun(cluster.output_dir / "tiny_qwen3_multihost", launch.output, blocked)
+    steps = [r for r in multihost.metrics(made.run_dir) if r["step"] > 0]
     print(
-        f"[multihost] first run: {time.monotonic() - launch.started:.1f} s; launcher RSS at the actors' readiness "
-        f"{rss[0][1] / 2**20:.0f} MiB (with its children {rss[0][2] / 2**20:.0f} MiB), grew by at most "
-        f"{made.growth(1) / 2**20:.0f} MiB ({made.growth(2) / 2**20:.0f} MiB) through the syncs; new connections into it blocked: {blocked}"
+        f"[multihost] first run: {time.monotonic() - launch.started:.1f} s; the launcher's peak and end-of-step "
+        "resident MiB per step: "
+        + ", ".join(f"{r['memory/launcher/peak_rss_mb']:.1f}/{r['memory/launcher/rss_mb']:.1f}" for r in steps)
+        + f"; new connections into it blocked: {blocked}"
     )
     return made
 
@@ -89,9 +83,14 @@ def test_the_generator_samples_the_trainers_exact_weights_after_every_sync_acros
 
 
 def test_the_launcher_holds_no_weights_and_takes_no_new_connection_during_the_syncs(first_run):
-    """The syncs ran with new connections into the launcher blocked (the run passed), and the launcher's process grew
-    by less than 1.5 versions of the weights while two were published: a store volume in it would hold both."""
-    assert first_run.growth(1) < 1.5 * ONE_VERSION_BYTES, [sample[1] for sample in first_run.rss]
+    """The syncs ran with new connections into the launcher blocked (the run passed), and through the second step (its
+    sync included) the launcher's resident high-water mark rose less than one version over its resident memory at the
+    first step's end: a store volume in it would add the second version (it keeps two) to what the step grows it by
+    without one (47 MiB measured: a second step's working set, not understood yet, so the bound is not 10% of a
+    version). The first step is the steady state's start (its first rollouts, records and sync)."""
+    first, second = (r for r in multihost.metrics(first_run.run_dir) if r["step"] > 0)
+    growth = second["memory/launcher/peak_rss_mb"] - first["memory/launcher/rss_mb"]
+    assert growth < ONE_VERSION_MIB, (growth, first["memory/launcher/rss_mb"], second["memory/launcher/peak_rss_mb"])
     if not first_run.blocked:
         pytest.skip(namespaced.firewall_unavailable())
 

@@ -9,13 +9,15 @@ SmolLM2-135M (vocab 49152, hidden 576, 30 layers, 9 heads and 3 KV heads of 64, 
   28311552 + 576: P = 134515008, S = P + 28311552.
 """
 
+import torch
+
 from rl.commands.cli import main
 from rl.commands.footprint import footprint, footprint_lines, run_footprint, slurm_memory_warning
 from rl.config import load_config
 from rl.loop.resolve import resolve_config
 from tests.support.paths import CONFIGS, E2E_CONFIGS, TINY
 
-TINY_P, TINY_S, TINY_EMBEDDING = 9_805_568, 9_805_568 + 9_706_816, 9_706_816
+TINY_P, TINY_S = 9_805_568, 9_805_568 + 9_706_816
 SMOLLM2_P, SMOLLM2_S = 134_515_008, 134_515_008 + 28_311_552
 PROCESS_2HOSTS = E2E_CONFIGS / "tiny_qwen3_process_2hosts.toml"
 
@@ -36,7 +38,7 @@ def test_a_two_rank_trainer_and_a_generator_on_hosts_of_their_own():
     config = resolve_config(load_config(PROCESS_2HOSTS))
     found = run_footprint(config)
     launcher, trainer_host, generator_host = found.hosts
-    assert found.rank.load_peak_bytes == (TINY_P // 2 + TINY_EMBEDDING // 2) * 4  # its shard and one read buffer
+    assert found.rank.load_peak_bytes == TINY_P // 2 * 4  # its shard: fp32 files are read straight into it
     assert found.rank.training_bytes == 4 * (TINY_P // 2) * 4  # half of weights, grads, 2 moments (P is even)
     assert launcher.store_bytes == 0  # the store's volume is on the trainer host: the launcher holds no weights
     assert trainer_host.store_bytes == 3 * TINY_S * 4  # 2 versions kept, a 3rd while a push lands; lm_head put too
@@ -65,8 +67,21 @@ def test_a_kl_reference_is_loaded_by_shards_too():
     config = resolve_config(load_config(PROCESS_2HOSTS, {"loss.kl_coef": "0.01"}))
     found = run_footprint(config)
     shard = TINY_P // 2 * 4
-    assert found.rank.load_peak_bytes == 2 * shard + TINY_EMBEDDING // 2 * 4
+    assert found.rank.load_peak_bytes == 2 * shard
     assert found.rank.training_bytes == 5 * shard
+
+
+def test_files_in_another_dtype_are_read_through_a_buffer_in_theirs():
+    """SmolLM2-135M's files are bf16: with fp32 master weights each rank reads through a bf16 slice of the largest
+    tensor (its tied embedding, 49152 x 576); fp32 files would go straight into the shard."""
+    config = resolve_config(
+        load_config(CONFIGS / "sum_digits_smollm2_cpu.toml", {"trainer.num_procs": "2", "trainer.device": "cpu"})
+    )
+    found = run_footprint(config)
+    assert found.model.file_dtype == torch.bfloat16
+    assert found.rank.load_peak_bytes == SMOLLM2_P // 2 * 4 + 49152 * 576 // 2 * 2
+    tiny = run_footprint(resolve_config(load_config(PROCESS_2HOSTS))).model
+    assert tiny.file_dtype == torch.float32
 
 
 def test_one_rank_loads_the_whole_model_and_a_reference_whole_after_it():
@@ -91,7 +106,7 @@ def test_slurm_without_memory_is_warned_with_what_each_rank_loads():
     found = footprint(config, run_footprint(config).model)
     warning = slurm_memory_warning(config, found)
     assert "no mem and cpus_per_task" in warning and "each of the 2 trainer rank(s) per host" in warning
-    load = (TINY_P // 4 + TINY_EMBEDDING // 4) * 4  # 4 ranks: a quarter of the model and of the embedding
+    load = TINY_P // 4 * 4  # 4 ranks: a quarter of the model, read straight from its fp32 files
     assert f"first loads {mib(load)} of the model's 9.8M parameters in float32" in warning
     assert f"keeps {mib(4 * (TINY_P // 4) * 4)} of weights" in warning  # 4 ranks in all
     lines = "\n".join(footprint_lines(found, config))

@@ -1,0 +1,103 @@
+"""Memory per role at size: 3 steps of the large asset (random-qwen3-1.5gb, 381M parameters, 1.42 GiB in fp32) on a
+2-rank fp32 trainer, weights through torchstore with attestation on, bounded from the run's own memory metrics
+(`memory/<role>/peak_rss_mb`: each step's resident high-water mark, `VmHWM`; `rss_mb`: resident at the step's end).
+
+The trainer's host is a process host of its own (`scheduler = "process"`), so the store's volume is a process there and
+the launcher holds no weight bytes. So that all roles fit a 24 GiB machine: the generator samples in bf16 with a 1 GiB
+KV cache and at most 8 sequences; the trainer runs micro-batches of one row with gradient checkpointing; versions
+travel whole (`weight_sync.delta = "never"`: with deltas on, a rank went from 5.1 GiB at the first step's end to 8.1
+GiB in the second, where the kernel's OOM killer stopped the run). Bounds (the steady state of a step is the role's resident memory at the previous step's end; the first step
+allocates the working set: AdamW's moments, the first rollouts):
+- a trainer rank's load grows it by at most its shard plus one slice of the largest tensor and a fixed 64 MiB (the whole
+  model is 1.42 GiB: a rank that loaded it before sharding fails);
+- a trainer rank's later steps grow it by at most its shard (the gradients) plus two of the largest tensor (one
+  gathered whole for the forward, one for the attested sync's fingerprint);
+- the launcher's later steps grow it by less than 10% of one version (a store volume in it would add a version);
+- the generator's later steps grow it by at most three of the largest tensor in bf16 and 64 MiB (the pull's fetched
+  tensor, which torchstore's transport holds up to three times; a pull of the whole version would add 0.93 GiB).
+
+It takes several minutes and most of a 24 GiB machine's memory: it runs only with RLMESH_LARGE_E2E=1.
+"""
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rl.checkpoint.estimate import model_size
+from tests.support.paths import E2E_CONFIGS, REPO
+
+pytestmark = pytest.mark.skipif(
+    os.environ.get("RLMESH_LARGE_E2E") != "1",
+    reason="the large asset's run takes minutes and ~16 GiB: RLMESH_LARGE_E2E=1",
+)
+
+MODEL = "random-qwen3-1.5gb"
+MIB = 2**20
+
+
+def test_each_role_stays_within_its_bound_on_the_large_asset(tmp_path):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rl.commands.cli",
+            "train",
+            "--config",
+            str(E2E_CONFIGS / "tiny_qwen3_process_2hosts.toml"),
+            "--model.path",
+            MODEL,
+            "--generator.dtype",
+            "bfloat16",
+            "--generator.max_num_seqs",
+            "8",
+            "--trainer.micro_batch_size",
+            "1",
+            "--trainer.gradient_checkpointing",
+            "true",
+            "--weight_sync.delta",
+            "never",
+            "--run.steps",
+            "3",
+            "--run.eval_every",
+            "0",
+            "--run.name",
+            "large",
+            "--run.output_dir",
+            str(tmp_path),
+            "--checkpoint.final",
+            "none",
+            "--wandb.enabled",
+            "false",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    output = result.stdout[-3000:] + result.stderr[-3000:]
+    metrics = tmp_path / "large" / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    steps = [record for record in records if record["step"] > 0]
+    print("[memory] " + json.dumps([{k: v for k, v in r.items() if k.startswith("memory/")} for r in steps]))
+    assert steps, output
+
+    size = model_size(MODEL)
+    shard = size.parameters / 2 * 4 / MIB  # fp32 master weights, 2 ranks
+    largest = size.largest_elements * 4 / MIB
+    version = size.state_elements * 2 / MIB  # bf16 on the wire, the tied lm_head put too
+    load = steps[0]["memory/trainer/load_growth_mb"]
+    assert load <= shard + largest / 2 + 64, f"a rank's load grew it by {load:.0f} MiB (its shard: {shard:.0f} MiB)"
+    for previous, step in itertools.pairwise(steps):  # the recorded steps first: a run the kernel stopped says why
+
+        def growth(role: str, previous=previous, step=step) -> float:
+            return step[f"memory/{role}/peak_rss_mb"] - previous[f"memory/{role}/rss_mb"]
+
+        assert growth("trainer") <= shard + 2 * largest, (step["step"], growth("trainer"), shard, largest)
+        assert growth("launcher") < 0.1 * version, (step["step"], growth("launcher"), version)
+        assert growth("generator") <= 3 * largest / 2 + 64, (step["step"], growth("generator"), largest / 2)
+    assert result.returncode == 0, output
+    assert [record["step"] for record in steps] == [1, 2, 3]
