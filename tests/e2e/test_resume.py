@@ -6,8 +6,6 @@ import re
 import signal
 from pathlib import Path
 
-import pytest
-
 from rl.checkpoint import store as checkpoint
 from tests.support.launch import Launch
 from tests.support.runs import EXACT_RUN, assert_same_run, read_jsonl, train_to_end
@@ -36,11 +34,6 @@ def stop_after_a_trained_step(run_dir: Path, step: int, signal_number: int) -> i
     return committed
 
 
-@pytest.mark.skip(
-    reason="known defect on main: a resumed run with checkpoint.every_steps = 0 stopped by SIGINT after a trained step "
-    "reports 'stopped during start-up' and commits nothing (no Ctrl-C report); the test passed on its branch before "
-    "the loop-state and recovery merges"
-)
 def test_a_run_stopped_by_sigkill_sigint_and_sigterm_resumes_to_the_same_metrics_and_tokens(tmp_path, clean_tiny_run):
     launch = Launch(tmp_path, "--checkpoint.every_steps", "1", *EXACT_RUN)
     try:
