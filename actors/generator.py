@@ -316,10 +316,8 @@ class Generator(MetricsActor, ServiceReplica):
             prove = functools.partial(attest_loaded, self.engine, self.llm, expected)
         else:
             load = functools.partial(self._load_adapter, adapter)
-            prove = functools.partial(
-                attest_adapter, self.engine, self.llm, expected,
-                lora_int_id=adapter.lora_int_id, scaling=self.adapters.scaling,
-            )  # fmt: skip
+            slot = {"lora_int_id": adapter.lora_int_id, "scaling": self.adapters.scaling}
+            prove = functools.partial(attest_adapter, self.engine, self.llm, expected, **slot)
         try:
             verdict = await reload_proven(
                 self.engine, self.on_weight_update, policy_version, load, None if expected is None else prove, adapter
