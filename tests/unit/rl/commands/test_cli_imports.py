@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from tests.support.paths import REPO
+from tests.support.paths import REPO, TINY
 from tests.support.runs import fake_run
 
 pytestmark = pytest.mark.processes  # the CLI is imported in a fresh Python
@@ -31,17 +31,18 @@ class Blocked(interrupts.InterruptibleRun):
 
 interrupts.InterruptibleRun = Blocked
 from rl.commands.cli import main
-main(["train", "--resume", sys.argv[1]])
+main(["train", *sys.argv[1:]])
 """
 
 
-def test_a_resumed_train_blocks_sigint_while_it_is_one_thread(tmp_path):
-    """`rlmesh train --resume` asks whether the run is a LoRA tenant by reading its checkpoint with torch, whose import
-    starts a thread: a thread started before SIGINT is blocked may take the Ctrl-C, which then bypasses the run's
-    checkpoint on interrupt (a KeyboardInterrupt at any bytecode)."""
-    run_dir = fake_run(tmp_path, [1])
+@pytest.mark.parametrize("start", ["--config", "--resume"])
+def test_a_train_blocks_sigint_while_it_is_one_thread(tmp_path, start):
+    """A thread started before SIGINT is blocked may take the Ctrl-C, which then bypasses the run's checkpoint on
+    interrupt (a KeyboardInterrupt at any bytecode). `rlmesh train --resume` asks whether the run is a LoRA tenant by
+    reading its checkpoint with torch, whose import starts a thread: only after SIGINT is blocked."""
+    target = TINY if start == "--config" else fake_run(tmp_path, [1])
     result = subprocess.run(
-        [sys.executable, "-c", THREADS_WHEN_BLOCKED, str(run_dir)],
+        [sys.executable, "-c", THREADS_WHEN_BLOCKED, start, str(target)],
         cwd=REPO,
         env={"PYTHONPATH": str(REPO)},
         capture_output=True,
