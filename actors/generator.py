@@ -15,16 +15,18 @@ of the version (`rl.weights.attestation`) before its engine takes another reques
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from actors.engine_loop import EngineLoop, Lane
+from actors.engine_loop import EngineLoop, Lane, OnWeightUpdate
 from rl.assets import resolve_model_path
 from rl.config.lora import LoraConfig
 from rl.config.roles import GeneratorConfig, SamplingConfig
@@ -178,7 +180,32 @@ async def attest_adapter(
 
 
 class AttestationFailed(RuntimeError):
-    """Raised inside the engine's pause so that the engine stays closed (`EngineLoop.refused`)."""
+    """Raised inside the engine's pause so that the engine stays closed (`EngineLoop.refused`); `verdict`: why."""
+
+    def __init__(self, message: str, verdict: Verdict | None = None):
+        super().__init__(message)
+        self.verdict = verdict
+
+
+async def reload_proven(
+    engine: EngineLoop,
+    mode: OnWeightUpdate,
+    policy_version: int,
+    load: Callable[[], Awaitable[None]],
+    prove: Callable[[int], Awaitable[Verdict]] | None,
+    lora_request: Any = None,
+) -> Verdict | None:
+    """Reload `policy_version` in the engine's pause (`load`) and, with `prove` (given the version served before),
+    attest it there before the engine takes another request. A verdict that fails raises `AttestationFailed` inside the
+    pause: the engine stays refused for good, so no request waiting for it runs on weights that did not prove the
+    version (the caller replaces the replica)."""
+    previous_version = engine.version
+    async with engine.pause(mode, policy_version, lora_request=lora_request):
+        await load()
+        verdict = await prove(previous_version) if prove is not None else None
+        if verdict is not None and not verdict.attested:
+            raise AttestationFailed(verdict.summary(), verdict)
+    return verdict
 
 
 def load_weights(llm: Any, handle: SharedWeights) -> None:
@@ -308,25 +335,20 @@ class Generator(MetricsActor, ServiceReplica):
             return WeightUpdate(time.perf_counter() - start, needs_full=str(exc))
         if policy_version == self.policy_version and self.weights.holds(policy_version) and self._last_update:
             return self._last_update  # loaded and proven already (the sync repairs another replica)
-        previous_version, verdict = self.engine.version, None
         adapter = await self._write_adapter(policy_version, handle) if self.adapters is not None else None
+        if adapter is None:
+            load = functools.partial(self.engine.call, load_weights, self.llm, handle)
+            prove = functools.partial(attest_loaded, self.engine, self.llm, expected)
+        else:
+            load = functools.partial(self._load_adapter, adapter)
+            slot = {"lora_int_id": adapter.lora_int_id, "scaling": self.adapters.scaling}
+            prove = functools.partial(attest_adapter, self.engine, self.llm, expected, **slot)
         try:
-            async with self.engine.pause(self.on_weight_update, policy_version, lora_request=adapter):
-                if adapter is None:
-                    await self.engine.call(load_weights, self.llm, handle)
-                    if expected is not None:
-                        verdict = await attest_loaded(self.engine, self.llm, expected, previous_version)
-                else:
-                    await self._load_adapter(adapter)
-                    if expected is not None:
-                        scaling = self.adapters.scaling
-                        verdict = await attest_adapter(
-                            self.engine, self.llm, expected, previous_version, adapter.lora_int_id, scaling
-                        )
-                if verdict is not None and not verdict.attested:
-                    raise AttestationFailed(verdict.summary())
-        except AttestationFailed:
-            return WeightUpdate(time.perf_counter() - start, verdict)
+            verdict = await reload_proven(
+                self.engine, self.on_weight_update, policy_version, load, None if expected is None else prove, adapter
+            )
+        except AttestationFailed as refused:
+            return WeightUpdate(time.perf_counter() - start, refused.verdict)
         if adapter is not None:
             self.adapters.keep_only(Path(adapter.lora_path))
         return_free_heap_pages()

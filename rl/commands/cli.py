@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from rl.commands import export
-from rl.commands.arguments import import_from_launch_directory, parse_overrides
+from rl.commands.arguments import import_from_launch_directory
 from rl.commands.evaluate import eval_command
 from rl.commands.new_task import new_task_command
 from rl.commands.train import bench_command, train_command, validate_command
@@ -51,16 +51,6 @@ class EveryValue(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         setattr(namespace, self.dest, values)
         setattr(namespace, f"{self.dest}_all", [*getattr(namespace, f"{self.dest}_all", []), values])
-
-
-def tenants_of(args: argparse.Namespace) -> tuple[list[str], list[Path]] | None:
-    """The configs and run directories of a `train` of LoRA tenants (several, or the resume of one tenant), else None."""
-    from rl.commands.tenants import is_tenant_run
-
-    configs, resumes = getattr(args, "config_all", []), getattr(args, "resume_all", [])
-    if len(configs) + len(resumes) > 1 or (resumes and not configs and is_tenant_run(resumes[0])):
-        return configs, resumes
-    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,10 +164,6 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra and args.command not in TAKE_OVERRIDES:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command == "train" and (several := tenants_of(args)) is not None:
-        from rl.commands.tenants import train_tenants
-
-        return train_tenants(*several, parse_overrides(extra))
     return COMMANDS[args.command](args, extra, argv)
 
 

@@ -4,12 +4,15 @@ runs as tenants of one generator engine and one trainer (`rl.loop.tenants`). Ove
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rl.config import ConfigError, load_config
 from rl.console import fail, say
+
+if TYPE_CHECKING:
+    from rl.processes.interrupts import InterruptibleRun
 
 
 def is_tenant_run(run_dir: Path) -> bool:
@@ -27,8 +30,11 @@ def is_tenant_run(run_dir: Path) -> bool:
     return any(".lora_A." in key and ".lora_A.default." not in key for key in keys)
 
 
-def train_tenants(config_paths: list[str], resume_dirs: list[Path], overrides: dict[str, str]) -> int:
-    """Run every tenant to its end; the exit code (0: every tenant finished, 1: one or more failed, 2: refused)."""
+def train_tenants(
+    config_paths: list[str], resume_dirs: list[Path], overrides: dict[str, str], interruptible: InterruptibleRun
+) -> int:
+    """Run every tenant to its end under `interruptible` (its Ctrl-C and SIGTERM); the exit code (0: every tenant
+    finished, 1: one or more failed, 2: refused, 130: interrupted)."""
     from rl.checkpoint.resume import NothingToResume, resume_config, take_over
     from rl.checkpoint.run_dir import RunDirBusy
     from rl.loop.tenants import Tenants
@@ -48,7 +54,7 @@ def train_tenants(config_paths: list[str], resume_dirs: list[Path], overrides: d
             lock.release()
         return fail(str(exc), 2)
     try:
-        results = asyncio.run(tenants.run())
+        results = interruptible.run(tenants.run())
     except KeyboardInterrupt:
         return fail("interrupted; the tenants' actors stopped (resume each from its last checkpoint)", 130)
     except (OSError, RuntimeError, TimeoutError) as exc:  # the shared actors did not start

@@ -37,9 +37,23 @@ def train_command(args: argparse.Namespace, extra: list[str], argv: list[str]) -
         return _train_guarded(argv, run_dir_to_guard)
     from rl.processes.interrupts import InterruptibleRun
 
-    # before any other thread starts (numpy, Monarch): see rl/processes/interrupts.py
+    # before any other thread starts (torch, numpy, Monarch): see rl/processes/interrupts.py
     interruptible = InterruptibleRun()
+    if (tenants := tenants_of(args)) is not None:  # the check of a resumed run reads its checkpoint with torch
+        from rl.commands.tenants import train_tenants
+
+        return train_tenants(*tenants, parse_overrides(extra), interruptible)
     return _on_config(args, extra, lambda config, resume_from: _train_locked(args, config, resume_from, interruptible))
+
+
+def tenants_of(args: argparse.Namespace) -> tuple[list[str], list[Path]] | None:
+    """The configs and run directories of a `train` of LoRA tenants (several, or the resume of one tenant), else None."""
+    from rl.commands.tenants import is_tenant_run
+
+    configs, resumes = getattr(args, "config_all", []), getattr(args, "resume_all", [])
+    if len(configs) + len(resumes) > 1 or (resumes and not configs and is_tenant_run(resumes[0])):
+        return configs, resumes
+    return None
 
 
 def validate_command(args: argparse.Namespace, extra: list[str], argv: list[str]) -> int:

@@ -205,11 +205,14 @@ class TrainerRecovery:
         run_dir = controller.run_dir
         try:
             newest = await asyncio.to_thread(checkpoint.newest_loadable, run_dir)
-        except FileNotFoundError as exc:
-            raise TrainerLost(
-                f"the trainer was lost before the run committed a checkpoint ({self.lost}): nothing to recover from; "
-                "checkpoint.every_steps = N keeps one every N steps"
-            ) from exc
+        except FileNotFoundError as exc:  # none committed, or every one damaged (each named on stderr)
+            why = (
+                f"{exc}; start the run again"
+                if checkpoint.committed_checkpoints(run_dir)
+                else "the run committed no checkpoint before it: nothing to recover from or to resume, start the run "
+                "again (checkpoint.every_steps = N keeps a checkpoint every N steps)"
+            )
+            raise TrainerLost(f"the trainer was lost ({self.lost}); {why}") from exc
         self._say(f"recovery {self.count} of {self.budget}: a new trainer loads checkpoint {newest.name}")
         # no replacement generator loads a version while the trainer is replaced: the lost trainer's weight files are
         # removed, and the version it would load is rewound; it loads the recovered one after this sync

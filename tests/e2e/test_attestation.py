@@ -7,6 +7,7 @@ Each sync goes through the generator's own functions: the version's bytes in a s
 published."""
 
 import asyncio
+import functools
 import os
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from actors.engine_loop import EngineLoop
-from actors.generator import AttestationFailed, attest_loaded, engine_args, load_weights
+from actors.generator import AttestationFailed, attest_loaded, engine_args, load_weights, reload_proven
 from rl.assets import resolve_model_path
 from rl.config import load_config
 from rl.weights.attestation import fingerprint_state_dict
@@ -168,16 +169,20 @@ async def test_a_rolled_back_version_counter_is_detected(engine, versions):
 
 
 async def test_a_refused_sync_leaves_the_engine_closed(engine, versions):
-    """The generator raises inside the pause when a verdict fails: no waiting request may run on those weights."""
+    """The generator's reload (`reload_proven`, as `Generator.update_weights` calls it) of a tampered publish, version
+    1's bytes where version 2's fingerprints were published, refuses it inside the engine's pause: the engine stays
+    closed, so no waiting request runs on those weights."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     llm, loop = engine
     await reset(llm, loop, versions, 1)
-    with pytest.raises(AttestationFailed):
-        async with loop.pause("finish", 2):
-            await loop.call(load_weights, llm, publish(versions[1], "refused"))
-            raise AttestationFailed("stale")
+    load = functools.partial(loop.call, load_weights, llm, publish(versions[1], "refused"))
+    prove = functools.partial(attest_loaded, loop, llm, fingerprint_state_dict(versions[2], 2))
+    with pytest.raises(AttestationFailed) as refused:
+        await asyncio.wait_for(reload_proven(loop, "finish", 2, load, prove), DEADLINE_S)
+    verdict = refused.value.verdict
+    assert not verdict.attested and {failure.split(":")[0] for failure in verdict.failures} == set(versions[2])
     assert loop.refused
     waiting = asyncio.ensure_future(
         loop.generate(TokensPrompt(prompt_token_ids=[1, 2, 3]), SamplingParams(max_tokens=2, detokenize=False))

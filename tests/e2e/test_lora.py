@@ -4,8 +4,9 @@ policy, not the base model; every sync is attested on the adapter vLLM holds, a 
 the version (it never serves it) and the run's refusal hook replaces it, and a sync whose adapter does not reach the
 generators stops the run.
 
-One controller run (6 steps, `trainer.lora` rank 8 on every linear layer, lr 1e-2 so that the adapters move the policy
-visibly) is shared by the tests; a run whose trainer is SIGKILLed midway must write its metrics and tokens.
+One controller run (6 steps, `trainer.lora` rank 8 and alpha 12 on every linear layer, lr 1e-2 so that the adapters
+move the policy visibly) is shared by the tests; a run whose trainer is SIGKILLed midway must write its metrics and
+tokens.
 """
 
 import asyncio
@@ -35,6 +36,9 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
 DEADLINE_S = 600
 RANK = 8
+ALPHA = 12.0
+"""alpha / rank = 1.5: not the shipped configs' 2, nor a power of two (vLLM's stored B x 1.5 is rounded, so the
+attestation compares it within its dtype's rounding; the merged export rounds W + 1.5 B A once)."""
 STEPS = 6
 LINEAR_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -48,7 +52,7 @@ LORA_RUN = (
     "--trainer.lora.rank",
     str(RANK),
     "--trainer.lora.alpha",
-    str(2 * RANK),
+    str(ALPHA),
     "--trainer.lr",
     "1e-2",
 )

@@ -210,3 +210,35 @@ def test_a_recovery_reads_the_checkpoints_only_once_a_commit_under_way_has_ended
     with pytest.raises(ReachedTheReplacement):
         asyncio.run(run())
     assert held.outcomes == ["step_00000001"]
+
+
+@pytest.mark.parametrize("committed", ["none", "every one damaged"])
+def test_a_loss_with_no_loadable_checkpoint_stops_the_run_saying_there_is_nothing_to_resume(tmp_path, committed):
+    """Nothing to recover from is nothing to resume either: the message says to start again, never to resume."""
+
+    async def lost():
+        raise DeadlineMissed("trainer train step took longer than trainer.call_timeout_s=1 s")
+
+    controller = StandInController(2, lost)
+    if committed == "none":
+        controller.run_dir = tmp_path / "run"
+        controller.run_dir.mkdir()
+    else:
+        controller.run_dir = fake_run(tmp_path, [1])
+        (controller.run_dir / "checkpoints" / "step_00000001" / "run_state.json").write_text("{}")
+    controller.state = SimpleNamespace(step=2)
+    controller.checkpoints = SimpleNamespace(settled=lambda stop=False: asyncio.sleep(0))
+    with pytest.raises(TrainerLost) as raised:
+        asyncio.run(TrainerRecovery(controller).train())
+    message = str(raised.value)
+    assert message.startswith("the trainer was lost (DeadlineMissed('trainer train step took longer")
+    assert RESUME_HINT not in message and "--resume" not in message
+    if committed == "none":
+        assert message.endswith(
+            "the run committed no checkpoint before it: nothing to recover from or to resume, start the run again "
+            "(checkpoint.every_steps = N keeps a checkpoint every N steps)"
+        )
+    else:
+        assert message.endswith(
+            "every committed checkpoint is damaged (see the warnings above); nothing to resume; start the run again"
+        )
