@@ -236,7 +236,13 @@ class TenantRoles(Roles):
         self.generators = TenantService(shared.generators, self.tenant)
         self.trainer_pids = shared.trainer_pids
         model_paths = {name: model.path for name, model in config.models.items()}
-        reward_args = (config.tasks, config.run.reward_concurrency, model_paths, config.generator.eval_sampling)
+        reward_args = (
+            config.tasks,
+            config.run.reward_concurrency,
+            model_paths,
+            config.generator.eval_sampling,
+            config.run.seed,
+        )
         self.reward = Service(
             f"reward_{self.tenant}",
             RewardActor,
