@@ -19,12 +19,18 @@ reload resubmits it); a reload that fails leaves the engine closed for good (`re
 Requests belong to a `Lane`: the version and adapter they run under, paused together. An engine serving one policy has
 one lane; one serving LoRA tenants has one per tenant (`actors.tenant_engine`), and a pause then holds back and waits
 for that lane's requests alone.
+
+Requests take turns on the engine by lane: a lane's requests enter only while no other lane's are on it (lanes waiting
+go in the order they asked, and the lane on the engine adds no more while another waits). vLLM's CPU LoRA path fails a
+step whose batch mixes adapters (an `einsum` size mismatch in its `bgmv` ops), and scores prompt tokens (prompt logprobs)
+through an adapter only in a step that holds nothing else, so a request made `alone` takes a turn of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -88,6 +94,8 @@ class EngineRequest:
     params: Any
     output: asyncio.Future
     lane: Lane
+    turn: object
+    """Requests of one turn share the engine's steps: the lane's name, or a token of the request's own (`alone`)."""
     version: int = 0
     """Weights version the request was last (re)submitted under: the one that samples the tokens of this submission."""
     latest: Any = None
@@ -144,6 +152,12 @@ class EngineLoop:
         self._work = asyncio.Event()  # set when a request was added
         self._stepping = asyncio.Lock()  # held by the loop around each step; a pause takes it to stop stepping
         self._loop_task: asyncio.Task | None = None
+        self._holder: object = None
+        """The turn whose requests are on the engine (None: no request is)."""
+        self._on_engine: Counter[object] = Counter()  # turn -> its requests on the engine
+        self._waiting: list[object] = []  # turns asking to enter, in order (once per request)
+        self._turns = asyncio.Condition()
+        self._handing_on: set[asyncio.Future] = set()
         self.refused = False
         """A weight update failed half-way or did not prove its version: the engine takes no more requests."""
 
@@ -160,14 +174,15 @@ class EngineLoop:
         """Run `fn` on the engine thread (every engine access goes through here)."""
         return await asyncio.get_running_loop().run_in_executor(self._thread, lambda: fn(*args, **kwargs))
 
-    async def generate(self, prompt: Any, params: Any, lane: Lane | None = None) -> Finished:
+    async def generate(self, prompt: Any, params: Any, lane: Lane | None = None, alone: bool = False) -> Finished:
         """One request's finished output and the weights version of each of its tokens; `lane`: the version and adapter
-        it runs under (None: `self.lane`)."""
+        it runs under (None: `self.lane`); `alone`: no other request shares the engine's steps while it is on it."""
         lane = self.lane if lane is None else lane
         await lane.open.wait()
         if self._loop_task is None:
             self._loop_task = asyncio.create_task(self._drive())
-        request = EngineRequest(prompt, params, asyncio.get_running_loop().create_future(), lane)
+        turn = object() if alone else lane.name
+        request = EngineRequest(prompt, params, asyncio.get_running_loop().create_future(), lane, turn)
         lane.enter()
         try:
             await self._submit(request)
@@ -178,11 +193,38 @@ class EngineLoop:
             raise
         return await request.output
 
+    def _may_enter(self, turn: object) -> bool:
+        if self._holder is None:
+            return self._waiting[0] == turn
+        return self._holder == turn and all(waiting == turn for waiting in self._waiting)
+
     async def _take_turn(self, request: EngineRequest) -> None:
-        """Wait until `request` may go on the engine (at once here; `actors.tenant_engine` keeps lanes apart)."""
+        """Wait until the request's turn may use the engine and count one more of its requests on it."""
+        async with self._turns:
+            self._waiting.append(request.turn)
+            try:
+                await self._turns.wait_for(lambda: self._may_enter(request.turn))
+            except asyncio.CancelledError:  # it never runs: the turns asking after it must not wait behind it
+                self._waiting.remove(request.turn)
+                self._turns.notify_all()
+                raise
+            self._waiting.remove(request.turn)
+            self._holder = request.turn
+            self._on_engine[request.turn] += 1
 
     def _left_engine(self, request: EngineRequest) -> None:
-        """`request` left the engine (finished, failed or aborted): nothing here; a turn ends in `actors.tenant_engine`."""
+        """`request` left the engine (finished, failed or aborted); the last of its turn hands the engine on."""
+        self._on_engine[request.turn] -= 1
+        if self._on_engine[request.turn] == 0 and self._holder == request.turn:
+            del self._on_engine[request.turn]
+            self._holder = None
+            handing_on = asyncio.ensure_future(self._hand_on())
+            self._handing_on.add(handing_on)
+            handing_on.add_done_callback(self._handing_on.discard)
+
+    async def _hand_on(self) -> None:
+        async with self._turns:
+            self._turns.notify_all()
 
     def _off_engine(self, request: EngineRequest) -> None:
         if request.on_engine:

@@ -391,7 +391,10 @@ class Generator(MetricsActor, ServiceReplica):
         from vllm.inputs import TokensPrompt
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
-        output = (await self.engine.generate(TokensPrompt(prompt_token_ids=token_ids), params, lane)).output
+        # vLLM maps adapters to logits one row per request, so an adapter scores prompt tokens only in a step of its own
+        served_through_adapters = self.llm.llm_engine.vllm_config.lora_config is not None
+        prompt = TokensPrompt(prompt_token_ids=token_ids)
+        output = (await self.engine.generate(prompt, params, lane, alone=served_through_adapters)).output
         return [0.0] + [
             position[token_id].logprob for position, token_id in zip(output.prompt_logprobs[1:], token_ids[1:])
         ]

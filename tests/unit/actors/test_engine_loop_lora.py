@@ -64,3 +64,47 @@ async def test_a_request_resubmitted_at_a_reload_runs_on_the_new_adapter():
         await loop.close()
     assert version == 2
     assert engine.submitted == [("in flight", None), ("in flight", "adapter-v2")]
+
+
+class TwoStepEngine(RecordingEngine):
+    """Finishes each request on its second step, and records which prompts each step held."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps: list[list[str]] = []
+        self.prompts: dict[str, str] = {}
+        self.seen: set[str] = set()
+
+    def add_request(self, request_id, prompt, params, lora_request=None):
+        super().add_request(request_id, prompt, params, lora_request)
+        self.prompts[request_id] = prompt
+
+    def step(self):
+        self.steps.append(sorted(self.prompts[request_id] for request_id in self.pending))
+        finished = [request_id for request_id in self.pending if request_id in self.seen]
+        self.seen.update(self.pending)
+        self.pending = [request_id for request_id in self.pending if request_id not in finished]
+        return [
+            SimpleNamespace(
+                request_id=request_id, finished=True, outputs=[SimpleNamespace(token_ids=[7], logprobs=None)]
+            )
+            for request_id in finished
+        ]
+
+
+@pytest.mark.asyncio
+async def test_a_request_made_alone_waits_for_the_engine_to_empty_and_steps_by_itself():
+    """The requests on the engine finish; those that ask after it wait for it, then share their steps again."""
+    engine = TwoStepEngine()
+    loop = EngineLoop(engine)
+    try:
+        first = [asyncio.create_task(loop.generate(f"first {i}", None)) for i in range(2)]
+        while not engine.steps:
+            await asyncio.sleep(0.001)
+        probe = asyncio.create_task(loop.generate("probe", None, alone=True))
+        await asyncio.sleep(0)
+        after = [asyncio.create_task(loop.generate(f"after {i}", None)) for i in range(2)]
+        await asyncio.wait_for(asyncio.gather(*first, probe, *after), 10)
+    finally:
+        await loop.close()
+    assert engine.steps == [["first 0", "first 1"]] * 2 + [["probe"]] * 2 + [["after 0", "after 1"]] * 2
