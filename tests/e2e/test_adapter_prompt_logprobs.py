@@ -23,7 +23,7 @@ from rl.config import load_config
 from rl.config.lora import LoraConfig
 from rl.loop.resolve import resolve_config
 from rl.loop.roles import SYNC_PROBE
-from tests.support.inprocess_engine import werkzeug_proxies_hidden
+from tests.support.inprocess_engine import step_sizes, werkzeug_proxies_hidden
 from tests.support.paths import E2E_CONFIGS
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
@@ -78,24 +78,16 @@ async def prompt_logprobs(loop: EngineLoop, alone: bool) -> list[float]:
     return [0.0] + [position[token].logprob for position, token in zip(output.prompt_logprobs[1:], SYNC_PROBE[1:])]
 
 
-async def decoding(llm, loop: EngineLoop) -> tuple[asyncio.Task, list[int]]:
-    """Eight requests through the adapter, on the engine and decoding when this returns; and the size of each step."""
+async def decoding(loop: EngineLoop, batch_sizes: list[int]) -> asyncio.Future:
+    """Eight requests through the adapter, on the engine and decoding when this returns."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    batch_sizes = []
-    step = llm.llm_engine.step
-
-    def counting_step():
-        batch_sizes.append(llm.llm_engine.get_num_unfinished_requests())
-        return step()
-
-    llm.llm_engine.step = counting_step
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True, detokenize=False)
     requests = asyncio.gather(*(loop.generate(TokensPrompt(prompt_token_ids=p), params) for p in PROMPTS))
     while not batch_sizes:
         await asyncio.sleep(0.01)
-    return requests, batch_sizes
+    return requests
 
 
 async def serve(llm, loop, folder):
@@ -113,10 +105,10 @@ async def test_prompt_logprobs_through_an_adapter_get_a_step_of_their_own_while_
     await serve(llm, loop, folder)
     alone = await prompt_logprobs(loop, alone=True)
 
-    others, batch_sizes = await decoding(llm, loop)
-    beside_others = await asyncio.wait_for(prompt_logprobs(loop, alone=True), 120)
-    finished = await asyncio.wait_for(others, 120)
-    llm.llm_engine.step = type(llm.llm_engine).step.__get__(llm.llm_engine)
+    with step_sizes(llm) as batch_sizes:
+        others = await decoding(loop, batch_sizes)
+        beside_others = await asyncio.wait_for(prompt_logprobs(loop, alone=True), 120)
+        finished = await asyncio.wait_for(others, 120)
 
     assert max(abs(a - b) for a, b in zip(alone, expected)) < 1e-4  # the adapter is applied, as peft applies it
     assert beside_others == alone
@@ -128,8 +120,9 @@ async def test_prompt_logprobs_through_an_adapter_get_a_step_of_their_own_while_
 async def test_without_a_step_of_their_own_vllm_fails_the_whole_step(engine, adapter):
     """The defect the step of their own avoids (should vLLM fix it, `alone` can go)."""
     llm, loop = engine
-    others, _ = await decoding(llm, loop)
-    with pytest.raises(RuntimeError, match="einsum"):
-        await asyncio.wait_for(prompt_logprobs(loop, alone=False), 120)
-    with pytest.raises(RuntimeError, match="einsum"):  # the decoding requests fail with the probe's step
-        await asyncio.wait_for(others, 120)
+    with step_sizes(llm) as batch_sizes:
+        others = await decoding(loop, batch_sizes)
+        with pytest.raises(RuntimeError, match="einsum"):
+            await asyncio.wait_for(prompt_logprobs(loop, alone=False), 120)
+        with pytest.raises(RuntimeError, match="einsum"):  # the decoding requests fail with the probe's step
+            await asyncio.wait_for(others, 120)

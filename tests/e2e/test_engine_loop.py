@@ -16,7 +16,7 @@ from actors.generator import engine_args
 from rl.assets import resolve_model_path
 from rl.config import load_config
 from rl.loop.resolve import resolve_config
-from tests.support.inprocess_engine import werkzeug_proxies_hidden
+from tests.support.inprocess_engine import step_sizes, werkzeug_proxies_hidden
 from tests.support.paths import E2E_CONFIGS
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
@@ -74,18 +74,8 @@ async def load(llm, loop, state_dict, mode, version):
 
 async def test_concurrent_callers_share_engine_steps(engine):
     llm, loop = engine
-    batch_sizes = []
-    step = llm.llm_engine.step
-
-    def counting_step():
-        batch_sizes.append(llm.llm_engine.get_num_unfinished_requests())
-        return step()
-
-    llm.llm_engine.step = counting_step
-    try:
+    with step_sizes(llm) as batch_sizes:
         outputs = await run(loop, PROMPTS)
-    finally:
-        llm.llm_engine.step = step
     assert [len(tokens) for tokens, _ in outputs] == [24] * len(PROMPTS)
     assert max(batch_sizes) == len(PROMPTS)  # all six decoded together, not one after another
     assert len(batch_sizes) < 2 * 24

@@ -1,9 +1,10 @@
 """Starting a vLLM engine in the pytest process (the Generator actor's engine, without its actor), as
-tests/e2e/test_engine_loop.py and tests/e2e/test_attestation.py do."""
+tests/e2e/test_engine_loop.py and tests/e2e/test_attestation.py do, and watching its steps."""
 
 import contextlib
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -30,3 +31,21 @@ def werkzeug_proxies_hidden() -> Iterator[None]:
         yield
     finally:
         sys.modules.update(hidden)
+
+
+@contextlib.contextmanager
+def step_sizes(llm: Any) -> Iterator[list[int]]:
+    """While inside: the number of unfinished requests at each step of `llm`'s engine, appended as it steps."""
+    engine = llm.llm_engine
+    sizes: list[int] = []
+    step = engine.step
+
+    def counting_step():
+        sizes.append(engine.get_num_unfinished_requests())
+        return step()
+
+    engine.step = counting_step
+    try:
+        yield sizes
+    finally:
+        del engine.step  # the class's step again

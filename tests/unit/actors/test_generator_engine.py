@@ -2,6 +2,9 @@
 workers each bound to its own cores, and every worker able to load weights by handle."""
 
 import os
+from types import SimpleNamespace
+
+import pytest
 
 from actors.generator import engine_args, engine_environment
 from rl.config import load_config
@@ -65,3 +68,22 @@ def test_user_stop_tokens_join_the_renderers_end_of_turn_tokens():
     params = sampling_params(config.generator.sampling, request, [151643, 151645])
     assert params.stop_token_ids == [42, 151643, 151645]
     assert sampling_params(load_config(TINY).generator.sampling, request, [151645]).stop_token_ids == [151645]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("lora_config", [None, object()])
+async def test_the_generator_scores_a_prompt_in_a_step_of_its_own_only_through_adapters(lora_config):
+    """vLLM maps adapters to logits one row per request: prompt logprobs through one need a step to themselves."""
+    from actors.generator import Generator
+
+    calls = []
+
+    async def generate(prompt, params, lane=None, alone=False):
+        calls.append(alone)
+        logprobs = [None] + [{token: SimpleNamespace(logprob=-1.0)} for token in prompt["prompt_token_ids"][1:]]
+        return SimpleNamespace(output=SimpleNamespace(prompt_logprobs=logprobs))
+
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=SimpleNamespace(lora_config=lora_config)))
+    generator = SimpleNamespace(llm=llm, engine=SimpleNamespace(generate=generate))
+    assert await Generator._prompt_logprobs(generator, [5, 6, 7]) == [0.0, -1.0, -1.0]
+    assert calls == [lora_config is not None]
