@@ -1,5 +1,6 @@
 """How the generator starts vLLM: worker processes spawned (never forked from Monarch's runtime), tensor-parallel CPU
-workers each bound to its own cores, and every worker able to load weights by handle."""
+workers each bound to its own cores, every worker able to load weights by handle; and how it asks the engine for a
+prompt's logprobs."""
 
 import os
 from types import SimpleNamespace
