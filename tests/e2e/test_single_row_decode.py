@@ -19,7 +19,7 @@ from tests.support.inprocess_engine import werkzeug_proxies_hidden
 from tests.support.paths import CONFIGS
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712, 8182, 2]
-OTHER = PROMPT[:12] + [282, 216, 41, 42] + PROMPT[12:]
+OTHER = [*PROMPT[:12], 282, 216, 41, 42, *PROMPT[12:]]
 TOKENS = 12
 
 
