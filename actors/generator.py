@@ -95,30 +95,6 @@ def lora_engine_args(lora: LoraConfig | None, slots: int = 1) -> dict[str, Any]:
     return dict(enable_lora=True, max_lora_rank=max_rank, max_loras=slots + 1, max_cpu_loras=slots + 1)
 
 
-def single_rows_as_in_a_batch(worker: Any) -> None:
-    """Run in each vLLM worker (`LLM.collective_rpc`): its CPU linear layers compute a one-row input as two copies of
-    the row and keep the first.
-
-    oneDNN's fp32 matmul takes another kernel for one row than for several, with other bits (SmolLM2's down projection,
-    1536 inputs: `tests/unit/actors/test_tenant_batch_invariance.py`), so a request decoding alone got other logprobs than
-    beside other requests: its numbers depended on what else the engine ran (a LoRA tenant's on the other tenants', a
-    run's on its requests' timing). Two rows take the batch kernel, whose rows do not depend on each other."""
-    from vllm import _custom_ops as ops
-
-    onednn_mm = ops.onednn_mm
-    if getattr(onednn_mm, "single_rows_as_in_a_batch", False):
-        return
-
-    def matmul(handler: Any, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        rows = x.reshape(-1, handler.k)  # [tokens, in]
-        if rows.shape[0] != 1:
-            return onednn_mm(handler, x, bias)
-        return onednn_mm(handler, rows.expand(2, -1).contiguous(), bias)[:1].reshape(*x.shape[:-1], handler.n)
-
-    matmul.single_rows_as_in_a_batch = True
-    ops.onednn_mm = matmul
-
-
 def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> dict[str, str]:
     """Environment variables vLLM reads when the engine starts (set in the generator's process before it does).
 
@@ -293,7 +269,7 @@ class Generator(MetricsActor, ServiceReplica):
         base = resolve_model_path(model_path)
         self.llm = LLM(model=base, **engine_args(generator_config), **lora_engine_args(lora, lora_slots))
         if generator_config.device == "cpu":
-            self.llm.collective_rpc(single_rows_as_in_a_batch)
+            self.llm.collective_rpc("single_rows_as_in_a_batch")  # in every worker (`rl.processes.single_rows`)
         self.adapters = self._adapter_folders(lora, base)
         """Set for a LoRA policy: versions arrive as adapters, served through vLLM's LoRA support."""
         self.engine = self._engine_loop()

@@ -2,7 +2,7 @@
 LoRA runs) on a real in-process vLLM, one greedy request decoded alone and beside another.
 
 oneDNN's fp32 matmul computes one row with other bits than the same row in a batch, so without the generators'
-`single_rows_as_in_a_batch` a request that decodes alone (the last of a batch, a LoRA tenant's request whose turn holds
+`rl.processes.single_rows` a request that decodes alone (the last of a batch, a LoRA tenant's request whose turn holds
 it alone) gets other logprobs from its second token on than beside others; a tenant's run then differs from its solo
 run wherever their batches differ."""
 
@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from actors.generator import engine_args, lora_engine_args, single_rows_as_in_a_batch
+from actors.generator import engine_args, lora_engine_args
 from rl.assets import resolve_model_path
 from rl.config import load_config
 from rl.config.lora import LoraConfig
@@ -58,5 +58,5 @@ def test_a_request_decoding_alone_gets_the_logprobs_it_gets_beside_another(llm):
     alone, beside = logprobs(llm, [PROMPT]), logprobs(llm, [PROMPT, OTHER])
     assert alone[0] == beside[0] and alone != beside  # oneDNN: the prompt's step agrees, the one-row decode steps not
 
-    llm.collective_rpc(single_rows_as_in_a_batch)
+    llm.collective_rpc("single_rows_as_in_a_batch")  # as a CPU generator does at its start
     assert logprobs(llm, [PROMPT]) == logprobs(llm, [PROMPT, OTHER]) == beside  # a batch's bits, alone too

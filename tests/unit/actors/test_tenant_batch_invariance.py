@@ -1,7 +1,7 @@
 """What lets LoRA tenants share a vLLM batch and still sample their solo runs' tokens on a CPU: vLLM's CPU kernels for
 a linear layer (oneDNN, fp32) and for the LoRA adapters (`bgmv`: one einsum over the batch) give each row the same bits
 whatever other rows share its batch, once a single row is computed as in a batch (oneDNN gives one row other bits:
-`actors.generator.single_rows_as_in_a_batch`). Were a kernel's reduction order to depend on the batch size, a tenant's
+`rl.processes.single_rows`). Were a kernel's reduction order to depend on the batch size, a tenant's
 logprobs would depend on the other tenants' requests (`tests/e2e/test_tenants.py` would fail), and this test names
 which."""
 
@@ -19,11 +19,11 @@ SMOLLM2 = [(576, 576), (192, 576), (1536, 576), (576, 1536), (49152, 576)]
 
 @pytest.fixture
 def single_rows_as_in_a_batch():
-    """vLLM's oneDNN matmul as the generators run it (`actors.generator.single_rows_as_in_a_batch`), for one test."""
-    from actors.generator import single_rows_as_in_a_batch
+    """vLLM's oneDNN matmul as the generators run it (`rl.processes.single_rows`), for one test."""
+    from rl.processes.single_rows import single_rows_as_in_a_batch
 
     onednn_mm = ops.onednn_mm
-    single_rows_as_in_a_batch(None)
+    single_rows_as_in_a_batch()
     yield
     ops.onednn_mm = onednn_mm
 
