@@ -20,8 +20,10 @@ Requests belong to a `Lane`: the version and adapter they run under, paused toge
 one lane; one serving LoRA tenants has one per tenant (`actors.tenant_engine`), and a pause then holds back and waits
 for that lane's requests alone.
 
-Requests take turns on the engine by lane: a lane's requests enter only while no other lane's are on it (lanes waiting
-go in the order they asked, and the lane on the engine adds no more while another waits). vLLM's CPU LoRA path fails a
+Requests take turns on the engine by lane: a lane's requests enter only while no other lane's are on it. Lanes waiting
+go in the order they asked; a lane whose turn comes brings in all of its requests waiting then, together, and adds no
+more while another lane waits (one request a turn would decode every request alone, at a batch of one: slow, and on
+other kernel paths than a batch's, `tests/unit/actors/test_tenant_batch_invariance.py`). vLLM's CPU LoRA path fails a
 step whose batch mixes adapters (an `einsum` size mismatch in its `bgmv` ops), and scores prompt tokens (prompt logprobs)
 through an adapter only in a step that holds nothing else, so a request made `alone` takes a turn of its own.
 """
@@ -155,7 +157,9 @@ class EngineLoop:
         self._holder: object = None
         """The turn whose requests are on the engine (None: no request is)."""
         self._on_engine: Counter[object] = Counter()  # turn -> its requests on the engine
-        self._waiting: list[object] = []  # turns asking to enter, in order (once per request)
+        self._waiting: list[EngineRequest] = []  # requests asking to enter, in order
+        self._admitted: set[int] = set()
+        """Ids of the waiting requests the turn on the engine brought in when it took the engine: they enter with it."""
         self._turns = asyncio.Condition()
         self._handing_on: set[asyncio.Future] = set()
         self.refused = False
@@ -193,23 +197,33 @@ class EngineLoop:
             raise
         return await request.output
 
-    def _may_enter(self, turn: object) -> bool:
+    def _may_enter(self, request: EngineRequest) -> bool:
         if self._holder is None:
-            return self._waiting[0] == turn
-        return self._holder == turn and all(waiting == turn for waiting in self._waiting)
+            return self._waiting[0] is request
+        if self._holder != request.turn:
+            return False
+        return id(request) in self._admitted or all(waiting.turn == request.turn for waiting in self._waiting)
+
+    def _stop_waiting(self, request: EngineRequest) -> None:
+        self._waiting = [waiting for waiting in self._waiting if waiting is not request]
+        self._admitted.discard(id(request))
 
     async def _take_turn(self, request: EngineRequest) -> None:
-        """Wait until the request's turn may use the engine and count one more of its requests on it."""
+        """Wait until the request's turn may use the engine and count one more of its requests on it; the request
+        that takes the engine for its turn brings in the turn's other waiting requests."""
         async with self._turns:
-            self._waiting.append(request.turn)
+            self._waiting.append(request)
             try:
-                await self._turns.wait_for(lambda: self._may_enter(request.turn))
+                await self._turns.wait_for(lambda: self._may_enter(request))
             except asyncio.CancelledError:  # it never runs: the turns asking after it must not wait behind it
-                self._waiting.remove(request.turn)
+                self._stop_waiting(request)
                 self._turns.notify_all()
                 raise
-            self._waiting.remove(request.turn)
-            self._holder = request.turn
+            self._stop_waiting(request)
+            if self._holder is None:
+                self._holder = request.turn
+                self._admitted = {id(waiting) for waiting in self._waiting if waiting.turn == request.turn}
+                self._turns.notify_all()
             self._on_engine[request.turn] += 1
 
     def _left_engine(self, request: EngineRequest) -> None:
@@ -218,6 +232,7 @@ class EngineLoop:
         if self._on_engine[request.turn] == 0 and self._holder == request.turn:
             del self._on_engine[request.turn]
             self._holder = None
+            self._admitted = set()
             handing_on = asyncio.ensure_future(self._hand_on())
             self._handing_on.add(handing_on)
             handing_on.add_done_callback(self._handing_on.discard)

@@ -194,13 +194,15 @@ async def reload_proven(
     load: Callable[[], Awaitable[None]],
     prove: Callable[[int], Awaitable[Verdict]] | None,
     lora_request: Any = None,
+    lane: Lane | None = None,
 ) -> Verdict | None:
-    """Reload `policy_version` in the engine's pause (`load`) and, with `prove` (given the version served before),
-    attest it there before the engine takes another request. A verdict that fails raises `AttestationFailed` inside the
-    pause: the engine stays refused for good, so no request waiting for it runs on weights that did not prove the
-    version (the caller replaces the replica)."""
-    previous_version = engine.version
-    async with engine.pause(mode, policy_version, lora_request=lora_request):
+    """Reload `policy_version` of `lane` (None: the engine's one lane) in its pause (`load`) and, with `prove` (given
+    the version served before), attest it there before the lane takes another request. A verdict that fails raises
+    `AttestationFailed` inside the pause: the lane stays closed for good, so no request waiting for it runs on weights
+    that did not prove the version (the caller replaces the replica, or stops the LoRA tenant the lane serves)."""
+    lane = engine.lane if lane is None else lane
+    previous_version = lane.version
+    async with engine.pause(mode, policy_version, lora_request=lora_request, lane=lane):
         await load()
         verdict = await prove(previous_version) if prove is not None else None
         if verdict is not None and not verdict.attested:
@@ -266,15 +268,29 @@ class Generator(MetricsActor, ServiceReplica):
         self.policy_version = 0
         base = resolve_model_path(model_path)
         self.llm = LLM(model=base, **engine_args(generator_config), **lora_engine_args(lora, lora_slots))
-        self.adapters = AdapterFolders(lora, base) if lora is not None else None
+        if generator_config.device == "cpu":
+            self.llm.collective_rpc("single_rows_as_in_a_batch")  # in every worker (`rl.processes.single_rows`)
+        self.adapters = self._adapter_folders(lora, base)
         """Set for a LoRA policy: versions arrive as adapters, served through vLLM's LoRA support."""
-        self.engine = EngineLoop(self.llm.llm_engine)
+        self.engine = self._engine_loop()
         self.on_weight_update = generator_config.on_weight_update
-        self.weights = DeltaReceiver(weight_sync.WeightReceiver(weight_transport))
+        self.weights = self._weight_receiver(weight_transport)
         self._last_update: WeightUpdate | None = None
         name_process(str(replica) if replica else "generator")
         self.memory_role = replica.service if replica else "generator"  # "generator", or a frozen model's service
         reset_peaks()  # the steps' peaks start after the engine's start-up
+
+    def _adapter_folders(self, lora: LoraConfig | None, base: str) -> AdapterFolders | None:
+        """Where the policy's adapters are written for vLLM (None: the policy is the whole model)."""
+        return AdapterFolders(lora, base) if lora is not None else None
+
+    def _engine_loop(self) -> EngineLoop:
+        """The loop driving the engine: one lane, the policy's."""
+        return EngineLoop(self.llm.llm_engine)
+
+    def _weight_receiver(self, weight_transport: str) -> DeltaReceiver | weight_sync.WeightReceiver:
+        """How versions arrive: whole, or as deltas against the version held (`rl.weights.delta_sync`)."""
+        return DeltaReceiver(weight_sync.WeightReceiver(weight_transport))
 
     async def _generate_one(
         self, request: GenerationRequest, sampling: SamplingConfig, lane: Lane | None = None

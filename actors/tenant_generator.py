@@ -12,16 +12,16 @@ slot holds a NaN or an infinity.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from pathlib import Path
 
 import torch
 from monarch.actor import concurrent_endpoint
 
-from actors.generator import AttestationFailed, Generator, WeightUpdate, attest_adapter
+from actors.generator import AttestationFailed, Generator, WeightUpdate, attest_adapter, reload_proven
 from actors.tenant_engine import TenantEngineLoop
 from actors.tenant_trainer import weights_namespace
-from rl.assets import resolve_model_path
 from rl.config.lora import LoraConfig
 from rl.config.roles import GeneratorConfig, SamplingConfig
 from rl.processes.heap import return_free_heap_pages
@@ -54,19 +54,23 @@ class TenantGenerator(Generator):
         loras: dict[str, LoraConfig],
     ):
         """`loras`: each tenant's `[trainer.lora]`, by tenant name."""
+        self.loras = loras
+        self.tenant_index = {tenant: index for index, tenant in enumerate(loras)}
         widest = max(loras.values(), key=lambda lora: lora.rank)
         super().__init__(
             generator_config, model_path, weight_transport, stop_token_ids, replica, widest, lora_slots=len(loras)
         )
-        self.adapters.close()
-        self.adapters = None
-        self.weights.close()
-        self.weights = WeightReceiver(weight_transport)
+
+    def _adapter_folders(self, lora: LoraConfig | None, base: str) -> None:
+        """Each tenant's adapters are written in folders of its own (`tenant_adapters`); there is no one policy's."""
+        self.tenant_adapters = {tenant: AdapterFolders(lora, base) for tenant, lora in self.loras.items()}
+
+    def _engine_loop(self) -> TenantEngineLoop:
+        return TenantEngineLoop(self.llm.llm_engine, list(self.loras))
+
+    def _weight_receiver(self, weight_transport: str) -> WeightReceiver:
         """Adapters travel whole under each tenant's namespace, never as deltas (`rl.weights.delta.sends_deltas`)."""
-        base = resolve_model_path(model_path)
-        self.tenant_adapters = {tenant: AdapterFolders(lora, base) for tenant, lora in loras.items()}
-        self.tenant_index = {tenant: index for index, tenant in enumerate(loras)}
-        self.engine = TenantEngineLoop(self.llm.llm_engine, list(loras))
+        return WeightReceiver(weight_transport)
 
     def _adapter_ids(self, tenant: str) -> range:
         """The vLLM adapter ids of `tenant`'s versions."""
@@ -99,18 +103,21 @@ class TenantGenerator(Generator):
         folder = await asyncio.to_thread(folders.write, policy_version, state_dict)
         adapter_id = self._adapter_ids(tenant).start + lora_request_id(policy_version)
         adapter = LoRARequest(f"{tenant}-v{policy_version}", adapter_id, str(folder))
-        previous_version, verdict = lane.version, None
+        load = functools.partial(self._load_adapter, adapter, own=self._adapter_ids(tenant))
+        slot = {"lora_int_id": adapter_id, "scaling": folders.scaling, "lane": lane}
+        prove = functools.partial(attest_adapter, self.engine, self.llm, expected, **slot)
         try:
-            async with self.engine.pause(self.on_weight_update, policy_version, adapter, lane):
-                await self._load_adapter(adapter, own=self._adapter_ids(tenant))
-                if expected is not None:
-                    verdict = await attest_adapter(
-                        self.engine, self.llm, expected, previous_version, adapter_id, folders.scaling, lane
-                    )
-                    if not verdict.attested:
-                        raise AttestationFailed(verdict.summary())
-        except AttestationFailed:
-            return WeightUpdate(time.perf_counter() - start, verdict)
+            verdict = await reload_proven(
+                self.engine,
+                self.on_weight_update,
+                policy_version,
+                load,
+                None if expected is None else prove,
+                adapter,
+                lane,
+            )
+        except AttestationFailed as refused:  # the tenant's lane stays closed; the other tenants' serve on
+            return WeightUpdate(time.perf_counter() - start, refused.verdict)
         folders.keep_only(Path(adapter.lora_path))
         return_free_heap_pages()
         return WeightUpdate(time.perf_counter() - start, verdict)

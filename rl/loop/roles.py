@@ -170,24 +170,7 @@ class Roles:
         transport = config.weight_sync.transport
         lora = config.trainer.lora if config.trainer.lora.enabled else None
         self.generators = self._generator_service(Generator, stop_token_ids, lora)
-        model_paths = {name: model.path for name, model in config.models.items()}
-        reward_args = (
-            config.tasks,
-            config.run.reward_concurrency,
-            model_paths,
-            config.generator.eval_sampling,
-            config.run.seed,
-        )
-        self.reward = Service(
-            "reward",
-            RewardActor,
-            lambda replica: (*reward_args, replica),
-            replicas=config.services.reward.replicas,
-            config=config.services.reward,
-            spawn_procs=self.placement.replica_procs("reward"),
-            on_fatal=self.stop_run,
-            prepare=self._connect_models,
-        )
+        self.reward = self._reward_service("reward", self.placement)
         for name, model in config.models.items():
             args = (frozen_generator(config.generator, model), model.path, transport, stop_token_ids)
             self.frozen[name] = Service(
@@ -242,6 +225,29 @@ class Roles:
             prepare=self._load_policy,
             release="shutdown",
             spawn_procs=self.placement.replica_procs("generator", gpus_per_proc=config.generator.tensor_parallel_size),
+        )
+
+    def _reward_service(self, name: str, placement: Placement) -> Service:
+        """The run's reward service `name` on `placement`'s reward processes: each replica scores with the run's tasks
+        and rubrics, reaches its frozen models' services, and seeds its randomness with the run's seed and its id."""
+        config = self.config
+        model_paths = {model_name: model.path for model_name, model in config.models.items()}
+        reward_args = (
+            config.tasks,
+            config.run.reward_concurrency,
+            model_paths,
+            config.generator.eval_sampling,
+            config.run.seed,
+        )
+        return Service(
+            name,
+            RewardActor,
+            lambda replica: (*reward_args, replica),
+            replicas=config.services.reward.replicas,
+            config=config.services.reward,
+            spawn_procs=placement.replica_procs("reward"),
+            on_fatal=self.stop_run,
+            prepare=self._connect_models,
         )
 
     async def _start_store(self) -> None:

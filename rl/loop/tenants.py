@@ -23,7 +23,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-from actors.reward import RewardActor
 from actors.tenant_generator import TenantGenerator
 from actors.tenant_trainer import TenantSpec, TenantTrainer
 from rl.config import Config
@@ -155,6 +154,11 @@ class TenantService:
         """The shared service outlives each tenant (`Tenants.run` stops it)."""
 
 
+class AdapterRefused(RuntimeError):
+    """A tenant's adapter did not prove its version on a shared generator: the tenant stops. The replica is not
+    replaced: it serves the other tenants on, and only this tenant's lane on it is closed."""
+
+
 class _TenantRoute:
     def __init__(self, service: Service, name: str, tenant: str):
         self._service, self._name, self._tenant = service, name, tenant
@@ -163,7 +167,14 @@ class _TenantRoute:
         return await self._service.call(self._name, *args, self._tenant, key=key)
 
     async def fanout(self, *args: Any, timeout_s: float, refuse: Any = None) -> list[Any]:
-        return await self._service.broadcast(self._name, *args, self._tenant, timeout_s=timeout_s, refuse=refuse)
+        """The tenant's call on every healthy replica; a replica's answer that `refuse` names a reason for raises
+        `AdapterRefused` (a solo run replaces such a replica; here that would stop every tenant's requests on it, and
+        its replacement would load this tenant's unproven version again)."""
+        results = await self._service.broadcast(self._name, *args, self._tenant, timeout_s=timeout_s)
+        reasons = [reason for result in results if refuse is not None and (reason := refuse(result)) is not None]
+        if reasons:
+            raise AdapterRefused(f"tenant {self._tenant}: {self._name} refused on a shared generator: {reasons[0]}")
+        return results
 
 
 class SharedRoles(Roles):
@@ -230,28 +241,12 @@ class TenantRoles(Roles):
 
     async def start(self, stop_token_ids: list[int], planned_steps: int) -> None:
         """The tenant's reward service; the shared actors are already running."""
-        shared, config = self.shared, self.config
+        shared = self.shared
         self.run_log = shared.run_log
         self.trainer = TenantHandle(shared.trainer, self.tenant)
         self.generators = TenantService(shared.generators, self.tenant)
         self.trainer_pids = shared.trainer_pids
-        model_paths = {name: model.path for name, model in config.models.items()}
-        reward_args = (
-            config.tasks,
-            config.run.reward_concurrency,
-            model_paths,
-            config.generator.eval_sampling,
-            config.run.seed,
-        )
-        self.reward = Service(
-            f"reward_{self.tenant}",
-            RewardActor,
-            lambda replica: (*reward_args, replica),
-            replicas=config.services.reward.replicas,
-            config=config.services.reward,
-            spawn_procs=shared.placement.replica_procs("reward"),
-            on_fatal=self.stop_run,
-        )
+        self.reward = self._reward_service(f"reward_{self.tenant}", shared.placement)  # the hosts are the shared run's
         await self.reward.start()
         self._actors_ready = True
 

@@ -7,7 +7,8 @@ pickle memoryview objects"), which every tensor-parallel engine uses; with a han
 file and copies the bytes into its own shard of the model (`reload_weights` copies in place, so CUDA graphs
 stay valid). After a load, `fingerprint_loaded` measures what the worker's model holds
 (`rl.weights.vllm_attest`) so the generator can prove the version it serves; after a LoRA adapter's load,
-`fingerprint_adapter` measures the adapter in the worker's LoRA layers.
+`fingerprint_adapter` measures the adapter in the worker's LoRA layers. A CPU generator first has each worker compute
+single rows as in a batch (`single_rows_as_in_a_batch`, `rl.processes.single_rows`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ QUALNAME = "rl.weights.vllm_worker.WeightLoader"
 
 class WeightLoader:
     """Mixed into vLLM's worker class; `self` is the worker."""
+
+    def single_rows_as_in_a_batch(self) -> None:
+        """This worker's CPU linear layers give a row the same bits alone as in a batch (`rl.processes.single_rows`)."""
+        from rl.processes.single_rows import single_rows_as_in_a_batch
+
+        single_rows_as_in_a_batch()
 
     def load_shared_weights(self, message: dict) -> None:
         """Reload the model in place from the file `message` (a `SharedWeights.to_message()`) names."""

@@ -7,7 +7,8 @@ step 1 is done) and `tenant_e` (seed 3, an infinite learning rate: its adapter i
 loaded into the shared engine it would give the others' requests NaN logprobs). `tenant_a`
 and `tenant_b` must log the tokens and the metrics (all but timings and the shared services' counters) of their solo
 runs at staleness 0, with the others failing or stopped beside them; each tenant's syncs are attested on its own
-adapter, and a replica measuring one tenant's adapter against another tenant's fingerprints refuses it.
+adapter, and a replica measuring one tenant's adapter against another tenant's fingerprints refuses it: that tenant's
+sync fails, and the replica the tenants share is kept for the others.
 """
 
 import asyncio
@@ -18,7 +19,8 @@ import pytest_asyncio
 
 from rl.config import load_config
 from rl.loop.controller import Controller
-from rl.loop.tenants import Tenants
+from rl.loop.roles import SYNC_PROBE, refusal
+from rl.loop.tenants import AdapterRefused, Tenants, TenantService
 from tests.support.paths import TINY
 from tests.support.runs import assert_same_run, comparable, read_jsonl
 
@@ -76,8 +78,22 @@ async def runs(tmp_path_factory):
         results = await asyncio.wait_for(
             asyncio.gather(*(c.run() for c in tenants.controllers.values()), return_exceptions=True), DEADLINE_S
         )
-        # tenant a's adapter (its last version, published under its name) measured against tenant b's fingerprints
         shared = tenants.shared
+        # tenant b's adapter measured against tenant a's fingerprints through b's own view of the service, as its sync
+        # would be: b is refused alone, and the replica every tenant shares serves tenant a on, unchanged
+        view_a, view_b = (TenantService(shared.generators, name) for name in ("tenant_a", "tenant_b"))
+        a_before = await view_a.prompt_logprobs.route(SYNC_PROBE)
+        version_b = tenants.controllers["tenant_b"].state.policy_version
+        refused = None
+        try:
+            await view_b.update_weights.fanout(
+                version_b, shared.tenants["tenant_a"].published, timeout_s=DEADLINE_S, refuse=refusal
+            )
+        except AdapterRefused as exc:
+            refused = exc
+        replicas_after = (len(shared.generators.healthy), shared.generators.restarts)
+        a_after = await asyncio.wait_for(view_a.prompt_logprobs.route(SYNC_PROBE), DEADLINE_S)
+        # tenant a's adapter (its last version, published under its name) measured against tenant b's fingerprints
         version_a = tenants.controllers["tenant_a"].state.policy_version
         others = shared.tenants["tenant_b"].published
         generator = shared.generators.actors()[0]
@@ -92,6 +108,9 @@ async def runs(tmp_path_factory):
         "failures": {name: c.actor_failures for name, c in tenants.controllers.items()},
         "crossed": crossed,
         "others": others,
+        "refused": refused,
+        "replicas_after_refusal": replicas_after,
+        "a_around_refusal": (a_before, a_after),
     }
 
 
@@ -134,3 +153,10 @@ async def test_every_tenant_sync_is_attested_on_its_own_adapter(runs):
     named = {failure.split(":")[0] for failure in verdict.failures}
     others = runs["others"]
     assert set(others.tensors) <= named  # every tensor of the other tenant's adapter differs from this tenant's
+
+
+async def test_a_tenant_refused_by_the_shared_replica_stops_alone_and_the_replica_serves_the_others_on(runs):
+    assert isinstance(runs["refused"], AdapterRefused) and "tenant tenant_b" in str(runs["refused"]), runs["refused"]
+    assert runs["replicas_after_refusal"] == (1, 0)  # healthy replicas, restarts: the shared replica was not replaced
+    before, after = runs["a_around_refusal"]
+    assert after == before and len(after) == len(SYNC_PROBE)

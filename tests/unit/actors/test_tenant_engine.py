@@ -128,6 +128,34 @@ async def test_no_engine_step_holds_two_tenants_requests():
 
 
 @pytest.mark.asyncio
+async def test_a_tenants_waiting_requests_enter_together_when_its_turn_comes():
+    """Requests of three tenants asking at once: `a 0` takes the engine alone (nobody waited), then each tenant's turn
+    brings in every request of it waiting, so each steps as one batch (not one request a turn, which would decode every
+    request at a batch of one)."""
+    engine = RecordingEngine()
+    steps: list[list[str]] = []
+    step = engine.step
+
+    def recording_step():
+        steps.append(sorted(engine.pending.values()))
+        return step()
+
+    engine.step = recording_step
+    loop = TenantEngineLoop(engine, ["a", "b", "c"])
+    try:
+        prompts = [(tenant, f"{tenant} {index}") for index in range(6) for tenant in ("a", "b", "c")]
+        await asyncio.wait_for(asyncio.gather(*(generate(loop, tenant, prompt) for tenant, prompt in prompts)), 10)
+    finally:
+        await loop.close()
+    assert steps == [
+        ["a 0"],
+        [f"b {index}" for index in range(6)],
+        [f"c {index}" for index in range(6)],
+        [f"a {index}" for index in range(1, 6)],
+    ]
+
+
+@pytest.mark.asyncio
 async def test_a_cancelled_request_keeps_its_tenants_turn_until_it_leaves_the_engine_and_a_cancelled_waiter_blocks_none():
     engine = RecordingEngine()
     engine.hold = {"a held"}
