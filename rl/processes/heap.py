@@ -14,7 +14,7 @@ came from the heap and its holes stayed resident: a trainer's live tensors were 
 while its resident memory at a step's end grew by 0.6 GiB per rank (SmolLM2-135M, 2 ranks) and 1.2 GiB (a 1.4 GiB
 model, 2 ranks) from the first step to the second, and more after, with glibc's free heap memory growing by as much
 (`tests/e2e/test_trainer_heap.py`). Mapping them costs page faults on every step instead (on 2 CPU cores, a 2-rank
-SmolLM2-135M trainer's steps took about 1.3 s, 30%, longer).
+SmolLM2-135M trainer's train calls took about 1.4 s, 30%, longer).
 
 vLLM's CPU linear layers run oneDNN matmuls through handlers that cache their own primitives, one per token count
 M, and are rebuilt at every reload. oneDNN keeps a second, process-wide cache of up to 1024 primitives (about
