@@ -267,6 +267,8 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         """Model, optimizer, LR schedule and this process's RNG into the checkpoint directory `path` (`weights_only`:
         the model and the RNG)."""
         checkpoint.save_trainer_rank(Path(path), self.lm, self.optimizer, self.scheduler, self.ranks.rank, weights_only)
+        # the peak since the step's record was taken (the save follows it), in the next step's record
+        record_metric("memory/trainer/checkpoint_peak_rss_mb", peak_rss_bytes() / MIB, Reduce.MAX)
 
     @endpoint
     async def load_checkpoint(self, path: str) -> None:
