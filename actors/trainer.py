@@ -30,6 +30,7 @@ from rl.metrics.reduce import Reduce, record_metric
 from rl.packing.attention_kinds import prefix_sharing_refusal
 from rl.precision import TORCH_DTYPES, compute_context
 from rl.processes.affinity import pin_process
+from rl.processes.heap import return_free_heap_pages, return_large_blocks_to_the_system
 from rl.processes.titles import name_process
 from rl.services.replica import ServiceReplica
 from rl.training import distributed, lora
@@ -147,6 +148,7 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         )
         torch.manual_seed(trainer_config.seed)
         name_process(f"trainer/{current_rank().rank}")
+        return_large_blocks_to_the_system()  # each step frees gradients, gathers and activations (see rl.processes.heap)
         self.trainer_config = trainer_config
         self.loss = loss
         self.wire_dtype = TORCH_DTYPES[wire_dtype]
@@ -196,7 +198,7 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         trainer_config = self.trainer_config
         if self.ranks.world > 1:
             micro_batches = distributed.rank_rows(micro_batches, self.ranks, trainer_config.micro_batch_size)
-        return train_step(
+        metrics = train_step(
             self.model,
             self.optimizer,
             self.scheduler,
@@ -210,6 +212,8 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
             compute=self.compute,
             ranks=self.ranks,
         )
+        return_free_heap_pages()  # the step's freed small blocks (see rl.processes.heap)
+        return metrics
 
     @endpoint
     async def push_weights(
@@ -231,6 +235,7 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         if self.ranks.rank == 0:
             record_metric("weight_sync/bytes", weight_sync.payload_bytes(state_dict, self.wire_dtype), Reduce.MAX)
         self.policy_version = policy_version
+        return_free_heap_pages()
         return fingerprints
 
     async def _push_with_deltas(self, policy_version: int, fingerprint: bool, full: bool) -> Fingerprints | None:
@@ -249,6 +254,7 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
             if not full:
                 record_metric("weight_sync/changed_fraction", stats.changed_fraction, Reduce.MAX)
         self.policy_version = policy_version
+        return_free_heap_pages()
         return fingerprints
 
     @endpoint
@@ -261,6 +267,8 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         """Model, optimizer, LR schedule and this process's RNG into the checkpoint directory `path` (`weights_only`:
         the model and the RNG)."""
         checkpoint.save_trainer_rank(Path(path), self.lm, self.optimizer, self.scheduler, self.ranks.rank, weights_only)
+        # the peak since the step's record was taken (the save follows it), in the next step's record
+        record_metric("memory/trainer/checkpoint_peak_rss_mb", peak_rss_bytes() / MIB, Reduce.MAX)
 
     @endpoint
     async def load_checkpoint(self, path: str) -> None:
