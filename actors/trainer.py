@@ -148,7 +148,8 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         )
         torch.manual_seed(trainer_config.seed)
         name_process(f"trainer/{current_rank().rank}")
-        return_large_blocks_to_the_system()  # each step frees gradients, gathers and activations (see rl.processes.heap)
+        if world > 1:  # each step gathers and frees every layer's weights and gradients (see rl.processes.heap)
+            return_large_blocks_to_the_system()
         self.trainer_config = trainer_config
         self.loss = loss
         self.wire_dtype = TORCH_DTYPES[wire_dtype]

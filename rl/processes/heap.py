@@ -8,13 +8,17 @@ weights anew each sync (megabytes per layer) and frees them, between generation 
 (a 150-step soak of the main job saw the generator's resident memory grow in steps). Fixing the threshold stops
 the adjustment: large blocks are always mapped and always returned (`tests/unit/rl/processes/test_heap.py` shows both behaviours).
 
-A trainer does the same each step: it frees the previous step's gradients, its activations and (sharded) each
-layer's gathered weights, blocks of megabytes in sizes that vary with the rows. Under the adjusted threshold they
-came from the heap and its holes stayed resident: a trainer's live tensors were the same from its first step on,
-while its resident memory at a step's end grew by 0.6 GiB per rank (SmolLM2-135M, 2 ranks) and 1.2 GiB (a 1.4 GiB
-model, 2 ranks) from the first step to the second, and more after, with glibc's free heap memory growing by as much
-(`tests/e2e/test_trainer_heap.py`). Mapping them costs page faults on every step instead (on 2 CPU cores, a 2-rank
-SmolLM2-135M trainer's train calls took about 1.4 s, 30%, longer).
+A trainer frees large blocks each step too: the previous step's gradients, its activations and, sharded, each
+layer's weights gathered for its forward and backward. A trainer's live tensors are the same from its first step on,
+but under the adjusted threshold its resident memory at a step's end grew with glibc's free heap memory: by 0.6 GiB
+per rank from the first step to the second (SmolLM2-135M, 2 ranks), by 1.2 GiB per step (a 1.4 GiB model, 2 ranks)
+until the kernel's OOM killer stopped the run. Every trainer trims its heap after each step and each push
+(`return_free_heap_pages`), which keeps its end-of-step memory flat. Within a step, a sharded rank's gathers (a
+layer's weights, in sizes that differ from layer to layer) still fragment the heap: the large model's step peaked
+2.7 GiB higher per rank on the heap than with its blocks mapped, so a sharded rank also fixes the threshold. A
+one-process trainer does not: its blocks are the same activations step after step, which the heap reuses, while
+mapping them costs page faults on every use (the main job's train phase took 30% longer for a peak 0.2-0.4 GiB lower;
+2 CPU cores). `tests/e2e/test_trainer_heap.py` runs both.
 
 vLLM's CPU linear layers run oneDNN matmuls through handlers that cache their own primitives, one per token count
 M, and are rebuilt at every reload. oneDNN keeps a second, process-wide cache of up to 1024 primitives (about
