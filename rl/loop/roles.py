@@ -508,7 +508,10 @@ class Roles:
         if self.run_log is not None:
             self.run_log.close()
         if self._previous_fault_hook is not None:
-            monarch.actor.unhandled_fault_hook = after_run_fault_hook(self.services, self._previous_fault_hook)
+            trainer_meshes = [name + suffix for name in self._trainer_meshes for suffix in ("", RENDEZVOUS_SUFFIX)]
+            monarch.actor.unhandled_fault_hook = after_run_fault_hook(
+                self.services, self._previous_fault_hook, trainer_meshes
+            )
             self._previous_fault_hook = None
 
     async def _stop_trainer(self) -> None:

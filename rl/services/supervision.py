@@ -19,7 +19,7 @@ import contextvars
 import itertools
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -271,12 +271,19 @@ def _alive(process: psutil.Process) -> bool:
         return False
 
 
-def after_run_fault_hook(services: list[SupervisedReplicas], previous: Callable[[Any], None]) -> Callable[[Any], None]:
-    """Monarch's fault hook once a run has stopped: reports of its stopped replicas (Monarch may deliver them
-    late, e.g. "Killed(sig=15)" from the stop itself) are dropped; any other goes to `previous`."""
+def after_run_fault_hook(
+    services: list[SupervisedReplicas], previous: Callable[[Any], None], stopped_meshes: Collection[str] = ()
+) -> Callable[[Any], None]:
+    """Monarch's fault hook once a run has stopped: reports of its stopped replicas and of the other meshes it stopped
+    (`stopped_meshes`, by name without Monarch's "-<id>": the trainer's) are dropped, since Monarch may deliver them
+    late (e.g. "Killed(sig=15)" from the stop itself, on a busy machine after the run has returned); any other goes to
+    `previous`."""
 
     def hook(failure: Any) -> None:
-        if not (failure.mesh_name.startswith("logger-") or any(service.owns(failure) for service in services)):
+        mesh = failure.mesh_name.rpartition("-")[0]
+        if failure.mesh_name.startswith("logger-") or mesh in stopped_meshes:
+            return
+        if not any(service.owns(failure) for service in services):
             previous(failure)
 
     return hook

@@ -28,10 +28,10 @@ async def test_a_dead_replicas_requests_go_to_the_other_and_a_prepared_replaceme
     # another run's replica, reported late: ignored
     assert service.handle_failure(Failure(f"generator_1_0_s{service._serial + 1}-Ab3xYz"))
     late: list[str] = []
-    hook = after_run_fault_hook([service], late.append)
-    for name in (f"generator_0_0_s{service._serial}-Ab3xYz", "logger-Ab3xYz", "trainer-Ab3xYz"):
+    hook = after_run_fault_hook([service], late.append, ["trainer"])
+    for name in (f"generator_0_0_s{service._serial}-Ab3xYz", "logger-Ab3xYz", "trainer-Ab3xYz", "judge-Ab3xYz"):
         hook(Failure(name))
-    assert late == [Failure("trainer-Ab3xYz")]
+    assert late == [Failure("judge-Ab3xYz")]  # the run stopped its replicas and its trainer, not that mesh
     assert await pending == ("generator_1_0", "seed=7")  # same arguments, so the same sampling seed
     await settle(service)
     assert prepared == ["generator_0_1"] and "generator_0_0" in host.stopped
