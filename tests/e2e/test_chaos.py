@@ -84,11 +84,14 @@ def test_a_run_survives_sigkills_of_a_generator_a_reward_and_a_judge_replica_and
     print(f"seed {seed}: killing (after step, what) {kills}")
     launch = Launch(tmp_path, *OVERRIDES)
     try:
-        waited = 0
+        waited, trainer_kills = 0, 0
         for step, victim in kills:
             if step > waited:  # once per step: a step trained again after a recovery prints again, others do not
                 launch.wait_for_line(f"step {step:>4} v", timeout=600)
                 waited = step
+            if "trainer" in victim:  # the trainer killed before is recovered first (its step may print before)
+                launch.wait_for_count("rlmesh: trainer recovered", trainer_kills, timeout=600)
+                trainer_kills += 1
             time.sleep(rng.uniform(0.0, 2.0))
             if victim == "busy trainer":
                 kill_trainer_when_busy(launch)

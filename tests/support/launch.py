@@ -120,6 +120,12 @@ class Launch:
         if outcome == "timeout":
             raise AssertionError(f"no {text!r} within {timeout} s:\n{self.output()}")
 
+    def wait_for_count(self, text: str, count: int, timeout: float = 240) -> None:
+        """Wait until `count` of the lines printed so far hold `text` (lines an earlier wait read count too)."""
+        deadline = time.monotonic() + timeout
+        while sum(text in line for line in self.lines) < count:
+            self.wait_for_line(text, timeout=max(0.0, deadline - time.monotonic()))
+
     def wait_for_exit(self, timeout: float, drain_s: float = 30) -> int:
         """The launcher's exit code, and its output read until the pipe closes or `drain_s` after the exit (an actor
         process that outlives the launcher holds the pipe open: `processes_with_marker` finds it, not this)."""
