@@ -24,38 +24,19 @@ import torch
 import torch.distributed.checkpoint as dcp
 from transformers import AutoModelForCausalLM
 
-from actors.trainer import PolicyTrainer
 from rl.assets import resolve_model_path
 from rl.checkpoint.export import export_checkpoint
 from rl.config import load_config
 from rl.loop.resolve import resolve_config
-from rl.packing.rows import TrainSample, pack_samples, split_micro_batches
-from rl.processes.cluster import Placement
-from rl.processes.trainer_mesh import spawn_trainer
 from rl.weights import sync as weight_sync
 from rl.weights.shared_file import MappedFiles
 from tests.support.paths import TINY
 from tests.support.score_export import score_in_fresh_process
+from tests.support.trainer_mesh import batch, start_trainer
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
 DEADLINE_S = 300
-
-
-def batch(seed: int) -> list:
-    """13 samples of 40..92 tokens with random advantages and sampling logprobs -> 7 packed rows of 128, micro-batches of 2 rows."""
-    generator = torch.Generator().manual_seed(seed)
-    samples = []
-    for i in range(13):
-        length = 40 + (i * 29) % 53
-        prompt = 10
-        ids = torch.randint(0, 1000, (length,), generator=generator).tolist()
-        mask = [False] * prompt + [True] * (length - prompt)
-        sampling = [float(-3 - torch.rand((), generator=generator)) if m else 0.0 for m in mask]
-        samples.append(TrainSample(ids, mask, sampling, float(torch.randn((), generator=generator)), 0))
-    packed = pack_samples(samples, seq_len=128, pad_token_id=0)
-    assert len(packed) == 7
-    return split_micro_batches(packed, 2)
 
 
 def config(num_procs: int):
@@ -69,21 +50,7 @@ def config(num_procs: int):
 
 
 async def start(num_procs: int):
-    cfg = config(num_procs)
-    placement = Placement(cfg.cluster, cfg.trainer, cfg.generator, cfg.models)
-    trainer, procs = await spawn_trainer(
-        placement.spawn_procs,
-        cfg.trainer,
-        PolicyTrainer,
-        cfg.trainer,
-        cfg.loss,
-        cfg.model.path,
-        4,
-        weight_transport=cfg.weight_sync.transport,
-        wire_dtype=cfg.generator.dtype,
-    )
-    await trainer.initialized
-    return trainer, procs
+    return await start_trainer(config(num_procs), 4)
 
 
 def checkpoint_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -18,15 +18,12 @@ import itertools
 import monarch.config
 import pytest
 
-from actors.trainer import PolicyTrainer
 from rl.config import load_config
 from rl.loop.resolve import resolve_config
 from rl.metrics.reduce import state_value
-from rl.processes.cluster import Placement
-from rl.processes.trainer_mesh import spawn_trainer
 from rl.weights import sync as weight_sync
-from tests.e2e.test_sharded_trainer import batch
 from tests.support.paths import CONFIGS
+from tests.support.trainer_mesh import batch, start_trainer
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
@@ -46,23 +43,11 @@ async def trainer_steps(num_procs: int) -> list[dict[str, float]]:
     publish)."""
     overrides = {"trainer.micro_batch_size": "2", "trainer.num_procs": str(num_procs)}
     cfg = resolve_config(load_config(CONFIGS / "sum_digits_smollm2_cpu.toml", overrides))
-    placement = Placement(cfg.cluster, cfg.trainer, cfg.generator, cfg.models)
     monarch.config.configure(cleanup_timeout="10s")
     await weight_sync.initialize_store()
-    trainer, procs = await spawn_trainer(
-        placement.spawn_procs,
-        cfg.trainer,
-        PolicyTrainer,
-        cfg.trainer,
-        cfg.loss,
-        cfg.model.path,
-        STEPS,
-        weight_transport=cfg.weight_sync.transport,
-        wire_dtype=cfg.generator.dtype,
-    )
+    trainer, procs = await start_trainer(cfg, STEPS)
     steps = []
     try:
-        await trainer.initialized
         await trainer.memory_states.call_one()  # the load's window closes: the first step's starts
         for step in range(1, STEPS + 1):
             await asyncio.wait_for(trainer.train_step.call_one(batch(0)), DEADLINE_S)
