@@ -114,6 +114,12 @@ def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> di
     An eager engine on CPU also runs without TorchDynamo: vLLM compiles a few sampler helpers with inductor on first
     use whatever `enforce_eager` says (the sampled tokens' ranks: ~5 s and a g++ run at every generator start here,
     again at each new batch shape), and on CPU they are integer counts and masks that run eagerly to the same values.
+
+    A CPU engine computes each request's attention whole on one thread (`VLLM_CPU_ATTN_SPLIT_KV=0`): vLLM's CPU
+    attention otherwise splits a decoding request's context longer than 64 tokens across its threads, at points set by
+    the whole batch's context lengths, and merges the parts, so a request's logprobs depended on what else its steps
+    held (a LoRA tenant's rollout drifted from its solo run's by 1e-5 from the first token whose context took a third
+    32-token block: `tests/unit/actors/test_tenant_batch_invariance.py`).
     """
     tp = generator_config.tensor_parallel_size
     env = {
@@ -122,6 +128,7 @@ def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> di
     }
     if generator_config.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(generator_config.cpu_kv_cache_gib)
+        env["VLLM_CPU_ATTN_SPLIT_KV"] = "0"
         if generator_config.enforce_eager:
             env["TORCHDYNAMO_DISABLE"] = "1"
         cores = cpus or sorted(os.sched_getaffinity(0))
