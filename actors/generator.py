@@ -88,11 +88,19 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 def lora_engine_args(lora: LoraConfig | None, slots: int = 1) -> dict[str, Any]:
     """vLLM's LoRA settings for a policy trained as adapters (none without): the smallest `max_lora_rank` that holds
     `lora.rank`, and room for `slots` served adapters (one per LoRA tenant, `rl.loop.tenants`) plus one (the next
-    version's, loaded before the old goes)."""
+    version's, loaded before the old goes: loads are serialised by the engine's pauses, so at most `slots + 1` are
+    loaded at once) plus a spare slot that is never filled.
+
+    The spare is for requests without an adapter (a tenant before its first sync, while the others serve theirs) in a
+    step that holds rows through an adapter: vLLM's CPU LoRA ops (`vllm/lora/ops/torch_ops`, `bgmv_*`) index the
+    stacked adapter weights with each row's slot, which is -1 for such a row, and -1 selects the LAST slot; a slot is
+    not zeroed when its adapter is removed. vLLM fills the first free slot, so with one slot more than ever loaded the
+    last stays zero and such rows get the base model's bits (`tests/e2e/test_adapter_slots.py`). The engine's turns
+    keep a tenant's requests out of the others' steps today; the spare keeps the base rows right should steps mix."""
     if lora is None:
         return {}
     max_rank = next(rank for rank in VLLM_LORA_RANKS if rank >= lora.rank)
-    return dict(enable_lora=True, max_lora_rank=max_rank, max_loras=slots + 1, max_cpu_loras=slots + 1)
+    return dict(enable_lora=True, max_lora_rank=max_rank, max_loras=slots + 2, max_cpu_loras=slots + 2)
 
 
 def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> dict[str, str]:
@@ -106,6 +114,12 @@ def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> di
     An eager engine on CPU also runs without TorchDynamo: vLLM compiles a few sampler helpers with inductor on first
     use whatever `enforce_eager` says (the sampled tokens' ranks: ~5 s and a g++ run at every generator start here,
     again at each new batch shape), and on CPU they are integer counts and masks that run eagerly to the same values.
+
+    A CPU engine computes each request's attention whole on one thread (`VLLM_CPU_ATTN_SPLIT_KV=0`): vLLM's CPU
+    attention otherwise splits a decoding request's context longer than 64 tokens across its threads, at points set by
+    the whole batch's context lengths, and merges the parts, so a request's logprobs depended on what else its steps
+    held (a LoRA tenant's rollout drifted from its solo run's by 1e-5 from the first token whose context took a third
+    32-token block: `tests/unit/actors/test_tenant_batch_invariance.py`).
     """
     tp = generator_config.tensor_parallel_size
     env = {
@@ -114,6 +128,7 @@ def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> di
     }
     if generator_config.device == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(generator_config.cpu_kv_cache_gib)
+        env["VLLM_CPU_ATTN_SPLIT_KV"] = "0"
         if generator_config.enforce_eager:
             env["TORCHDYNAMO_DISABLE"] = "1"
         cores = cpus or sorted(os.sched_getaffinity(0))

@@ -8,10 +8,15 @@ loaded into the shared engine it would give the others' requests NaN logprobs). 
 and `tenant_b` must log the tokens and the metrics (all but timings and the shared services' counters) of their solo
 runs at staleness 0, with the others failing or stopped beside them; each tenant's syncs are attested on its own
 adapter, and a replica measuring one tenant's adapter against another tenant's fingerprints refuses it: that tenant's
-sync fails, and the replica the tenants share is kept for the others.
+sync fails, and the replica the tenants share is kept for the others. The one process of a tenant's own, its reward
+replica (each tenant has its own reward service; the engine, the trainer and the launcher are shared), is SIGKILLed
+while it scores a group of `tenant_b`'s step 2: its service replaces it and resubmits the group, and `tenant_b` too
+logs its solo run.
 """
 
 import asyncio
+import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -62,6 +67,21 @@ async def stop_after_step(controller: Controller, step: int) -> None:
     controller.stop_run(STOPPED)
 
 
+async def kill_reward_replica_while_scoring(controller: Controller, step: int) -> int:
+    """SIGKILL the reward replica of `controller`'s tenant while it scores a group of `step` (after `step - 1` is
+    done); its pid."""
+    while not (
+        controller.state.step >= step - 1
+        and (reward := getattr(controller.roles, "reward", None)) is not None
+        and reward.healthy
+        and reward.ledger.on(0)
+    ):
+        await asyncio.sleep(0.002)
+    pid = reward.replicas[0].pid
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
 def tenant_config(output_dir: Path, name: str):
     return load_config(TINY, {**LORA, "run.output_dir": str(output_dir), "run.name": name, **TENANTS[name]})
 
@@ -73,11 +93,14 @@ async def runs(tmp_path_factory):
         await asyncio.wait_for(Controller(tenant_config(solo_dir, name)).run(), DEADLINE_S)
     tenants = Tenants([tenant_config(tenants_dir, name) for name in TENANTS], [None] * len(TENANTS))
     stopper = asyncio.create_task(stop_after_step(tenants.controllers["tenant_d"], 1))
+    killer = asyncio.create_task(kill_reward_replica_while_scoring(tenants.controllers["tenant_b"], 2))
     try:
         await asyncio.wait_for(tenants.start(), DEADLINE_S)
         results = await asyncio.wait_for(
             asyncio.gather(*(c.run() for c in tenants.controllers.values()), return_exceptions=True), DEADLINE_S
         )
+        killed = killer.result() if killer.done() else None
+        rewards = {name: c.roles.reward for name, c in tenants.controllers.items()}
         shared = tenants.shared
         # tenant b's adapter measured against tenant a's fingerprints through b's own view of the service, as its sync
         # would be: b is refused alone, and the replica every tenant shares serves tenant a on, unchanged
@@ -100,6 +123,7 @@ async def runs(tmp_path_factory):
         crossed = await generator.update_weights.call_one(version_a, others, "tenant_a")
     finally:
         stopper.cancel()
+        killer.cancel()
         await tenants.shared.stop()
     yield {
         "solo": solo_dir,
@@ -111,6 +135,9 @@ async def runs(tmp_path_factory):
         "refused": refused,
         "replicas_after_refusal": replicas_after,
         "a_around_refusal": (a_before, a_after),
+        "killed_reward_pid": killed,
+        "reward_losses": {name: list(reward.losses) for name, reward in rewards.items()},
+        "reward_recoveries": {name: len(reward.recoveries) for name, reward in rewards.items()},
     }
 
 
@@ -160,3 +187,15 @@ async def test_a_tenant_refused_by_the_shared_replica_stops_alone_and_the_replic
     assert runs["replicas_after_refusal"] == (1, 0)  # healthy replicas, restarts: the shared replica was not replaced
     before, after = runs["a_around_refusal"]
     assert after == before and len(after) == len(SYNC_PROBE)
+
+
+async def test_a_tenant_whose_reward_replica_is_killed_recovers_it_alone(runs):
+    pid = runs["killed_reward_pid"]
+    assert pid is not None  # killed while it scored a group of tenant_b's step 2
+    [loss] = runs["reward_losses"]["tenant_b"]
+    assert loss.startswith("reward_tenant_b/0#0: ") and ("Killed(sig=9)" in loss or f"process {pid} exited" in loss)
+    assert runs["reward_recoveries"]["tenant_b"] == 1
+    last = read_jsonl(runs["tenants"] / "tenant_b" / "metrics.jsonl")[-1]
+    assert last["services/reward_tenant_b/restarts"] == 1 and last["services/reward_tenant_b/resubmitted_requests"] >= 1
+    assert all(not losses for name, losses in runs["reward_losses"].items() if name != "tenant_b")
+    # tenant_b's and tenant_a's tokens and metrics equal their solo runs': test_each_tenant_logs_its_solo_runs_...

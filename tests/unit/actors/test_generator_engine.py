@@ -28,6 +28,7 @@ def test_tensor_parallel_cpu_workers_run_in_engine_processes_each_on_its_own_cor
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
         "VLLM_WORKER_MULTIPROC_METHOD": "spawn",
         "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_ATTN_SPLIT_KV": "0",
         "TORCHDYNAMO_DISABLE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": "4,5|6,7",
     }
