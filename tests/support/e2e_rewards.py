@@ -1,5 +1,6 @@
 """Rewards for end-to-end tests."""
 
+import asyncio
 import os
 
 from rollouts.types import Rollout
@@ -51,4 +52,25 @@ def fails_from_version_1(rollout: Rollout, example: dict) -> float:
     every row from step 2 on fails."""
     if max(rollout.policy_versions) >= 1:
         raise RuntimeError("this rubric fails on every sample of a trained policy")
+    return even_token_share(rollout, example)
+
+
+HOLD_FROM_VERSION_ENV = "RLMESH_TEST_HOLD_FROM_VERSION"
+"""Set in a launcher's environment (its actor processes inherit it): `held_even_token_share` holds training rows
+sampled by this policy version or a later one."""
+
+
+async def held_even_token_share(rollout: Rollout, example: dict) -> float:
+    """`even_token_share`, except that a training rollout sampled by policy version `RLMESH_TEST_HOLD_FROM_VERSION` or
+    later is held until the rubric times it out (`rubric.timeout_s`, 60 s by default): until then the step that would
+    train that version's rows cannot, so the generators keep serving the version and the run does not end (a clean end
+    removes their weight files, which a test reads after it kills the run). Async: it waits in the RewardActor's
+    process, beside the other calls it scores (evaluation rows are not held)."""
+    held_from = os.environ.get(HOLD_FROM_VERSION_ENV)
+    if (
+        held_from is not None
+        and rollout.group_id.startswith("train/")
+        and max(rollout.policy_versions) >= int(held_from)
+    ):
+        await asyncio.Event().wait()
     return even_token_share(rollout, example)
