@@ -31,6 +31,22 @@ def processes_with_marker(marker: str) -> list[psutil.Process]:
     return found
 
 
+def still_running(processes: list[psutil.Process], timeout_s: float = 10) -> list[psutil.Process]:
+    """The `processes` still running (a zombie has exited) after up to `timeout_s` of waiting for them: a process that was
+    stopped or SIGKILLed a moment ago may still be exiting (freeing its memory on a busy machine)."""
+    deadline = time.monotonic() + timeout_s
+    while (running := [process for process in processes if _running(process)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return running
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # it ended between the two questions
+        return False
+
+
 def actor_pids(launcher_pid: int, prefix: str) -> dict[str, int]:
     """The launcher's live actor processes whose name (`rl.processes.titles`) starts with `prefix`, by name.
 
@@ -127,6 +143,10 @@ class Launch:
             raise AssertionError(f"launcher ended before printing {text!r}:\n{self.output()}")
         if outcome == "timeout":
             raise AssertionError(f"no {text!r} within {timeout} s:\n{self.output()}")
+
+    def read_until(self, text: str, timeout: float) -> bool:
+        """Read output for `timeout` s at most, stopping at the first line holding `text`: whether that line came."""
+        return self._collect(timeout, text) == "found"
 
     def wait_for_count(self, text: str, count: int, timeout: float = LINE_TIMEOUT_S) -> None:
         """Wait until `count` of the lines printed so far hold `text` (lines an earlier wait read count too)."""
