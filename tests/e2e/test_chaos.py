@@ -20,13 +20,17 @@ import time
 
 import psutil
 
+from tests.support.e2e_rewards import HOLD_FROM_VERSION_ENV, HOLD_WHILE_ENV
 from tests.support.launch import Launch, processes_with_marker, replica_pid, trainer_pids
 from tests.support.runs import assert_rows_trained_once, read_jsonl
 
 STEPS, GROUPS_PER_STEP, GROUP_SIZE = 24, 2, 4
 LAST_KILL_STEP = 5
-"""Replica kills land after steps 1..5: a replacement (a vLLM start) served 6-27 s after its loss here, 3-14 steps (three
-replacing at once on 2 cores, steps of ~2 s when the machine is quiet), well before the last step."""
+"""Replica kills land after steps 1..5: a replacement (a vLLM start) served 6-27 s after its loss here (three replacing at
+once on 2 cores), and the steps after step 5 took about as long (~25 s on a quiet machine, a trainer recovery
+included: 0.5-1.7 s a step). So the last step waits for them: its training rows are held (`held_by_sample_index`)
+until every replacement has said it serves; without that, a slower start (a busy machine) can end the run with a
+replica still starting."""
 TRAINER_KILL_STEPS = range(2, 11)
 """The trainer is killed twice, after two of steps 2..10 (a checkpoint every 2 steps: step 2's is the first to recover
 from): once at a random moment (its rank may be idle, waiting for rollouts), once at the first moment after a random
@@ -55,7 +59,9 @@ OVERRIDES = [
     "--models.judge.replicas",
     "2",
     "--tasks.0.rubric.reward_fns",
-    f"[{{fn = 'tests.support.e2e_rewards:by_sample_index'}}, {JUDGE}]",
+    f"[{{fn = 'tests.support.e2e_rewards:held_by_sample_index'}}, {JUDGE}]",
+    "--tasks.0.rubric.timeout_s",
+    "600",  # the last step's rows wait in the reward for the replacements
 ]
 SERVING_AGAIN = re.compile(r"rlmesh: (\S+) replica \d+ replaced; serving again ([\d.]+) s after the loss")
 TRAINER_LOST = re.compile(r"rlmesh: (trainer lost after step \d+: .*)")
@@ -82,7 +88,9 @@ def test_a_run_survives_sigkills_of_a_generator_a_reward_and_a_judge_replica_and
     kills += zip(sorted(rng.sample(TRAINER_KILL_STEPS, TRAINER_KILLS)), ["trainer", "busy trainer"])
     kills.sort(key=lambda kill: kill[0])
     print(f"seed {seed}: killing (after step, what) {kills}")
-    launch = Launch(tmp_path, *OVERRIDES)
+    hold = tmp_path / "hold-the-last-step"
+    hold.touch()
+    launch = Launch(tmp_path, *OVERRIDES, env={HOLD_FROM_VERSION_ENV: str(STEPS - 1), HOLD_WHILE_ENV: str(hold)})
     try:
         waited, trainer_kills = 0, 0
         for step, victim in kills:
@@ -98,6 +106,8 @@ def test_a_run_survives_sigkills_of_a_generator_a_reward_and_a_judge_replica_and
             else:
                 [pid] = trainer_pids(launch) if victim == "trainer" else [replica_pid(launch, victim)]
                 os.kill(pid, signal.SIGKILL)
+        launch.wait_for_count("replaced; serving again", len(victims), timeout=600)
+        hold.unlink()  # the last step may train: the run ends with every replica serving
         assert launch.wait_for_exit(timeout=900) == 0, launch.output()
         deadline = time.monotonic() + 10
         while processes_with_marker(launch.marker) and time.monotonic() < deadline:

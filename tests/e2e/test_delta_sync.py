@@ -7,8 +7,10 @@ version the step before published, attested. Then the run is resumed (again no c
 and a generator is killed in the middle of the delta chain: its replacement has no base, the trainer publishes the
 current version whole for it, and the chain goes on.
 
-The generators' files are read after the launcher and every actor are SIGKILLed at the last step (a clean exit removes
-them); the trainer's weights are the step's committed checkpoint, cast by torch here. The resumed run ends by itself:
+The generators' files are read after the launcher and every actor are SIGKILLed at the step they are compared at, which
+the run never passes: it plans one step more, whose training rows the reward holds (`held_even_token_share`), so it
+neither ends (a clean end removes the files) nor moves the generators to another version before the kill. The
+trainer's weights are the step's committed checkpoint, cast by torch here. The resumed run ends by itself:
 its replicas prove each version bit for bit before loading it (`rl.weights.delta.ResidentWeights`), and attest it
 after."""
 
@@ -23,6 +25,7 @@ import torch
 from rl.checkpoint import store as checkpoint
 from rl.checkpoint.export import read_model_state
 from rl.weights.shared_file import SHM_DIR, SHM_PREFIX, map_file, plan_layout, view
+from tests.support.e2e_rewards import HOLD_FROM_VERSION_ENV
 from tests.support.launch import Launch, actor_pids, trainer_pids
 from tests.support.runs import read_jsonl
 
@@ -34,8 +37,15 @@ DELTA_RUN = (
     "--trainer.lr",
     "1e-6",
     "--tasks.0.rubric.reward_fns",
-    "[{fn = 'tests.support.e2e_rewards:even_token_share'}]",
+    "[{fn = 'tests.support.e2e_rewards:held_even_token_share'}]",
 )
+"""The delta runs' overrides; their reward is `even_token_share` unless a launch holds a version's rows (`held_at`)."""
+
+
+def held_at(step: int) -> dict[str, str]:
+    """The launcher's environment for a run that stays at step `step`: the rows of step `step + 1` (sampled by version
+    `step`) are held, so the run plans that step but does not train it."""
+    return {HOLD_FROM_VERSION_ENV: str(step)}
 
 
 def records(run_dir: Path) -> dict[int, dict]:
@@ -57,13 +67,15 @@ def show(by_step: dict[int, dict], steps) -> None:
 
 
 def stop_at(launch: Launch, run_dir: Path, step: int, timeout: float = 600) -> list[int]:
-    """Wait for `step`'s line and checkpoint, then SIGKILL everything; the generator processes that were alive."""
+    """Wait for `step`'s line and checkpoint, then SIGKILL everything; the generator processes that were alive. The
+    launch must stay at `step` (`held_at(step)`) until the kill."""
     launch.wait_for_line(f"v{step} ", timeout=timeout)
     deadline = time.monotonic() + 120
     while not any(path.name == f"step_{step:08d}" for path in checkpoint.committed_checkpoints(run_dir)):
         assert time.monotonic() < deadline, f"no checkpoint of step {step}"
         time.sleep(0.1)
     pids = list(actor_pids(launch.process.pid, "generator/").values())
+    assert launch.process.poll() is None, launch.output()  # still at `step`: its generators' files are in place
     launch.kill_everything()
     launch.process.wait(timeout=30)
     return pids
@@ -108,7 +120,8 @@ def assert_generators_hold(run_dir: Path, step: int, pids: list[int]) -> None:
 def test_deltas_are_small_attested_and_exact_through_a_trainer_recovery_a_replacement_mid_chain_and_a_resume(tmp_path):
     run_dir = tmp_path / "run" / "tiny_qwen3_e2e"
     every_2 = ("--checkpoint.every_steps", "2")
-    launch = Launch(tmp_path / "run", *DELTA_RUN, *every_2, "--run.steps", "6", "--generator.num_replicas", "2")
+    replicas = ("--generator.num_replicas", "2")
+    launch = Launch(tmp_path / "run", *DELTA_RUN, *every_2, "--run.steps", "7", *replicas, env=held_at(6))
     try:
         launch.wait_for_line("step    3 v3", timeout=600)
         [trainer] = trainer_pids(launch)
@@ -118,7 +131,7 @@ def test_deltas_are_small_attested_and_exact_through_a_trainer_recovery_a_replac
     finally:
         launch.kill_everything()
     # back to step 2's checkpoint: the generators, on version 3, load version 2 whole (an older one, on purpose)
-    assert "loads checkpoint step_00000002" in launch.output(), launch.output()[-3000:]
+    assert "loads checkpoint step_00000002" in launch.text, launch.output()
     recovered = 2
     by_step = records(run_dir)
     show(by_step, range(1, 7))
@@ -175,8 +188,8 @@ def test_a_sharded_trainer_and_tensor_parallel_generators_take_exact_deltas_thro
     run_dir = tmp_path / "run" / "tiny_qwen3_e2e"
     sharded = ("--trainer.num_procs", "2", "--generator.tensor_parallel_size", "2")
     transport = ("--weight_sync.transport", "torchstore", "--run.weight_sync_timeout_s", "300")
-    steps = ("--run.steps", "3", "--run.eval_every", "0", "--checkpoint.every_steps", "1")
-    launch = Launch(tmp_path / "run", *DELTA_RUN, *sharded, *transport, *steps)
+    steps = ("--run.steps", "4", "--run.eval_every", "0", "--checkpoint.every_steps", "1")
+    launch = Launch(tmp_path / "run", *DELTA_RUN, *sharded, *transport, *steps, env=held_at(3))
     try:
         pids = stop_at(launch, run_dir, 3, timeout=900)  # two ranks, an engine core and two workers on two cores
     finally:

@@ -12,7 +12,6 @@ budget, rollouts in flight at a kill are dropped and their rows drawn again, sam
 import os
 import random
 import signal
-import time
 
 import pytest
 
@@ -66,8 +65,10 @@ def test_every_row_is_trained_exactly_once_across_two_kills_at_staleness_budget_
     try:
         for _ in range(2):  # a random moment after the launch's first new step: generation, training or a checkpoint
             launch = launches[-1]
-            wait_for_a_new_step(launch, resumed_from)
-            time.sleep(rng.uniform(0.0, 4.0))
+            step = wait_for_a_new_step(launch, resumed_from)
+            delay = rng.uniform(0.0, 4.0)
+            if step < STEPS - 1:  # but no later than the next-to-last step's line: a later kill may find the run ended
+                launch.read_until(f"step {STEPS - 1:4d} v", timeout=delay)
             assert launch.process.poll() is None, launch.output()
             launch.process.send_signal(signal.SIGKILL)
             launch.process.wait(timeout=30)

@@ -76,6 +76,19 @@ def train(network: namespaced.Network, cluster, tmp_path: Path, name: str, *over
     return launcher.returncode, launcher.communicate()[0], seen
 
 
+def released(network: namespaced.Network, cluster, job_id: str, timeout_s: float = 60) -> tuple[list[str], dict]:
+    """Job `job_id`'s state and the roles left on the nodes, once it has ended with none left or after `timeout_s`: the
+    launcher's `scancel` returns before Slurm has ended the job (COMPLETING while slurmd stops its processes: SIGTERM,
+    SIGKILL after `KillWait`), so the launcher may exit first."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = cluster.run("squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%T").stdout.split()
+        left = {node: roles for node in NODES if (roles := roles_on(network[node]))}
+        if (state in (["CANCELLED"], ["COMPLETED"]) and not left) or time.monotonic() > deadline:
+            return state, left
+        time.sleep(1)
+
+
 def test_a_run_on_a_real_slurm_trains_on_its_nodes_and_releases_them(tmp_path):
     keep = [REPO, Path(sys.prefix), cache_dir(), tmp_path]
     with (
@@ -98,9 +111,9 @@ def test_a_run_on_a_real_slurm_trains_on_its_nodes_and_releases_them(tmp_path):
         assert f"SLURM job {job_id} is running on 2 nodes: ['node1', 'node2']" in output
         listed = [job["job_id"] for job in json.loads(cluster.run("squeue", "--json").stdout)["jobs"]]
         assert listed.index(int(job_id)) > 0, listed  # not the first listed
-        ended = cluster.run("squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%T").stdout.split()
+        ended, left = released(network, cluster, job_id)
         assert ended in (["CANCELLED"], ["COMPLETED"]), ended  # the allocation released
-        assert not any(roles_on(network[node]) for node in NODES)
+        assert not left, left
 
     # trainer mesh first: Monarch gives the first host(s) of the allocation to the first role of `cluster.hosts`;
     # sbatch passes the launcher's environment to the job (--export=ALL, Slurm's default), its processes inherit it

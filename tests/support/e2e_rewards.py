@@ -1,6 +1,8 @@
 """Rewards for end-to-end tests."""
 
+import asyncio
 import os
+import time
 
 from rollouts.types import Rollout
 
@@ -52,3 +54,39 @@ def fails_from_version_1(rollout: Rollout, example: dict) -> float:
     if max(rollout.policy_versions) >= 1:
         raise RuntimeError("this rubric fails on every sample of a trained policy")
     return even_token_share(rollout, example)
+
+
+HOLD_FROM_VERSION_ENV = "RLMESH_TEST_HOLD_FROM_VERSION"
+"""Set in a launcher's environment (its actor processes inherit it): the `held_*` rewards hold the training rows sampled
+by this policy version or a later one (evaluation rows are not held)."""
+HOLD_WHILE_ENV = "RLMESH_TEST_HOLD_WHILE"
+"""With `RLMESH_TEST_HOLD_FROM_VERSION`, a file: the rows are held while it exists (unset: until the rubric's timeout,
+`rubric.timeout_s`, fails them)."""
+HOLD_POLL_S = 0.2
+
+
+def is_held(rollout: Rollout) -> bool:
+    """Whether the `held_*` rewards hold `rollout` now. While they do, the step that would train its row cannot: the run
+    stays at the step before, its generators on the version that step made, and it does not end (a test reads what a
+    clean end removes, or lets the run end only once what it waits for has happened)."""
+    held_from = os.environ.get(HOLD_FROM_VERSION_ENV)
+    if held_from is None or not rollout.group_id.startswith("train/") or max(rollout.policy_versions) < int(held_from):
+        return False
+    held_while = os.environ.get(HOLD_WHILE_ENV)
+    return held_while is None or os.path.exists(held_while)
+
+
+async def held_even_token_share(rollout: Rollout, example: dict) -> float:
+    """`even_token_share` once `is_held` lets the rollout go. Async: it waits in the RewardActor's process, beside the
+    other calls it scores (a held sync call would take a worker that evaluation rows need)."""
+    while is_held(rollout):
+        await asyncio.sleep(HOLD_POLL_S)
+    return even_token_share(rollout, example)
+
+
+def held_by_sample_index(rollout: Rollout, example: dict) -> float:
+    """`by_sample_index` once `is_held` lets the rollout go; sync, so it runs in a reward worker process as
+    `by_sample_index` does."""
+    while is_held(rollout):
+        time.sleep(HOLD_POLL_S)
+    return by_sample_index(rollout, example)

@@ -14,6 +14,11 @@ import psutil
 from rl.processes.titles import role_of
 from tests.support.paths import REPO, TINY
 
+LINE_TIMEOUT_S = 600
+"""How long a test waits for a line by default: a liveness guard, not a bound on the run's speed (a run's start and
+steps take several times longer on two cores that another test's run shares; a hung run is stopped by the per-test
+deadline, `tests/support/deadline.py`, or by this)."""
+
 
 def processes_with_marker(marker: str) -> list[psutil.Process]:
     found = []
@@ -24,6 +29,22 @@ def processes_with_marker(marker: str) -> list[psutil.Process]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return found
+
+
+def still_running(processes: list[psutil.Process], timeout_s: float = 10) -> list[psutil.Process]:
+    """The `processes` still running (a zombie has exited) after up to `timeout_s` of waiting for them: a process that was
+    stopped or SIGKILLed a moment ago may still be exiting (freeing its memory on a busy machine)."""
+    deadline = time.monotonic() + timeout_s
+    while (running := [process for process in processes if _running(process)]) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return running
+
+
+def _running(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # it ended between the two questions
+        return False
 
 
 def actor_pids(launcher_pid: int, prefix: str) -> dict[str, int]:
@@ -62,10 +83,13 @@ def trainer_pids(launch: "Launch") -> list[int]:
 class Launch:
     """`rlmesh train` on the tiny config in a subprocess, its output read line by line with deadlines."""
 
-    def __init__(self, output_dir: Path, *overrides: str, resume: Path | None = None):
-        """A new run in `output_dir`, or (`resume`) `rlmesh train --resume RUN_DIR` with `overrides`."""
+    def __init__(
+        self, output_dir: Path, *overrides: str, resume: Path | None = None, env: dict[str, str] | None = None
+    ):
+        """A new run in `output_dir`, or (`resume`) `rlmesh train --resume RUN_DIR` with `overrides`; `env`: variables
+        added to the launcher's environment (its actor processes inherit them)."""
         self.marker = uuid.uuid4().hex
-        env = {**os.environ, "RLMESH_TEST_MARKER": self.marker, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **(env or {}), "RLMESH_TEST_MARKER": self.marker, "PYTHONUNBUFFERED": "1"}
         start = (
             ["--resume", str(resume)]
             if resume is not None
@@ -113,14 +137,18 @@ class Launch:
                 return "found"
         return "timeout"
 
-    def wait_for_line(self, text: str, timeout: float = 240) -> None:
+    def wait_for_line(self, text: str, timeout: float = LINE_TIMEOUT_S) -> None:
         outcome = self._collect(timeout, text)
         if outcome == "ended":
             raise AssertionError(f"launcher ended before printing {text!r}:\n{self.output()}")
         if outcome == "timeout":
             raise AssertionError(f"no {text!r} within {timeout} s:\n{self.output()}")
 
-    def wait_for_count(self, text: str, count: int, timeout: float = 240) -> None:
+    def read_until(self, text: str, timeout: float) -> bool:
+        """Read output for `timeout` s at most, stopping at the first line holding `text`: whether that line came."""
+        return self._collect(timeout, text) == "found"
+
+    def wait_for_count(self, text: str, count: int, timeout: float = LINE_TIMEOUT_S) -> None:
         """Wait until `count` of the lines printed so far hold `text` (lines an earlier wait read count too)."""
         deadline = time.monotonic() + timeout
         while sum(text in line for line in self.lines) < count:
