@@ -10,7 +10,8 @@ runs at staleness 0, with the others failing or stopped beside them; each tenant
 adapter, and a replica measuring one tenant's adapter against another tenant's fingerprints refuses it: that tenant's
 sync fails, and the replica the tenants share is kept for the others. The one process of a tenant's own, its reward
 replica (each tenant has its own reward service; the engine, the trainer and the launcher are shared), is SIGKILLed
-while it scores a group of `tenant_b`'s step 2: its service replaces it and resubmits the group, and `tenant_b` too
+while it scores a group of `tenant_b`'s step 2 (its reward takes 0.5 s on those rows, so the kill lands in a call): its
+service replaces it and resubmits the group, and `tenant_b` too
 logs its solo run.
 """
 
@@ -47,7 +48,11 @@ LORA = {
 }
 TENANTS = {
     "tenant_a": {"run.seed": "0", "trainer.seed": "0"},
-    "tenant_b": {"run.seed": "1", "trainer.seed": "1"},
+    "tenant_b": {
+        "run.seed": "1",
+        "trainer.seed": "1",
+        "tasks.0.rubric.reward_fns": "[{fn = 'tests.support.e2e_rewards:slow_at_version_1'}]",
+    },
     "tenant_c": {
         "run.seed": "1",
         "trainer.seed": "1",

@@ -13,6 +13,18 @@ def even_token_share(rollout: Rollout, example: dict) -> float:
     return sum(token % 2 == 0 for token in tokens) / max(1, len(tokens))
 
 
+SLOW_S = 0.5
+
+
+async def slow_at_version_1(rollout: Rollout, example: dict) -> float:
+    """`even_token_share` after `SLOW_S` s for the training rows policy version 1 sampled (a step 2's): a test that
+    kills the reward replica while it scores such a row kills it in the call, not between a reply and its delivery.
+    Async: it waits in the RewardActor's process."""
+    if rollout.group_id.startswith("train/") and max(rollout.policy_versions) == 1:
+        await asyncio.sleep(SLOW_S)
+    return even_token_share(rollout, example)
+
+
 def by_sample_index(rollout: Rollout, example: dict) -> float:
     """The sample's index in its group: every group's rewards differ, so no group is ever dropped for zero advantage."""
     return float(rollout.sample_index)
