@@ -33,9 +33,10 @@ allocates the working set: AdamW's moments, the first rollouts):
   at a time (its bytes and the tensor made from them). A rank that loaded the whole model, or made the moments with
   one step over all parameters (every gradient and temporary at once: five shards), fails;
 - `rlmesh export` of the checkpoint grows its process by at most the checkpoint's model state read whole (the state
-  dict in fp32, the tied embedding under both names), the fp32 model it is copied into, and 320 MiB (the base's
-  tokenizer and transformers' modules: 206 MiB for the tiny model's export): an export writes a whole model, built
-  whole in memory. An export that read the optimizer's moments too (twice the model) fails.
+  dict in fp32, the tied embedding under both names), the fp32 model it is copied into, two slices of the largest
+  tensor (torch.distributed.checkpoint reads one stored shard at a time: its bytes and the tensor made from them) and
+  320 MiB (the base's tokenizer and transformers' modules: 206 MiB for the tiny model's export): an export writes a
+  whole model, built whole in memory. An export that read the optimizer's moments too (twice the model) fails.
 
 It takes several minutes and most of a 24 GiB machine's memory: it runs only with RLMESH_LARGE_E2E=1.
 """
@@ -164,4 +165,4 @@ def test_each_role_stays_within_its_bound_on_the_large_asset(tmp_path):
     whole_state = size.state_elements * 4 / MIB
     model = size.parameters * 4 / MIB
     assert export["code"] == 0
-    assert export["growth_mb"] <= whole_state + model + 320, export
+    assert export["growth_mb"] <= whole_state + model + 2 * largest / 2 + 320, export
