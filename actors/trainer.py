@@ -273,7 +273,14 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
 
     @endpoint
     async def load_checkpoint(self, path: str) -> None:
+        """The trainer state of checkpoint `path` into this rank (a resume, a trainer recovery); its peak, and its growth
+        over the rank's memory before, in the next step's record (the step's own peak starts after it)."""
+        reset_peaks()
+        before = rss_bytes()
         checkpoint.load_trainer_rank(Path(path), self.lm, self.optimizer, self.scheduler)
+        record_metric("memory/trainer/resume_peak_rss_mb", peak_rss_bytes() / MIB, Reduce.MAX)
+        record_metric("memory/trainer/resume_growth_mb", (peak_rss_bytes() - before) / MIB, Reduce.MAX)
+        reset_peaks()
 
     @endpoint
     async def logprobs(self, token_ids: list[int], reference: bool = False) -> list[float] | None:

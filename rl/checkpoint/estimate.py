@@ -29,6 +29,12 @@ class ModelSize:
     file_dtype: torch.dtype | None = None
     """The dtype the model's files store its floating tensors in (`dtype` in its config.json; None: not stated):
     a sharded load reads a file already in `trainer.param_dtype` straight into the shard, others through a buffer."""
+    load_order: tuple[int, ...] = ()
+    """Elements of each tensor a load reads, in the state dict's order (tied weights once, at their first name): what
+    a sharded load holds when it reads each (`rl.commands.footprint.sharded_load_bytes`)."""
+    layers: int = 0
+    """Decoder layers (`num_hidden_layers` in its config.json; 0: not stated): a load's Python and FSDP objects grow
+    with them (`rl.commands.footprint.LOAD_BYTES_PER_LAYER`)."""
 
 
 def model_size(model_path: str, lora: LoraConfig | None = None) -> ModelSize:
@@ -46,13 +52,15 @@ def model_size(model_path: str, lora: LoraConfig | None = None) -> ModelSize:
             if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] in lora.target_modules
         )
         return ModelSize(parameters=adapters, state_elements=adapters)
-    state = model.state_dict()
+    state = model.state_dict(keep_vars=True)  # the tensors themselves: a tied one is one object under each name
     stated = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)  # "torch_dtype": older configs
     return ModelSize(
         parameters=sum(parameter.numel() for parameter in model.parameters()),
         state_elements=sum(tensor.numel() for tensor in state.values()),
         largest_elements=max(tensor.numel() for tensor in state.values()),
         file_dtype=getattr(torch, stated) if isinstance(stated, str) else stated,
+        load_order=tuple({id(tensor): tensor.numel() for tensor in state.values()}.values()),
+        layers=getattr(config, "num_hidden_layers", 0) or 0,
     )
 
 

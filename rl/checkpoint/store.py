@@ -266,6 +266,7 @@ def load_trainer(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opti
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
+    init_optimizer_state(optimizer)
     model_state, optimizer_state = _trained_state(model, optimizer)
     state = {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict()}
     dcp.load(state, checkpoint_id=path / TRAINER)  # fails on any trainable tensor the checkpoint lacks
@@ -298,6 +299,31 @@ def load_trainer_rank(path: Path, model: torch.nn.Module, optimizer: torch.optim
     """What `save_trainer_rank` saved, into a (fresh) trainer rank: its shards of the trainer state and the RNG."""
     load_trainer(path, model, optimizer, scheduler)
     load_rng(path, "trainer")
+
+
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fresh optimizer its state (AdamW's moments, zeros), one parameter at a time: what a checkpoint's state is
+    loaded into. torch's `get_state_dict` would make it with one step on zero gradients for all parameters at once: the
+    gradients and the step's temporaries beside the moments (a sharded rank held 5 times its shard of the weights at
+    that peak, where the moments are 2). Here each step holds one parameter's gradient and temporaries; with the
+    learning rate at 0 no weight moves (AdamW's decay multiplies by 1 - lr x decay). An optimizer that has a state
+    already, or a gradient (a stateless one, torch's own test), is left as it is."""
+    params = [param for group in optimizer.param_groups for param in group["params"] if param.requires_grad]
+    if optimizer.state or any(param.grad is not None for param in params):
+        return
+    lrs = [group.get("lr") for group in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        if "lr" in group:
+            group["lr"] = torch.tensor(0.0) if isinstance(group["lr"], torch.Tensor) else 0.0
+    try:
+        for param in params:
+            param.grad = torch.zeros_like(param)
+            optimizer.step()  # steps the parameters that have a gradient: this one
+            param.grad = None
+    finally:
+        for group, lr in zip(optimizer.param_groups, lrs, strict=True):
+            if lr is not None:
+                group["lr"] = lr
 
 
 def _trained_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:

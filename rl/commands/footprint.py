@@ -4,10 +4,12 @@
 With P parameters (tied weights once), S state-dict elements (tied weights once per name) and b bytes per element:
 - **trainer rank, host RAM**: with W > 1 ranks (W in all) each builds the model on the meta device and reads only its
   1/W of every tensor from the files (`rl.training.sharded_load`) in `trainer.param_dtype` (P/W x b; these are the
-  master weights AdamW updates, fp32 unless `pure_low_precision`); files in another dtype pass through one read
-  buffer of at most 1/W of the largest tensor in the files' dtype (L/W x f), files in that dtype are read straight
-  into the shard; a KL reference likewise (another P/W x b). One rank alone, or a LoRA policy (its adapters
-  wrap the loaded layers), loads the whole model (P x b; a reference whole after it). Training then holds 1/W of the
+  master weights AdamW updates, fp32 unless `pure_low_precision`); files in another dtype pass through a read
+  buffer of 1/W of each tensor in the files' dtype, freed before the next (the peak: the shards read so far, the
+  tensor being read and its buffer: `sharded_load_bytes`), files in that dtype are read straight into the shard;
+  a KL reference likewise (another P/W x b). One rank alone, or a LoRA policy (its adapters wrap the loaded layers),
+  loads the whole model (P x b; a reference whole after it), and from files in another dtype holds the files'
+  tensors too while it casts them (P x f). Every load adds the objects it builds (`load_overhead_bytes`). Training then holds 1/W of the
   weights, their gradients and AdamW's two moments (4 x P/W x b, + P/W x b for a reference) on `trainer.device`, and
   with delta sync (`rl.weights.delta`) its 1/W of the last published version in the generators' dtype (P/W x w). The
   compute dtype (`trainer.dtype`) adds transient copies and activations, not counted.
@@ -16,8 +18,9 @@ With P parameters (tied weights once), S state-dict elements (tied weights once 
   trainer runs (`rl.weights.sync`): in the launcher's process when the trainer is on its host, else split over the
   trainer hosts (each holds its ranks' shards: 1/H of it). "shared_memory" puts only a handle there.
 - **/dev/shm**: "shared_memory" keeps two slot files of P elements in the generators' dtype on rank 0's host;
-  "torchstore" stages each generator replica's pull in one file of P elements on its own host; with delta sync each
-  generator replica also keeps the version it serves in a file of P elements (its resident copy).
+  "torchstore" stages each generator replica's pull in one file of S elements on its own host (every key the store
+  holds, a tied weight under each name); with delta sync each generator replica also keeps the version it serves in
+  a file laid out as what it reads (its resident copy: S elements through torchstore, P from a slot).
 - **checkpoints** (`rl.checkpoint.estimate`): each trainer host writes its ranks' share of every checkpoint; the run
   directory's filesystem holds `checkpoint.keep` + 1 full ones while a regular one commits.
 Hosts of their own for the reward actors or frozen models hold none of the policy's bytes and are not listed.
@@ -28,10 +31,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rl.checkpoint.estimate import ModelSize, checkpoint_bytes, model_size
 from rl.config import Config
 from rl.precision import TORCH_DTYPES
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -76,25 +83,59 @@ class Footprint:
     """Most bytes of checkpoints on the run directory's filesystem at once."""
 
 
+LOAD_FIXED_BYTES = 12 * 2**20
+"""What a trainer rank's load allocates besides the tensors, for any model: the Python code and objects of the model's
+transformers module, imported at the first build (4.7 MiB), and of the first model build and FSDP2 sharding. Measured
+as a rank's resident growth over its load (`memory/trainer/load_growth_mb`) less its shard, on three models on a
+2-core x86-64 CPU (torch 2.10, transformers 5): 12.5 MiB with 2 decoder layers, 16.6 with 30, 18.4 with 42; this
+and `LOAD_BYTES_PER_LAYER` are the line through them."""
+
+LOAD_BYTES_PER_LAYER = 150 * 2**10
+"""What a load allocates per decoder layer besides its tensors: the layer's modules and parameter objects, built on
+the meta device, then FSDP2's unit for it (its sharded parameters' DTensors and their bookkeeping); about 90 KiB of
+it are Python objects (counted with `tracemalloc`), the rest torch's C++ objects. Measured with `LOAD_FIXED_BYTES`."""
+
+
+def load_overhead_bytes(size: ModelSize, models: int = 1) -> int:
+    """What a rank's load of `models` models of `size` (2: the policy and a KL reference) holds besides their tensors."""
+    return LOAD_FIXED_BYTES + models * size.layers * LOAD_BYTES_PER_LAYER
+
+
+def sharded_load_bytes(size: ModelSize, ranks: int, master: torch.dtype) -> int:
+    """A sharded rank's tensors at the peak of its load: its 1/`ranks` of each tensor in `master`, read in the state
+    dict's order, where a tensor stored in another dtype (`size.file_dtype`; unstated counts as another) first lands
+    in a buffer of its slice in that dtype, freed before the next: the shards read so far, the one being read and its
+    buffer. A tied model's embedding (its largest tensor) comes first, so its buffer costs nothing at the end; an
+    untied one's output layer comes last and does."""
+    buffer_itemsize = 0 if size.file_dtype == master else (size.file_dtype or master).itemsize
+    held = peak = 0
+    for elements in size.load_order:
+        part = math.ceil(elements / ranks)
+        peak = max(peak, held + part * (master.itemsize + buffer_itemsize))
+        held += part * master.itemsize
+    return peak
+
+
 def rank_memory(config: Config, size: ModelSize) -> RankMemory:
-    """One trainer rank: while loading, its shard (and a reference's) and one read buffer when the files are in
-    another dtype than `trainer.param_dtype` (an unstated one counts as another, in `trainer.param_dtype`), or the whole model when it
-    is alone or the policy has LoRA adapters (and its shard beside a whole reference); then its shard of weights,
+    """One trainer rank: while loading, its shard (and a reference's) and the read buffers when the files are in
+    another dtype than `trainer.param_dtype` (`sharded_load_bytes`), or the whole model when it is alone or the
+    policy has LoRA adapters (and from files in another dtype, the files' tensors while they are cast; its shard
+    beside a whole reference), and the load's own objects (`load_overhead_bytes`); then its shard of weights,
     gradients and two AdamW moments (and of a reference)."""
     trainer = config.trainer
-    itemsize = TORCH_DTYPES[trainer.param_dtype].itemsize
+    master = TORCH_DTYPES[trainer.param_dtype]
+    itemsize = master.itemsize
     whole = size.parameters * itemsize
     shard = math.ceil(size.parameters / trainer.ranks) * itemsize
     reference = config.loss.kl_coef > 0
     if trainer.ranks > 1 and not trainer.lora.enabled:
-        master = TORCH_DTYPES[trainer.param_dtype]
-        if size.file_dtype == master:
-            buffer = 0  # read straight into the shard
-        else:
-            buffer = math.ceil(size.largest_elements / trainer.ranks) * (size.file_dtype or master).itemsize
-        load_peak = shard + (shard if reference else 0) + buffer
+        load_peak = (2 if reference else 1) * sharded_load_bytes(size, trainer.ranks, master)
     else:
-        load_peak = whole + (shard if reference else 0)  # a reference loads whole after the policy is sharded
+        # from_pretrained casts from the files' tensors, mapped and read whole; files in the master dtype stay mapped
+        # and are the weights (resident once read)
+        files = 0 if size.file_dtype == master else size.parameters * (size.file_dtype or master).itemsize
+        load_peak = whole + files + (shard if reference else 0)  # a reference loads whole after the policy is sharded
+    load_peak += load_overhead_bytes(size, 2 if reference else 1)
     copy = math.ceil(size.parameters / trainer.ranks) * TORCH_DTYPES[config.generator.dtype].itemsize
     copy = copy if delta_sync(config) else 0
     return RankMemory(load_peak, 4 * shard + (shard if reference else 0) + copy, trainer.device, copy)
@@ -114,7 +155,9 @@ def footprint(config: Config, size: ModelSize) -> Footprint:
     wire = TORCH_DTYPES[config.generator.dtype].itemsize
     torchstore = config.weight_sync.transport == "torchstore"
     store = 3 * size.state_elements * wire if torchstore else 0
-    staging = size.parameters * wire
+    slot = size.parameters * wire  # the trainer's file: a tied weight once
+    # what a generator replica's files hold of a version: what it read, every key the store holds through torchstore
+    staging = size.state_elements * wire if torchstore else slot
     full = checkpoint_bytes(size, config.trainer.param_dtype, "full")
     regular = config.checkpoint.every_steps > 0
     one = full if regular else checkpoint_bytes(size, config.trainer.param_dtype, config.checkpoint.final)
@@ -125,7 +168,7 @@ def footprint(config: Config, size: ModelSize) -> Footprint:
         replicas = config.generator.num_replicas // max(1, hosts_of.generator) if "generator" in roles else 0
         shm = 0
         if not torchstore and "trainer" in roles:
-            shm = 2 * staging  # rank 0's two slots (one trainer host: shared_memory works on one host only)
+            shm = 2 * slot  # rank 0's two slots (one trainer host: shared_memory works on one host only)
         elif torchstore:
             shm = replicas * staging
         if delta_sync(config):

@@ -25,7 +25,18 @@ allocates the working set: AdamW's moments, the first rollouts):
   largest tensor (measured 442-451 MiB); the other shards are written from where they are;
 - the launcher's later steps grow it by less than 10% of one version (a store volume in it would add a version);
 - the generator's later steps grow it by at most three of the largest tensor in bf16 and 64 MiB (the pull's fetched
-  tensor, which torchstore's transport holds up to three times; a pull of the whole version would add 0.93 GiB).
+  tensor, which torchstore's transport holds up to three times; a pull of the whole version would add 0.93 GiB);
+- a resumed rank's checkpoint load (`memory/trainer/resume_growth_mb`, over the rank after its sharded load) grows it
+  by at most two shards and three slices of the largest tensor and 64 MiB: the AdamW moments it loads into (kept from
+  then on, as in any step), made one parameter at a time (that parameter's zero gradient and the step's two
+  temporaries: `rl.checkpoint.store.init_optimizer_state`), and torch.distributed.checkpoint reading one stored shard
+  at a time (its bytes and the tensor made from them). A rank that loaded the whole model, or made the moments with
+  one step over all parameters (every gradient and temporary at once: five shards), fails;
+- `rlmesh export` of the checkpoint grows its process by at most the checkpoint's model state read whole (the state
+  dict in fp32, the tied embedding under both names), the fp32 model it is copied into, two slices of the largest
+  tensor (torch.distributed.checkpoint reads one stored shard at a time: its bytes and the tensor made from them) and
+  320 MiB (the base's tokenizer and transformers' modules: 206 MiB for the tiny model's export): an export writes a
+  whole model, built whole in memory. An export that read the optimizer's moments too (twice the model) fails.
 
 It takes several minutes and most of a 24 GiB machine's memory: it runs only with RLMESH_LARGE_E2E=1.
 """
@@ -50,12 +61,28 @@ MODEL = "random-qwen3-1.5gb"
 MIB = 2**20
 
 
+EXPORT_PEAK = """
+import json, sys
+import torch, transformers, torch.distributed.checkpoint  # what an export imports before it reads
+from rl.commands.cli import main
+from rl.metrics.memory import MIB, peak_rss_bytes, reset_peaks, rss_bytes
+reset_peaks()
+before = rss_bytes()
+code = main(["export", *sys.argv[1:]])
+print(json.dumps({"code": code, "growth_mb": (peak_rss_bytes() - before) / MIB}))
+"""
+"""`rlmesh export ARGS` in a process of its own that prints its growth once its imports are done (`VmHWM`)."""
+
+
+def rlmesh(*args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "rl.commands.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def test_each_role_stays_within_its_bound_on_the_large_asset(tmp_path):
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rl.commands.cli",
+    result = rlmesh(
+        *[
             "train",
             "--config",
             str(E2E_CONFIGS / "tiny_qwen3_process_2hosts.toml"),
@@ -85,11 +112,7 @@ def test_each_role_stays_within_its_bound_on_the_large_asset(tmp_path):
             "none",
             "--wandb.enabled",
             "false",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=1800,
+        ]
     )
     output = result.stdout[-3000:] + result.stderr[-3000:]
     metrics = tmp_path / "large" / "metrics.jsonl"
@@ -120,3 +143,26 @@ def test_each_role_stays_within_its_bound_on_the_large_asset(tmp_path):
     assert result.returncode == 0, output
     assert [record["step"] for record in steps] == [1, 2, 3]
     assert all("memory/trainer/checkpoint_peak_rss_mb" in record for record in steps[1:])
+
+    run_dir = tmp_path / "large"
+    resumed = rlmesh("train", "--resume", str(run_dir), "--run.steps", "4")
+    output = resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    step4 = [record for record in records if record["step"] == 4]
+    assert resumed.returncode == 0 and step4, output
+    exported = subprocess.run(
+        [sys.executable, "-c", EXPORT_PEAK, str(run_dir), "--out", str(tmp_path / "exported"), "--dtype", "bfloat16"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert exported.returncode == 0, exported.stdout[-3000:] + exported.stderr[-3000:]
+    export = json.loads(exported.stdout.strip().splitlines()[-1])
+    resume = step4[0]["memory/trainer/resume_growth_mb"]
+    print(f"[memory] resume_growth_mb {resume:.1f}, export growth {export['growth_mb']:.1f}")
+    assert resume <= 2 * shard + 3 * largest / 2 + 64, f"a rank's resume grew it by {resume:.0f} MiB"
+    whole_state = size.state_elements * 4 / MIB
+    model = size.parameters * 4 / MIB
+    assert export["code"] == 0
+    assert export["growth_mb"] <= whole_state + model + 2 * largest / 2 + 320, export
