@@ -7,7 +7,6 @@ rollouts decode; the engine loop gives them a step of their own (`alone`). The l
 applied by peft to the Hugging Face model."""
 
 import asyncio
-import os
 
 import pytest
 import pytest_asyncio
@@ -17,14 +16,10 @@ from peft import get_peft_model
 from transformers import AutoModelForCausalLM
 
 from actors.engine_loop import EngineLoop
-from actors.generator import engine_args, lora_engine_args
 from rl.assets import resolve_model_path
-from rl.config import load_config
 from rl.config.lora import LoraConfig
-from rl.loop.resolve import resolve_config
 from rl.loop.roles import SYNC_PROBE
-from tests.support.inprocess_engine import step_sizes, werkzeug_proxies_hidden
-from tests.support.paths import E2E_CONFIGS
+from tests.support.inprocess_engine import step_sizes, tiny_lora_llm
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
@@ -52,17 +47,7 @@ def adapter(tmp_path_factory):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine():
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM
-
-    generator_config = resolve_config(load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml")).generator
-    with werkzeug_proxies_hidden():
-        llm = LLM(
-            model=resolve_model_path("tiny-qwen3"),
-            **engine_args(generator_config),
-            **lora_engine_args(LoraConfig(enabled=True, rank=RANK, alpha=ALPHA)),
-        )
+    llm = tiny_lora_llm(RANK, ALPHA)
     loop = EngineLoop(llm.llm_engine)
     yield llm, loop
     await loop.close()

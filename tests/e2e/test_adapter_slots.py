@@ -8,21 +8,15 @@ weights (a step with no adapter row skips the LoRA ops); a removed adapter's slo
 adapters ever loaded at once: the last is never filled, and a request still on the base model (a tenant before its
 first sync) is never served another tenant's adapter, whatever it shares a step with."""
 
-import os
-
 import pytest
 import torch
 from peft import LoraConfig as PeftLoraConfig
 from peft import get_peft_model
 from transformers import AutoModelForCausalLM
 
-from actors.generator import engine_args, lora_engine_args
 from rl.assets import resolve_model_path
-from rl.config import load_config
 from rl.config.lora import LoraConfig
-from rl.loop.resolve import resolve_config
-from tests.support.inprocess_engine import werkzeug_proxies_hidden
-from tests.support.paths import E2E_CONFIGS
+from tests.support.inprocess_engine import tiny_lora_llm
 
 RANK, ALPHA = 8, 16
 TENANTS = 2
@@ -44,17 +38,7 @@ def random_adapter(folder, seed: int) -> str:
 
 @pytest.fixture(scope="module")
 def llm():
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM
-
-    generator_config = resolve_config(load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml")).generator
-    with werkzeug_proxies_hidden():
-        llm = LLM(
-            model=resolve_model_path("tiny-qwen3"),
-            **engine_args(generator_config),
-            **lora_engine_args(LoraConfig(enabled=True, rank=RANK, alpha=ALPHA), TENANTS),
-        )
+    llm = tiny_lora_llm(RANK, ALPHA, TENANTS)
     yield llm
     llm.llm_engine.engine_core.shutdown()
 

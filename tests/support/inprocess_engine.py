@@ -2,6 +2,7 @@
 tests/e2e/test_engine_loop.py and tests/e2e/test_attestation.py do, and watching its steps."""
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -49,3 +50,27 @@ def step_sizes(llm: Any) -> Iterator[list[int]]:
         yield sizes
     finally:
         del engine.step  # the class's step again
+
+
+def tiny_lora_llm(rank: int, alpha: int, tenants: int = 1) -> Any:
+    """vLLM's `LLM` on the tiny Qwen3 in this process, built as the e2e config's generator builds its engine, serving
+    LoRA adapters of `rank` and `alpha` (`tenants` adapter slots); shut it down with
+    `llm.llm_engine.engine_core.shutdown()`."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM
+
+    from actors.generator import engine_args, lora_engine_args
+    from rl.assets import resolve_model_path
+    from rl.config import load_config
+    from rl.config.lora import LoraConfig
+    from rl.loop.resolve import resolve_config
+    from tests.support.paths import E2E_CONFIGS
+
+    generator_config = resolve_config(load_config(E2E_CONFIGS / "tiny_qwen3_e2e.toml")).generator
+    with werkzeug_proxies_hidden():
+        return LLM(
+            model=resolve_model_path("tiny-qwen3"),
+            **engine_args(generator_config),
+            **lora_engine_args(LoraConfig(enabled=True, rank=rank, alpha=alpha), tenants),
+        )
