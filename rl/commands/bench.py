@@ -28,7 +28,7 @@ import torch
 
 from rl.assets import resolve_model_path
 from rl.commands.peak import matmul_peak_gflops, memory_bandwidth_gbs, timed
-from rl.commands.roofline import decode_bound, decode_model, training_peak_fraction
+from rl.commands.roofline import Completion, decode_bound, decode_model, phase_bound, training_peak_fraction
 from rl.config import Config
 from rl.loop.resolve import resolve_config
 from rl.precision import TORCH_DTYPES, native_bf16
@@ -111,6 +111,25 @@ def generation_roofline(config: Config, sync: dict[str, float], results: dict[st
     }
 
 
+def phases_fraction(config: Config, sync: dict[str, Any], results: dict[str, Any]) -> float:
+    """The loop's generation against the least time of the work it did (`rl.commands.roofline.phase_bound`), summed
+    over its phases. A replica serves whole groups (a step's groups dealt round-robin here), and a phase lasts as long
+    as its slowest replica's share."""
+    model = decode_model(resolve_model_path(config.model.path), TORCH_DTYPES[config.generator.dtype].itemsize)
+    peak, bandwidth = results["generator_peak_gflops"], results["bandwidth_gbs"]
+    replicas = config.generator.num_replicas
+    bound = 0.0
+    for phase in sync["generation_phases"]:
+        groups = sorted(phase)
+        shares = [groups[index::replicas] for index in range(replicas)]
+        bound += max(
+            phase_bound(model, [c for group in share for c in phase[group]], peak, bandwidth)
+            for share in shares
+            if share
+        )
+    return bound / sum(sync["generation_phase_s"])
+
+
 async def run_loop(config: Config, staleness: int, name: str) -> dict[str, float]:
     """One training run at budget `staleness`; per-step averages from its metrics.jsonl."""
     from rl.loop.controller import Controller
@@ -126,6 +145,15 @@ async def run_loop(config: Config, staleness: int, name: str) -> dict[str, float
     seconds = sum(step["time/step_s"] for step in steps)
     trained = [json.loads(line) for line in (Path(summary["run_dir"]) / "rollouts.jsonl").read_text().splitlines()]
     turns = [turn for record in trained if record["kind"] == "train" for turn in record["rollout"]["turns"]]
+    phases: dict[int, dict[str, list[Completion]]] = {step["step"]: {} for step in steps}  # step -> group -> requests
+    for record in trained:
+        if record["kind"] == "train" and record["step"] in phases:
+            rollout = record["rollout"]
+            for index, turn in enumerate(rollout["turns"]):  # a later turn's prompt holds its own sample's replies
+                prompt = rollout["group_id"] if index == 0 else f"{rollout['rollout_id']}/{index}"
+                phases[record["step"]].setdefault(rollout["group_id"], []).append(
+                    Completion(prompt, len(turn["prompt_token_ids"]), len(turn["completion_token_ids"]))
+                )
     train_seconds = sum(step["time/train_s"] for step in steps)
     return {
         "s_per_step": seconds / len(steps),
@@ -145,6 +173,8 @@ async def run_loop(config: Config, staleness: int, name: str) -> dict[str, float
         "evicted_stale_groups": sum(step["rollouts/evicted_stale_groups"] for step in steps),
         "prompt_tokens_mean": statistics.fmean(len(turn["prompt_token_ids"]) for turn in turns),
         "completion_tokens_mean": statistics.fmean(len(turn["completion_token_ids"]) for turn in turns),
+        "generation_phases": list(phases.values()),
+        "generation_phase_s": [step["time/generation_s"] for step in steps],
     }
 
 
@@ -177,6 +207,11 @@ def table(results: dict[str, Any]) -> str:
             f"{results['generation_roofline_fraction']:.2f} ("
             f"{sync['generation_tokens_per_s'] / results['generation_roofline']['flops_tokens_per_s']:.2f}, "
             f"{sync['generation_tokens_per_s'] / results['generation_roofline']['bandwidth_tokens_per_s']:.2f})",
+        ),
+        (
+            "generation, share of the least time of its work (each prompt prefilled once, each decode step at the "
+            "batch still running)",
+            f"{results['generation_work_fraction']:.2f}",
         ),
     ]
     for name, loop in loops.items():
@@ -248,6 +283,9 @@ async def bench(config: Config) -> dict[str, Any]:
     results["generation_roofline_fraction"] = (
         sync["generation_tokens_per_s"] / results["generation_roofline"]["tokens_per_s"]
     )
+    results["generation_work_fraction"] = phases_fraction(config, sync, results)
+    for loop in results["loops"].values():  # the requests' shapes stay out of bench.json
+        del loop["generation_phases"]
     results["ratios"] = {
         "async_1_vs_sync": results["loops"]["async_1"]["trained_tokens_per_s"] / sync["trained_tokens_per_s"],
         "async_2_vs_sync": results["loops"]["async_2"]["trained_tokens_per_s"] / sync["trained_tokens_per_s"],

@@ -34,6 +34,7 @@ def test_bench_table_shows_both_token_counts_the_gain_and_each_dtype_peak():
             "bound_by": "bandwidth",
         },
         "generation_roofline_fraction": 0.375,
+        "generation_work_fraction": 0.5,
         "native_bf16": "native bf16: no",
         "matmul_peak_gflops": {"float32": 32.0, "bfloat16": 1.5},
         "trainer_peak_fraction": 0.4,
@@ -53,3 +54,4 @@ def test_bench_table_shows_both_token_counts_the_gain_and_each_dtype_peak():
     )
     assert "| training, share of the float32 matmul peak (forwarded tokens) | 0.40 |" in text
     assert "| packing efficiency (real / all forwarded positions) | 0.97 |" in text
+    assert "each decode step at the batch still running) | 0.50 |" in text
