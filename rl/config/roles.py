@@ -60,9 +60,9 @@ class GeneratorConfig(Section):
     """Skip graph compilation: fast start-up (~3 s) at some decode speed. On CPU a compiled engine (vLLM traces the
     model once with TorchDynamo and compiles it with inductor) decoded the main job 15-22% faster with the same tokens,
     but starts in ~70 s the first time and ~20 s once inductor's cache holds the model, which on a run of the main
-    job's length costs more than its steps save; and a request decoding alone there gets other bits (logprobs 2e-5 apart where measured) than
-    in a batch, which an eager CPU engine prevents (`rl.processes.single_rows`) (benchmarks/README.md, "Generation
-    profile")."""
+    job's length costs more than its steps save; and a request decoding alone there gets other bits (logprobs 2e-5
+    apart where measured) than in a batch, which an eager CPU engine prevents (`rl.processes.single_rows`)
+    (benchmarks/README.md, "Generation profile")."""
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     """CUDA only; on CPU the KV cache is sized by `cpu_kv_cache_gib`."""
     cpu_kv_cache_gib: int = Field(2, ge=1)
