@@ -115,6 +115,11 @@ def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> di
     use whatever `enforce_eager` says (the sampled tokens' ranks: ~5 s and a g++ run at every generator start here,
     again at each new batch shape), and on CPU they are integer counts and masks that run eagerly to the same values.
 
+    A compiled CPU engine compiles without vLLM's AOT cache (`VLLM_USE_AOT_COMPILE=0`): vLLM saves the compiled model
+    there but cannot load it back on CPU (its loader expects vLLM's own compile backend, which the CPU platform's
+    single-trace mode does not use), so every start compiled the whole model again (51-62 s on the main job's model);
+    without it, inductor's own cache serves every start after the first (22.5 s, against ~3 s eager).
+
     A CPU engine computes each request's attention whole on one thread (`VLLM_CPU_ATTN_SPLIT_KV=0`): vLLM's CPU
     attention otherwise splits a decoding request's context longer than 64 tokens across its threads, at points set by
     the whole batch's context lengths, and merges the parts, so a request's logprobs depended on what else its steps
@@ -131,6 +136,8 @@ def engine_environment(generator_config: GeneratorConfig, cpus: list[int]) -> di
         env["VLLM_CPU_ATTN_SPLIT_KV"] = "0"
         if generator_config.enforce_eager:
             env["TORCHDYNAMO_DISABLE"] = "1"
+        else:
+            env["VLLM_USE_AOT_COMPILE"] = "0"
         cores = cpus or sorted(os.sched_getaffinity(0))
         if tp > 1 and len(cores) < tp:
             raise ValueError(f"generator.tensor_parallel_size = {tp} on CPU needs {tp} cores, got {cores}")

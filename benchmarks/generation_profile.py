@@ -6,9 +6,13 @@ request, the config's sampling and `max_new_tokens`), each added at once as the 
 wrapped around vLLM's own functions split every engine step into: scheduling, input preparation, the model forward,
 the logits (lm_head), sampling, the sampled tokens' logprobs (log-softmax over the vocabulary, gather and rank),
 the scheduler's update, output processing; the rest of a step is Python between them. Prints a table and writes it
-as JSON (`--out`).
+as JSON (`--out`), with the engine's start-up and its first (warm-up) phase; `--samples FILE` writes every measured
+request's tokens and logprobs, to compare two settings (e.g. `--generator.enforce_eager false`) on the same requests.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/generation_profile.py --config configs/sum_digits_smollm2_cpu.toml
+
+`--gemms ROWS` instead times one decode step's decoder GEMMs (every layer's weights, fp32) at ROWS sequences in this
+process, through vLLM's CPU linear (`onednn_mm`) and the other fp32 GEMM paths torch offers, against their bandwidth.
 
 `--pyspy FILE` instead splits a py-spy recording of a running generator (`py-spy record --pid PID --idle --format
 raw -o FILE`, the generator process of a training run) into the same parts, counting the samples of its engine
@@ -149,6 +153,73 @@ async def paused_phases(llm: Any, requests: list[tuple[Any, Any]], after_steps: 
     return measured
 
 
+def decoder_gemm_shapes(model_path: str) -> list[tuple[str, int, int]]:
+    """(name, K, N) of one decoder layer's weight matrices as vLLM runs them: q/k/v fused into one GEMM, gate/up into
+    one (`QKVParallelLinear`, `MergedColumnParallelLinear`), then the attention output and the MLP's down projection."""
+    from transformers import AutoConfig
+
+    hf = AutoConfig.from_pretrained(model_path)
+    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
+    qkv = (hf.num_attention_heads + 2 * kv_heads) * head_dim
+    return [
+        ("qkv", hf.hidden_size, qkv),
+        ("o", hf.num_attention_heads * head_dim, hf.hidden_size),
+        ("gate_up", hf.hidden_size, 2 * hf.intermediate_size),
+        ("down", hf.intermediate_size, hf.hidden_size),
+    ]
+
+
+def gemm_paths(weights: list[Any]) -> dict[str, Callable[[Any, int], Any]]:
+    """Ways to multiply a decode step's activations [M, K] by each weight [N, K] of `weights` (fp32): each entry
+    prepares its own copy of every weight once and returns `gemm(x, i)` = x @ weights[i].T."""
+    import torch
+    from vllm import _custom_ops as ops
+
+    paths: dict[str, Callable[[Any, int], Any]] = {}
+    handlers = [ops.create_onednn_mm(w.t(), 32) for w in weights]  # vLLM's CPU linear (dispatch_cpu_unquantized_gemm)
+    paths["vLLM onednn_mm (the engine's)"] = lambda x, i: ops.onednn_mm(handlers[i], x, None)
+    paths["torch linear (MKL sgemm)"] = lambda x, i: torch.nn.functional.linear(x, weights[i])
+    transposed = [w.t().contiguous() for w in weights]  # [K, N]
+    paths["torch mm, weight stored [K, N]"] = lambda x, i: torch.mm(x, transposed[i])
+    mkl_packed = [torch.ops.mkl._mkl_reorder_linear_weight(w, 32) for w in weights]  # inductor's fp32 freezing path
+    paths["MKL packed sgemm (mkl._mkl_linear)"] = lambda x, i: torch.ops.mkl._mkl_linear(
+        x, mkl_packed[i], weights[i], None, 32
+    )
+    dnnl_packed = [torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in weights]
+    paths["oneDNN packed (mkldnn._linear_pointwise)"] = lambda x, i: torch.ops.mkldnn._linear_pointwise(
+        x, dnnl_packed[i], None, "none", [], ""
+    )
+    return paths
+
+
+def time_decoder_gemms(model_path: str, rows: int, repeats: int) -> dict[str, float]:
+    """Median seconds of one decode step's decoder GEMMs (every layer's, each layer with weights of its own so that
+    they stream from memory as the engine's do) at `rows` sequences, by each of `gemm_paths`."""
+    import torch
+    from transformers import AutoConfig
+
+    layers = AutoConfig.from_pretrained(model_path).num_hidden_layers
+    shapes = decoder_gemm_shapes(model_path)
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(n, k, generator=generator) / k**0.5 for _ in range(layers) for _, k, n in shapes]
+    inputs = {k: torch.randn(rows, k, generator=generator) for _, k, _ in shapes}
+    paths = gemm_paths(weights)
+    reference = [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights]
+    seconds: dict[str, float] = {}
+    for name, gemm in paths.items():
+        for i, w in enumerate(weights):  # each path computes the same products
+            torch.testing.assert_close(gemm(inputs[w.shape[1]], i), reference[i], rtol=1e-4, atol=1e-4)
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            for i, w in enumerate(weights):
+                gemm(inputs[w.shape[1]], i)
+            times.append(time.perf_counter() - start)
+        seconds[name] = statistics.median(times)
+    return seconds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/sum_digits_smollm2_cpu.toml")
@@ -162,7 +233,36 @@ def main() -> None:
         "steps (prefix cache dropped, as a reload does), for each of finish, resubmit and continue",
     )
     parser.add_argument("--pyspy", default=None, help="split this py-spy raw recording instead of running")
+    parser.add_argument(
+        "--samples",
+        default=None,
+        help="write every measured request's token ids and logprobs here (JSON), to compare two settings' samples",
+    )
+    parser.add_argument(
+        "--gemms",
+        type=int,
+        default=0,
+        help="instead: time one decode step's decoder GEMMs at this many rows by each fp32 GEMM path, in this process",
+    )
     args, rest = parser.parse_known_args()
+    if args.gemms:
+        config = load_config(args.config)
+        model_path = resolve_model_path(config.model.path)
+        import torch
+        from transformers import AutoConfig
+
+        layers = AutoConfig.from_pretrained(model_path).num_hidden_layers
+        weight_bytes = 4 * layers * sum(k * n for _, k, n in decoder_gemm_shapes(model_path))
+        flops = 2 * args.gemms * weight_bytes / 4
+        print(
+            f"decoder GEMMs of one decode step: {args.gemms} rows, {layers} layers, {weight_bytes / 1e6:.0f} MB of fp32 "
+            f"weights, {flops / 1e9:.2f} GFLOP, {torch.get_num_threads()} threads (median of 20)"
+        )
+        for name, seconds in time_decoder_gemms(model_path, args.gemms, repeats=20).items():
+            print(
+                f"  {1000 * seconds:7.1f} ms  {weight_bytes / seconds / 1e9:5.1f} GB/s  {flops / seconds / 1e9:6.1f} GFLOP/s  {name}"
+            )
+        return
     if args.pyspy:
         with open(args.pyspy) as f:
             shares = classify(f.read())
@@ -180,6 +280,9 @@ def main() -> None:
     os.environ.update(engine_environment(config.generator, []))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     import torch
+
+    if os.environ.get("TORCHDYNAMO_DISABLE") == "1":
+        torch._dynamo.config.disable = True  # as the generator does: dynamo was imported before the variable was set
     from vllm import LLM
     from vllm.inputs import TokensPrompt
 
@@ -187,7 +290,9 @@ def main() -> None:
 
     groups, group_size = config.run.groups_per_step, config.algorithm.group_size
     max_new_tokens = config.tasks[0].env.max_new_tokens
+    start = time.perf_counter()
     llm = LLM(model=resolve_model_path(config.model.path), **engine_args(config.generator))
+    engine_start_s = time.perf_counter() - start
     rows, stop_tokens = prompts(config, groups * (args.batches + 1))
 
     def requests_of(batch: int) -> list[tuple[Any, Any]]:
@@ -205,15 +310,26 @@ def main() -> None:
             for r in requests
         ]
 
+    samples: list[dict[str, list]] = []
+    """Each measured request's sampled token ids and their logprobs, in request order."""
+
     def phase(batch: int) -> tuple[float, int]:
         prompts_and_params = requests_of(batch)
         start = time.perf_counter()
         outputs = llm.generate(
             [prompt for prompt, _ in prompts_and_params], [params for _, params in prompts_and_params], use_tqdm=False
         )
-        return time.perf_counter() - start, sum(len(o.outputs[0].token_ids) for o in outputs)
+        wall = time.perf_counter() - start
+        for output in outputs:
+            sample = output.outputs[0]
+            logprobs = [position[token].logprob for position, token in zip(sample.logprobs, sample.token_ids)]
+            samples.append({"token_ids": list(sample.token_ids), "logprobs": logprobs})
+        return wall, sum(len(o.outputs[0].token_ids) for o in outputs)
 
-    phase(0)  # warm-up: first shapes, oneDNN primitives
+    start = time.perf_counter()
+    phase(0)  # warm-up: first shapes, oneDNN primitives (and a compiled engine's remaining compilation)
+    first_phase_s = time.perf_counter() - start
+    del samples[:]
     instrument(llm)
     walls, tokens = [], []
     for batch in range(1, args.batches + 1):
@@ -233,6 +349,9 @@ def main() -> None:
         "dtype": config.generator.dtype,
         "overrides": overrides,
         "torch_threads": torch.get_num_threads(),
+        "enforce_eager": config.generator.enforce_eager,
+        "engine_start_s": engine_start_s,
+        "first_phase_s": first_phase_s,
         "batches": args.batches,
         "requests_per_batch": groups * group_size,
         "completion_tokens_per_batch": statistics.fmean(tokens),
@@ -248,6 +367,7 @@ def main() -> None:
         f"{result['requests_per_batch']} requests ({result['completion_tokens_per_batch']:.0f} tokens, "
         f"{result['engine_steps_per_batch']:.0f} engine steps of {result['ms_per_engine_step']:.1f} ms)"
     )
+    print(f"  engine start {engine_start_s:.1f} s, first (warm-up) phase {first_phase_s:.2f} s")
     for name, share in result["share"].items():
         print(f"  {share:6.1%}  {name}")
     if args.pause_after_steps:
@@ -257,6 +377,9 @@ def main() -> None:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=2)
+    if args.samples:
+        with open(args.samples, "w") as f:
+            json.dump(samples, f)
     llm.llm_engine.engine_core.shutdown()
 
 

@@ -57,7 +57,12 @@ class GeneratorConfig(Section):
     tensor_parallel_size: int = Field(1, ge=1)
     """GPUs per replica: vLLM shards the model over them (tensor parallelism)."""
     enforce_eager: bool = True
-    """Skip graph compilation: fast start-up (~3 s) at some decode speed."""
+    """Skip graph compilation: fast start-up (~3 s) at some decode speed. On CPU a compiled engine (vLLM traces the
+    model once with TorchDynamo and compiles it with inductor) decoded the main job 15-22% faster with the same tokens,
+    but starts in ~70 s the first time and ~20 s once inductor's cache holds the model, which on a run of the main
+    job's length costs more than its steps save; and a request decoding alone there gets other bits (logprobs 2e-5
+    apart where measured) than in a batch, which an eager CPU engine prevents (`rl.processes.single_rows`)
+    (benchmarks/README.md, "Generation profile")."""
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     """CUDA only; on CPU the KV cache is sized by `cpu_kv_cache_gib`."""
     cpu_kv_cache_gib: int = Field(2, ge=1)

@@ -45,6 +45,17 @@ def test_an_eager_cpu_engine_and_its_workers_run_without_dynamo_and_a_compiled_o
     assert "TORCHDYNAMO_DISABLE" not in engine_environment(compiled, cpus=[])
 
 
+def test_a_compiled_cpu_engine_compiles_without_vllms_aot_cache_which_cannot_load_on_cpu():
+    # vLLM saves the compiled model but its CPU load fails, so every start compiled again; inductor's cache serves it
+    compiled = load_config(TINY, {"generator.enforce_eager": "false"}).generator
+    assert engine_environment(compiled, cpus=[])["VLLM_USE_AOT_COMPILE"] == "0"
+    assert "VLLM_USE_AOT_COMPILE" not in engine_environment(load_config(TINY).generator, cpus=[])  # eager: no compile
+    gpu = load_config(
+        TINY, {"generator.device": "cuda", "trainer.device": "cuda", "generator.enforce_eager": "false"}
+    ).generator
+    assert "VLLM_USE_AOT_COMPILE" not in engine_environment(gpu, cpus=[])  # GPU: vLLM compiles with its own backend
+
+
 def test_every_worker_gets_the_weight_loader():
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
