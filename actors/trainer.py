@@ -34,6 +34,7 @@ from rl.processes.heap import return_free_heap_pages, return_large_blocks_to_the
 from rl.processes.titles import name_process
 from rl.services.replica import ServiceReplica
 from rl.training import distributed, lora
+from rl.training.compute_copy import ComputeCopy
 from rl.training.logprobs import token_logprobs
 from rl.training.schedule import lr_lambda
 from rl.training.sharded_load import load_shards
@@ -113,6 +114,18 @@ def mixed_precision(trainer_config: TrainerConfig, ranks: distributed.Ranks) -> 
     return ranks.world > 1 and trainer_config.device == "cuda" and trainer_config.dtype != trainer_config.param_dtype
 
 
+def computes_on_a_copy(trainer_config: TrainerConfig, ranks: distributed.Ranks) -> bool:
+    """bf16 compute over fp32 weights in one process, without LoRA: the forward and backward run on a stochastically
+    rounded bf16 copy of the weights (`rl.training.compute_copy`), which sees every update in expectation, where
+    autocast's nearest-rounded casts hide those below bf16's rounding step."""
+    return (
+        ranks.world == 1
+        and not trainer_config.lora.enabled
+        and trainer_config.dtype == "bfloat16"
+        and trainer_config.param_dtype == "float32"
+    )
+
+
 def shard(model: torch.nn.Module, trainer_config: TrainerConfig, ranks: distributed.Ranks) -> torch.nn.Module:
     """FSDP2 over the ranks (mixed precision on GPU), or the model itself with one rank."""
     if ranks.world == 1:
@@ -169,6 +182,8 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
             betas=trainer_config.betas,
             weight_decay=trainer_config.weight_decay,
         )
+        self.copy = ComputeCopy(self.model, self.optimizer) if computes_on_a_copy(trainer_config, self.ranks) else None
+        """The bf16 weights the policy's passes compute with, when `computes_on_a_copy`."""
         steps = total_steps * trainer_config.ppo_n_minibatches  # one LR step per optimizer step
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, steps))
         self.policy_version = 0
@@ -193,6 +208,10 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
             return contextlib.nullcontext()
         return compute_context(trainer_config.device, trainer_config.param_dtype, trainer_config.dtype)
 
+    def weights(self):
+        """The policy's weights for its passes: the bf16 copy in their place when there is one (`computes_on_a_copy`)."""
+        return contextlib.nullcontext() if self.copy is None else self.copy.active()
+
     @endpoint
     async def train_step(self, micro_batches: list[TensorDict]) -> dict[str, float]:
         """K optimizer steps over the batch's micro-batches (see `rl.training.train_step`); returns loss and diagnostics."""
@@ -211,6 +230,7 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
             reference=self.reference,
             device=self.device,
             compute=self.compute,
+            weights=self.weights,
             ranks=self.ranks,
         )
         return_free_heap_pages()  # the step's freed small blocks (see rl.processes.heap)
@@ -278,6 +298,8 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         reset_peaks()
         before = rss_bytes()
         checkpoint.load_trainer_rank(Path(path), self.lm, self.optimizer, self.scheduler)
+        if self.copy is not None:
+            self.copy.refresh()
         record_metric("memory/trainer/resume_peak_rss_mb", peak_rss_bytes() / MIB, Reduce.MAX)
         record_metric("memory/trainer/resume_growth_mb", (peak_rss_bytes() - before) / MIB, Reduce.MAX)
         reset_peaks()
@@ -293,7 +315,8 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         position_ids = torch.arange(len(token_ids), device=self.device).unsqueeze(0)
         model.eval()  # no dropout (LoRA's): the policy's own logprobs
         try:
-            with torch.no_grad(), self.compute():
+            weights = self.weights() if model is self.model else contextlib.nullcontext()
+            with torch.no_grad(), weights, self.compute():
                 return token_logprobs(model, input_ids, position_ids)[0].tolist()
         finally:
             model.train(model is self.model)
