@@ -28,7 +28,7 @@ from rl.metrics.actor import MetricsActor
 from rl.metrics.memory import MIB, peak_rss_bytes, reset_peaks, rss_bytes
 from rl.metrics.reduce import Reduce, record_metric
 from rl.packing.attention_kinds import prefix_sharing_refusal
-from rl.precision import TORCH_DTYPES, compute_context
+from rl.precision import TORCH_DTYPES, compute_context, computes_on_a_copy
 from rl.processes.affinity import pin_process
 from rl.processes.heap import return_free_heap_pages, return_large_blocks_to_the_system
 from rl.processes.titles import name_process
@@ -114,18 +114,6 @@ def mixed_precision(trainer_config: TrainerConfig, ranks: distributed.Ranks) -> 
     return ranks.world > 1 and trainer_config.device == "cuda" and trainer_config.dtype != trainer_config.param_dtype
 
 
-def computes_on_a_copy(trainer_config: TrainerConfig, ranks: distributed.Ranks) -> bool:
-    """bf16 compute over fp32 weights in one process, without LoRA: the forward and backward run on a stochastically
-    rounded bf16 copy of the weights (`rl.training.compute_copy`), which sees every update in expectation, where
-    autocast's nearest-rounded casts hide those below bf16's rounding step."""
-    return (
-        ranks.world == 1
-        and not trainer_config.lora.enabled
-        and trainer_config.dtype == "bfloat16"
-        and trainer_config.param_dtype == "float32"
-    )
-
-
 def shard(model: torch.nn.Module, trainer_config: TrainerConfig, ranks: distributed.Ranks) -> torch.nn.Module:
     """FSDP2 over the ranks (mixed precision on GPU), or the model itself with one rank."""
     if ranks.world == 1:
@@ -182,7 +170,9 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
             betas=trainer_config.betas,
             weight_decay=trainer_config.weight_decay,
         )
-        self.copy = ComputeCopy(self.model, self.optimizer) if computes_on_a_copy(trainer_config, self.ranks) else None
+        self.copy = (
+            ComputeCopy(self.model, self.optimizer) if computes_on_a_copy(trainer_config, self.ranks.world) else None
+        )
         """The bf16 weights the policy's passes compute with, when `computes_on_a_copy`."""
         steps = total_steps * trainer_config.ppo_n_minibatches  # one LR step per optimizer step
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, steps))

@@ -76,6 +76,14 @@ def precision_warnings(config: Any) -> list[str]:
 _BITS = {"float32": 24, "bfloat16": 8, "float16": 11}  # mantissa bits: how finely each dtype resolves an update
 
 
+def computes_on_a_copy(trainer: Any, world: int) -> bool:
+    """Whether a trainer (`TrainerConfig`, in `world` processes) computes in bf16 on a stochastically rounded bf16 copy
+    of its fp32 weights (`rl.training.compute_copy`: it sees every update in expectation) rather than under autocast,
+    whose nearest-rounded casts hide the updates below bf16's rounding step: one process, bf16 over fp32, no LoRA (a
+    sharded trainer gathers its weights in bf16 through FSDP2 instead; LoRA's frozen base has no updates to hide)."""
+    return world == 1 and not trainer.lora.enabled and trainer.dtype == "bfloat16" and trainer.param_dtype == "float32"
+
+
 def compute_context(device: str, param_dtype: str, compute_dtype: str) -> contextlib.AbstractContextManager:
     """Autocast to `compute_dtype` when it is below the parameters' dtype, else a no-op."""
     if compute_dtype == param_dtype:

@@ -31,8 +31,9 @@ def stochastic_round_bf16(values: torch.Tensor) -> torch.Tensor:
     plus the noise overflowing 2^16) happens with probability remainder / 2^16, and moves the value to its next bf16
     neighbour away from zero (through the exponent when it must). Exact bf16 values are returned unchanged."""
     bits = values.contiguous().view(torch.int32)  # same shape
-    noise = torch.empty_like(bits).random_() & ((1 << MANTISSA_DROP) - 1)  # [0, 2^16) uniform
-    return ((bits + noise) & ~((1 << MANTISSA_DROP) - 1)).view(torch.float32).to(torch.bfloat16)
+    rounded = torch.empty_like(bits).random_()  # in place from here: one buffer, no temporaries of the weights' size
+    rounded.bitwise_and_((1 << MANTISSA_DROP) - 1).add_(bits).bitwise_and_(~((1 << MANTISSA_DROP) - 1))
+    return rounded.view(torch.float32).to(torch.bfloat16)  # exact: the low 16 bits are zero
 
 
 class ComputeCopy:
