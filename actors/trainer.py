@@ -171,7 +171,9 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
             weight_decay=trainer_config.weight_decay,
         )
         self.copy = (
-            ComputeCopy(self.model, self.optimizer) if computes_on_a_copy(trainer_config, self.ranks.world) else None
+            ComputeCopy(self.model, self.optimizer)
+            if computes_on_a_copy(trainer_config, self.ranks.world, wire_dtype)
+            else None
         )
         """The bf16 weights the policy's passes compute with, when `computes_on_a_copy`."""
         steps = total_steps * trainer_config.ppo_n_minibatches  # one LR step per optimizer step

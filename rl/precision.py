@@ -74,20 +74,22 @@ def known_not_to_learn(trainer_dtype: str, sampler_dtype: str, corrected: bool, 
 def precision_warnings(config: Any) -> list[str]:
     """`known_not_to_learn` of a validated config's resolved pair (`rlmesh validate` and `rlmesh train` print them)."""
     corrected = config.loss.rollout_correction.rollout_is is not None
-    copy = computes_on_a_copy(config.trainer, config.trainer.ranks)
+    copy = computes_on_a_copy(config.trainer, config.trainer.ranks, config.generator.dtype)
     return known_not_to_learn(config.trainer.dtype, config.generator.dtype, corrected, copy)
 
 
 _BITS = {"float32": 24, "bfloat16": 8, "float16": 11}  # mantissa bits: how finely each dtype resolves an update
 
 
-def computes_on_a_copy(trainer: Any, world: int) -> bool:
-    """Whether a trainer (`TrainerConfig`, in `world` processes) computes in bf16 on a stochastically rounded bf16 copy
-    of its fp32 weights (`rl.training.compute_copy`: it sees every update in expectation) rather than under autocast,
-    whose nearest-rounded casts hide the updates below bf16's rounding step: one process, bf16 over fp32, no LoRA. A
-    sharded trainer gathers its weights in bf16 through FSDP2 instead, and a LoRA trainer keeps autocast (neither
-    was measured with the copy)."""
-    return world == 1 and not trainer.lora.enabled and trainer.dtype == "bfloat16" and trainer.param_dtype == "float32"
+def computes_on_a_copy(trainer: Any, world: int, sampler_dtype: str) -> bool:
+    """Whether a trainer (`TrainerConfig`, in `world` processes, its generators' weights in `sampler_dtype`) computes
+    in bf16 on a stochastically rounded bf16 copy of its fp32 weights (`rl.training.compute_copy`: it sees every
+    update in expectation) rather than under autocast, whose nearest-rounded casts hide the updates below bf16's
+    rounding step: one process, bf16 over fp32, no LoRA, against an fp32 sampler (the pair measured). A sharded
+    trainer gathers its weights in bf16 through FSDP2 instead; a LoRA trainer, and a trainer whose sampler gets bf16
+    weights (rounded to nearest, so both sides see the same updates), keep autocast."""
+    one_process = world == 1 and not trainer.lora.enabled
+    return one_process and trainer.dtype == "bfloat16" and trainer.param_dtype == sampler_dtype == "float32"
 
 
 def compute_context(device: str, param_dtype: str, compute_dtype: str) -> contextlib.AbstractContextManager:

@@ -113,9 +113,12 @@ def test_flex_attention_is_refused_on_a_cpu_trainer_and_accepted_on_cuda():
     )
 
 
-def test_only_a_one_process_full_bf16_trainer_over_fp32_weights_computes_on_the_copy():
+def test_only_a_one_process_full_bf16_trainer_over_fp32_weights_with_an_fp32_sampler_computes_on_the_copy():
     trainer = Config(trainer={"dtype": "bfloat16"}).trainer
-    assert computes_on_a_copy(trainer, 1)
-    assert not computes_on_a_copy(trainer, 2)  # FSDP2 / autocast
-    assert not computes_on_a_copy(Config(trainer={"dtype": "bfloat16", "lora": {"enabled": True}}).trainer, 1)
-    assert not computes_on_a_copy(Config(trainer={"dtype": "float32"}).trainer, 1)
+    assert computes_on_a_copy(trainer, 1, "float32")
+    assert not computes_on_a_copy(trainer, 2, "float32")  # FSDP2 / autocast
+    assert not computes_on_a_copy(trainer, 1, "bfloat16")  # bf16 everywhere: autocast, as the sampler's weights
+    assert not computes_on_a_copy(
+        Config(trainer={"dtype": "bfloat16", "lora": {"enabled": True}}).trainer, 1, "float32"
+    )
+    assert not computes_on_a_copy(Config(trainer={"dtype": "float32"}).trainer, 1, "float32")
