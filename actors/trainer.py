@@ -28,12 +28,13 @@ from rl.metrics.actor import MetricsActor
 from rl.metrics.memory import MIB, peak_rss_bytes, reset_peaks, rss_bytes
 from rl.metrics.reduce import Reduce, record_metric
 from rl.packing.attention_kinds import prefix_sharing_refusal
-from rl.precision import TORCH_DTYPES, compute_context
+from rl.precision import TORCH_DTYPES, compute_context, computes_on_a_copy
 from rl.processes.affinity import pin_process
 from rl.processes.heap import return_free_heap_pages, return_large_blocks_to_the_system
 from rl.processes.titles import name_process
 from rl.services.replica import ServiceReplica
 from rl.training import distributed, lora
+from rl.training.compute_copy import ComputeCopy
 from rl.training.logprobs import token_logprobs
 from rl.training.schedule import lr_lambda
 from rl.training.sharded_load import load_shards
@@ -169,6 +170,12 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
             betas=trainer_config.betas,
             weight_decay=trainer_config.weight_decay,
         )
+        self.copy = (
+            ComputeCopy(self.model, self.optimizer)
+            if computes_on_a_copy(trainer_config, self.ranks.world, wire_dtype)
+            else None
+        )
+        """The bf16 weights the policy's passes compute with, when `computes_on_a_copy`."""
         steps = total_steps * trainer_config.ppo_n_minibatches  # one LR step per optimizer step
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(trainer_config, steps))
         self.policy_version = 0
@@ -193,6 +200,10 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
             return contextlib.nullcontext()
         return compute_context(trainer_config.device, trainer_config.param_dtype, trainer_config.dtype)
 
+    def weights(self):
+        """The policy's weights for its passes: the bf16 copy in their place when there is one (`computes_on_a_copy`)."""
+        return contextlib.nullcontext() if self.copy is None else self.copy.active()
+
     @endpoint
     async def train_step(self, micro_batches: list[TensorDict]) -> dict[str, float]:
         """K optimizer steps over the batch's micro-batches (see `rl.training.train_step`); returns loss and diagnostics."""
@@ -211,6 +222,7 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
             reference=self.reference,
             device=self.device,
             compute=self.compute,
+            weights=self.weights,
             ranks=self.ranks,
         )
         return_free_heap_pages()  # the step's freed small blocks (see rl.processes.heap)
@@ -278,6 +290,8 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         reset_peaks()
         before = rss_bytes()
         checkpoint.load_trainer_rank(Path(path), self.lm, self.optimizer, self.scheduler)
+        if self.copy is not None:
+            self.copy.refresh()
         record_metric("memory/trainer/resume_peak_rss_mb", peak_rss_bytes() / MIB, Reduce.MAX)
         record_metric("memory/trainer/resume_growth_mb", (peak_rss_bytes() - before) / MIB, Reduce.MAX)
         reset_peaks()
@@ -293,7 +307,8 @@ class PolicyTrainer(MetricsActor, ServiceReplica):
         position_ids = torch.arange(len(token_ids), device=self.device).unsqueeze(0)
         model.eval()  # no dropout (LoRA's): the policy's own logprobs
         try:
-            with torch.no_grad(), self.compute():
+            weights = self.weights() if model is self.model else contextlib.nullcontext()
+            with torch.no_grad(), weights, self.compute():
                 return token_logprobs(model, input_ids, position_ids)[0].tolist()
         finally:
             model.train(model is self.model)

@@ -33,30 +33,34 @@ def resolve_precision(trainer_dtype: str, sampler_dtype: str, param_dtype: str, 
     """(`trainer.dtype`, `generator.dtype`) with "auto" resolved on either side so that the trainer's compute and the
     sampler's weights have one dtype (the pair the project measured to learn: README, "Precision"):
     both "auto": the parameters' dtype for both (fp32: the sampler runs the trainer's exact policy, everywhere);
-    a sampler set to bf16: trainer bf16 autocast where bf16 is `native` (else the parameters' dtype, a mismatch
+    a sampler set to bf16: trainer bf16 where bf16 is `native` (else the parameters' dtype, a mismatch
     `known_not_to_learn` names); a trainer set explicitly: the sampler follows its compute dtype. An explicit value
-    is kept as it is (the default used to be bf16 autocast on a native-bf16 CPU against an fp32 sampler: measured
-    not to learn). Both "auto" stays fp32 where bf16 is native: bf16 on both sides learned half as fast per step on
-    the main job, and was not faster (benchmarks/README.md, "Precision")."""
+    is kept as it is. Both "auto" stays fp32 where bf16 is native: bf16 on both sides learned half as fast per step on
+    the main job; a bf16 trainer on its stochastically rounded compute copy against the fp32 sampler learned as well
+    as fp32 but its steps were no faster (benchmarks/README.md, "Precision")."""
     if trainer_dtype == "auto":
         wanted = param_dtype if sampler_dtype == "auto" else sampler_dtype
-        autocast = wanted == "bfloat16" and native and param_dtype == "float32"
-        trainer_dtype = "bfloat16" if autocast else param_dtype
+        lower = wanted == "bfloat16" and native and param_dtype == "float32"
+        trainer_dtype = "bfloat16" if lower else param_dtype
     if sampler_dtype == "auto":
         sampler_dtype = trainer_dtype
     return trainer_dtype, sampler_dtype
 
 
-def known_not_to_learn(trainer_dtype: str, sampler_dtype: str, corrected: bool) -> list[str]:
+def known_not_to_learn(trainer_dtype: str, sampler_dtype: str, corrected: bool, copy: bool = False) -> list[str]:
     """Why a resolved trainer / sampler precision pair is known not to learn (measured on the main job, README
-    "Precision"); empty when it is not. `corrected`: an importance-weighting rollout correction is on."""
+    "Precision"); empty when it is not. `corrected`: an importance-weighting rollout correction is on; `copy`: the
+    trainer computes on the stochastically rounded compute copy (`computes_on_a_copy`), not under autocast."""
     if trainer_dtype == sampler_dtype or (trainer_dtype == "float32" and sampler_dtype == "float32"):
         return []
     if _BITS[trainer_dtype] < _BITS[sampler_dtype]:
+        if copy:
+            return []
         return [
-            f"trainer.dtype = {trainer_dtype} computes below the sampler's generator.dtype = {sampler_dtype}: the main "
-            "job with bf16 autocast against an fp32 sampler did not learn (held-out 0.60 -> 0.35, train/mismatch_k3 "
-            "0.0007 -> 0.35). Set both to the same dtype (both 'auto' gives float32)"
+            f"trainer.dtype = {trainer_dtype} computes below the sampler's generator.dtype = {sampler_dtype} under "
+            "autocast (a sharded or LoRA trainer): the main job with bf16 autocast against an fp32 sampler did not "
+            "learn (held-out 0.60 -> 0.35, train/mismatch_k3 0.0007 -> 0.35), because autocast's nearest-rounded "
+            "weights hide the updates below bf16's rounding step. Set both to the same dtype"
         ]
     if corrected:
         return []
@@ -70,10 +74,22 @@ def known_not_to_learn(trainer_dtype: str, sampler_dtype: str, corrected: bool) 
 def precision_warnings(config: Any) -> list[str]:
     """`known_not_to_learn` of a validated config's resolved pair (`rlmesh validate` and `rlmesh train` print them)."""
     corrected = config.loss.rollout_correction.rollout_is is not None
-    return known_not_to_learn(config.trainer.dtype, config.generator.dtype, corrected)
+    copy = computes_on_a_copy(config.trainer, config.trainer.ranks, config.generator.dtype)
+    return known_not_to_learn(config.trainer.dtype, config.generator.dtype, corrected, copy)
 
 
 _BITS = {"float32": 24, "bfloat16": 8, "float16": 11}  # mantissa bits: how finely each dtype resolves an update
+
+
+def computes_on_a_copy(trainer: Any, world: int, sampler_dtype: str) -> bool:
+    """Whether a trainer (`TrainerConfig`, in `world` processes, its generators' weights in `sampler_dtype`) computes
+    in bf16 on a stochastically rounded bf16 copy of its fp32 weights (`rl.training.compute_copy`: it sees every
+    update in expectation) rather than under autocast, whose nearest-rounded casts hide the updates below bf16's
+    rounding step: one process, bf16 over fp32, no LoRA, against an fp32 sampler (the pair measured). A sharded
+    trainer gathers its weights in bf16 through FSDP2 instead; a LoRA trainer, and a trainer whose sampler gets bf16
+    weights (rounded to nearest, so both sides see the same updates), keep autocast."""
+    one_process = world == 1 and not trainer.lora.enabled
+    return one_process and trainer.dtype == "bfloat16" and trainer.param_dtype == sampler_dtype == "float32"
 
 
 def compute_context(device: str, param_dtype: str, compute_dtype: str) -> contextlib.AbstractContextManager:

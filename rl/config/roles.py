@@ -103,9 +103,10 @@ class TrainerConfig(Section):
     device: Device = "cpu"
     """Where the trainer runs: "cpu", or "cuda" with one GPU per rank."""
     dtype: DType | Literal["auto"] = "auto"
-    """Compute dtype: below `param_dtype` the forward/backward runs under autocast over fp32 master weights.
-    "auto" resolves with `generator.dtype` so the two never silently disagree: both "auto" = `param_dtype` for
-    both (the pair measured to learn); a bf16 sampler = bf16 autocast where the device runs bf16 matmuls natively
+    """Compute dtype: below `param_dtype` the forward/backward runs in it over fp32 master weights, on a bf16 copy of
+    them stochastically rounded once per optimizer step (one process, no LoRA, an fp32 sampler:
+    `rl.training.compute_copy`), else under autocast. "auto" resolves with `generator.dtype` so the two never silently disagree: both "auto" =
+    `param_dtype` for both (the pair measured to learn); a bf16 sampler = bf16 where the device runs bf16 matmuls natively
     (CUDA; a CPU with AVX512-BF16/AMX), else `param_dtype` (`rlmesh validate` warns). Explicit "bfloat16" on a CPU
     without native bf16 is refused."""
     param_dtype: DType = "float32"

@@ -159,11 +159,14 @@ def train_step(
     reference: torch.nn.Module | None = None,
     device: torch.device | str = "cpu",
     compute: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+    weights: Callable[[], AbstractContextManager] = contextlib.nullcontext,
     ranks: Ranks = Ranks(),
 ) -> dict[str, float]:
     """K = `n_minibatches` optimizer steps over the batch; returns the step's metrics (reduced correctly).
 
-    `compute()` is entered around every forward pass (the trainer's bf16 autocast); losses stay float32.
+    `compute()` is entered around every forward pass (the trainer's bf16 autocast); losses stay float32. `weights()` is
+    entered around the no-grad pass and around each minibatch's forward and backward passes, not around the optimizer
+    step (the trainer's bf16 compute copy of its weights: `rl.training.compute_copy`).
     `horizon` is the constant normalizer of seq-mean-token-sum-norm (trainer.seq_len). Metrics: loss,
     pg_loss / ce_loss / ref_kl_loss, entropy (rl tokens) / ce_entropy / ref_kl/entropy, clip fractions, ratio_mean/_std/_min/_max, mismatch_k3, kl, grad_norm
     (before clipping; the mean over the K steps), skipped_nonfinite_steps (of the K, those whose gradient norm was
@@ -177,25 +180,27 @@ def train_step(
     micro_batches = [micro_batch.to(device).clone() for micro_batch in micro_batches]
     stats = StepStats()
     stats.add_total("nonfinite_logprob_tokens", sum(sanitize(micro_batch) for micro_batch in micro_batches))
-    diagnosed = prepare(micro_batches, model, reference, config, n_minibatches, stats, compute, ranks)
+    with weights():
+        diagnosed = prepare(micro_batches, model, reference, config, n_minibatches, stats, compute, ranks)
     counts_all = ranks.sum(component_counts(micro_batches))
     grad_norms, skipped = [], 0
     for minibatch in split_minibatches(micro_batches, n_minibatches):
         counts = ranks.sum(component_counts(minibatch))  # [3, 2] over every rank's share of the minibatch
         optimizer.zero_grad(set_to_none=True)
-        for micro_batch in minibatch:
-            with compute():
-                logprobs, entropy = packed_logprobs(  # [B,L]; the output layer runs only where a logprob is trained
-                    model, micro_batch, mask=trained_positions(micro_batch), return_entropy=True
-                )
-            stats.add("entropy", entropy[micro_batch["rl_weights"] != 0])
-            stats.add("ref_kl/entropy", entropy[micro_batch["ref_kl_weights"] != 0])
-            stats.add("ce_entropy", entropy[micro_batch["ce_weights"] != 0])
-            if not diagnosed:
-                weigh_on_the_fly(logprobs, micro_batch, config, stats)
-            loss = compute_loss(logprobs, micro_batch, counts, config, stats, horizon=horizon)
-            loss.backward()
-            stats.add_total("loss", loss.detach().double() / n_minibatches)
+        with weights():
+            for micro_batch in minibatch:
+                with compute():
+                    logprobs, entropy = packed_logprobs(  # [B,L]; the output layer runs only where a logprob is trained
+                        model, micro_batch, mask=trained_positions(micro_batch), return_entropy=True
+                    )
+                stats.add("entropy", entropy[micro_batch["rl_weights"] != 0])
+                stats.add("ref_kl/entropy", entropy[micro_batch["ref_kl_weights"] != 0])
+                stats.add("ce_entropy", entropy[micro_batch["ce_weights"] != 0])
+                if not diagnosed:
+                    weigh_on_the_fly(logprobs, micro_batch, config, stats)
+                loss = compute_loss(logprobs, micro_batch, counts, config, stats, horizon=horizon)
+                loss.backward()
+                stats.add_total("loss", loss.detach().double() / n_minibatches)
         grad_norms.append(grad_norm(model, max_grad_norm))
         if not math.isfinite(grad_norms[-1]):  # NaN/inf gradients would make every weight NaN: skip this update
             optimizer.zero_grad(set_to_none=True)

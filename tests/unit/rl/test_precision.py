@@ -6,7 +6,14 @@ import torch
 from rl.config import Config, ConfigError
 from rl.loop import resolve
 from rl.loop.resolve import resolve_config
-from rl.precision import MismatchWatch, compute_context, known_not_to_learn, precision_warnings, resolve_precision
+from rl.precision import (
+    MismatchWatch,
+    compute_context,
+    computes_on_a_copy,
+    known_not_to_learn,
+    precision_warnings,
+    resolve_precision,
+)
 
 
 def test_bf16_compute_keeps_fp32_master_weights_and_small_updates():
@@ -67,7 +74,8 @@ def test_auto_resolves_trainer_and_sampler_together_and_never_to_a_silent_disagr
 
 def test_pairs_known_not_to_learn_are_named():
     [bf16_trainer] = known_not_to_learn("bfloat16", "float32", corrected=True)
-    assert "did not learn" in bf16_trainer and "both 'auto' gives float32" in bf16_trainer
+    assert "did not learn" in bf16_trainer and "autocast" in bf16_trainer
+    assert known_not_to_learn("bfloat16", "float32", corrected=True, copy=True) == []  # the compute copy's pair
     [bf16_sampler] = known_not_to_learn("float32", "bfloat16", corrected=False)
     assert "decoupled_token_is" in bf16_sampler
     assert known_not_to_learn("float32", "bfloat16", corrected=True) == []  # the GPU configs' pair
@@ -85,7 +93,10 @@ def test_resolution_decides_auto_and_refuses_bf16_on_a_cpu_without_it(monkeypatc
     if native:
         config = resolve_config(Config(trainer={"dtype": "bfloat16"}))
         assert (config.trainer.dtype, config.generator.dtype) == ("bfloat16", "bfloat16")
-        assert precision_warnings(resolve_config(Config(trainer={"dtype": "bfloat16"}, generator={"dtype": "float32"})))
+        on_copy = resolve_config(Config(trainer={"dtype": "bfloat16"}, generator={"dtype": "float32"}))
+        assert precision_warnings(on_copy) == []
+        autocast = Config(trainer={"dtype": "bfloat16", "num_procs": 2}, generator={"dtype": "float32"})
+        assert precision_warnings(resolve_config(autocast))
     else:
         with pytest.raises(ConfigError, match="_is_mkldnn_bf16_supported"):
             resolve_config(Config(trainer={"dtype": "bfloat16"}))
@@ -100,3 +111,14 @@ def test_flex_attention_is_refused_on_a_cpu_trainer_and_accepted_on_cuda():
         ).trainer.attention
         == "flex_attention"
     )
+
+
+def test_only_a_one_process_full_bf16_trainer_over_fp32_weights_with_an_fp32_sampler_computes_on_the_copy():
+    trainer = Config(trainer={"dtype": "bfloat16"}).trainer
+    assert computes_on_a_copy(trainer, 1, "float32")
+    assert not computes_on_a_copy(trainer, 2, "float32")  # FSDP2 / autocast
+    assert not computes_on_a_copy(trainer, 1, "bfloat16")  # bf16 everywhere: autocast, as the sampler's weights
+    assert not computes_on_a_copy(
+        Config(trainer={"dtype": "bfloat16", "lora": {"enabled": True}}).trainer, 1, "float32"
+    )
+    assert not computes_on_a_copy(Config(trainer={"dtype": "float32"}).trainer, 1, "float32")
