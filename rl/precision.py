@@ -111,8 +111,9 @@ class MismatchWatch:
     first: float | None = None
     warned: bool = False
 
-    def check(self, mismatch_k3: float) -> str | None:
-        """A warning the first time the mismatch exceeds max(factor x first value, floor); else None."""
+    def check(self, mismatch_k3: float, staleness: int = 0) -> str | None:
+        """A warning the first time the mismatch exceeds max(factor x first value, floor); else None. `staleness`: how
+        many versions older than the trainer's the step's oldest sampled token is (0: every row is on-policy)."""
         if self.first is None:
             self.first = mismatch_k3
             return None
@@ -120,10 +121,17 @@ class MismatchWatch:
         if self.warned or mismatch_k3 <= limit:
             return None
         self.warned = True
+        above = f"train/mismatch_k3 = {mismatch_k3:.3g} is above {limit:.3g} ({self.factor:g} x its first value {self.first:.3g})"
+        if staleness > 0:  # rows of older versions: the policy's own change since counts in the mismatch
+            return (
+                f"{above}, on rows sampled up to {staleness} version(s) before the trainer's: part of it is the "
+                "policy's change since then (run.max_policy_staleness), which the rollout correction weighs; the rest "
+                "may be a sampler drifting from the trainer's policy (a lower-precision generator.dtype); see "
+                "docs/precision.md."
+            )
         return (
-            f"train/mismatch_k3 = {mismatch_k3:.3g} is above {limit:.3g} ({self.factor:g} x its first value "
-            f"{self.first:.3g}): the sampler's policy is drifting from the trainer's. A lower-precision sampler "
-            "than the trainer's weights (generator.dtype) is the usual cause; see docs/precision.md."
+            f"{above}: the sampler's policy is drifting from the trainer's. A lower-precision sampler than the "
+            "trainer's weights (generator.dtype) is the usual cause; see docs/precision.md."
         )
 
 

@@ -16,6 +16,7 @@ from rl.commands.arguments import import_from_launch_directory
 from rl.commands.evaluate import eval_command
 from rl.commands.new_task import new_task_command
 from rl.commands.train import bench_command, train_command, validate_command
+from rl.processes.bootstrap import exit_without_collecting
 
 OVERRIDES_HELP = """\
 Any config key can be set on the command line after the options: --section.key value (or --section.key=value),
@@ -158,6 +159,8 @@ TAKE_OVERRIDES = {"train", "validate", "bench", "eval"}
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # this process is the command's own: it exits as the actors' processes do
+        exit_without_collecting()
     import_from_launch_directory()
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else argv

@@ -330,7 +330,9 @@ class Controller:
             await self.admission.release_accepted(len(groups))  # as for a step with nothing to train
             return metrics  # the weights did not change: no sync, same version
         if "train/mismatch_k3" in metrics and (
-            warning := self.progress.mismatch_watch.check(metrics["train/mismatch_k3"])
+            warning := self.progress.mismatch_watch.check(
+                metrics["train/mismatch_k3"], self.state.policy_version - min(g.min_policy_version for g in groups)
+            )
         ):
             self._warn(warning)
         with timer("weight_sync"):

@@ -21,25 +21,25 @@ from monarch.actor import HostMesh, default_bootstrap_cmd, this_host
 
 from rl.config.cluster import ClusterConfig
 from rl.config.roles import FrozenModelConfig, GeneratorConfig, TrainerConfig
+from rl.processes import bootstrap as bootstrap_entry
 
 
-def bootstrap_command(
-    env: dict[str, str], device: str, first_gpu: int, gpus_per_proc: int
-) -> Callable[[Any], Any] | None:
-    """Per-process bootstrap: `env`, plus on GPU the `gpus_per_proc` GPUs of the process's slot on its host.
+def bootstrap_command(env: dict[str, str], device: str, first_gpu: int, gpus_per_proc: int) -> Callable[[Any], Any]:
+    """Per-process bootstrap: monarch's, entered through `rl.processes.bootstrap` (an exit without the interpreter's
+    last collection), with `env`, plus on GPU the `gpus_per_proc` GPUs of the process's slot on its host.
 
-    None (monarch's default) when there is nothing to set. The slot is the process's index on its host
-    (the `procs` coordinate), so every host numbers its GPUs from `first_gpu`.
+    The slot is the process's index on its host (the `procs` coordinate), so every host numbers its GPUs from
+    `first_gpu`.
     """
-    if not env and (device != "cuda" or gpus_per_proc == 0):
-        return None
 
     def command(point: Any) -> Any:
         variables = dict(env)
         if device == "cuda" and gpus_per_proc > 0:
             start = first_gpu + point["procs"] * gpus_per_proc
             variables["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in range(start, start + gpus_per_proc))
-        return default_bootstrap_cmd().with_env(variables)
+        bootstrap = default_bootstrap_cmd().with_env(variables)
+        bootstrap.args = ["-m", bootstrap_entry.ENTRY]
+        return bootstrap
 
     return command
 

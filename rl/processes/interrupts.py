@@ -27,6 +27,8 @@ from typing import Any
 
 import psutil
 
+from rl.processes.bootstrap import is_actor_process
+
 _SIGNALS = {signal.SIGINT, signal.SIGTERM}
 EXIT_INTERRUPTED = 130
 
@@ -41,7 +43,7 @@ def monarch_processes() -> list[psutil.Process]:
     found = []
     for child in psutil.Process().children():
         try:
-            if "monarch" in " ".join(child.cmdline()):
+            if is_actor_process(child.cmdline()):
                 found += [child, *child.children(recursive=True)]
         except psutil.Error:
             continue

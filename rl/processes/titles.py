@@ -1,6 +1,6 @@
 """Process names: every actor process names its role in the kernel's `comm` (`generator/0#1`, `trainer/0`).
 
-Monarch starts every actor process as `python -m monarch._src.actor.bootstrap_main`; the name tells an
+Every actor process starts as `python -m rl.processes.bootstrap` (Monarch's entry); the name tells an
 operator (`ps -o comm`, `top`), `benchmarks/soak.py` and the chaos test which process is which role and replica.
 The command line and environment stay as they are (teardown finds actor processes by their command line,
 tests by an environment marker), so the name goes only into the main thread's `comm`: at most 15 bytes,

@@ -22,6 +22,7 @@ from rl.commands import cli
 from rl.config import load_config
 from rl.loop.controller import Controller
 from rl.metrics.pass_at_k import pass_at_k
+from rl.processes.bootstrap import is_actor_process
 from tests.support.paths import E2E_CONFIGS
 from tests.support.score_export import score_in_fresh_process
 from tests.support.wandb_records import history
@@ -87,7 +88,7 @@ async def trained(tmp_path_factory):
         after_trainer = await controller.roles.trainer.logprobs.call_one(probe)
         after_generator = await controller.roles.generators.call("prompt_logprobs", probe)
         generator_version = await controller.roles.generators.call("version")
-        children = [p for p in psutil.Process().children(recursive=True) if "monarch" in " ".join(p.cmdline())]
+        children = [p for p in psutil.Process().children(recursive=True) if is_actor_process(p.cmdline())]
     finally:
         await controller.shutdown()
     yield {

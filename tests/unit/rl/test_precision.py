@@ -46,6 +46,14 @@ def test_mismatch_watch_warns_once_past_factor_and_floor():
     assert watch.check(0.1) is None  # once
 
 
+def test_mismatch_watch_names_the_rows_staleness_when_the_step_trained_older_versions_rows():
+    watch = MismatchWatch(factor=5.0, floor=1e-3)
+    assert watch.check(0.001, staleness=1) is None
+    warning = watch.check(0.03, staleness=2)
+    assert warning is not None and "up to 2 version(s) before the trainer's" in warning
+    assert "max_policy_staleness" in warning and "is drifting" not in warning
+
+
 def test_mismatch_watch_floor_ignores_noise_of_an_exact_sampler():
     watch = MismatchWatch(factor=5.0, floor=1e-3)
     assert watch.check(1e-9) is None

@@ -17,8 +17,10 @@ from tests.support.paths import CONFIGS, E2E_CONFIGS
 from tests.support.refused_job import RefusedJob
 
 
-def test_cpu_processes_without_env_get_monarchs_default_bootstrap():
-    assert bootstrap_command({}, "cpu", first_gpu=0, gpus_per_proc=1) is None
+def test_every_actor_process_enters_monarchs_bootstrap_through_the_exit_without_collecting():
+    command = bootstrap_command({}, "cpu", first_gpu=0, gpus_per_proc=1)({"hosts": 0, "procs": 0})
+    assert command.args == ["-m", "rl.processes.bootstrap"] and command.inherit_env
+    assert "CUDA_VISIBLE_DEVICES" not in command.env
 
 
 def test_each_process_owns_its_gpus_counted_from_its_own_host():
