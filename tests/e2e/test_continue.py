@@ -11,7 +11,7 @@ version's weights in `tests/e2e/test_engine_loop.py`; this test checks the run a
 from tests.support.paths import TINY
 from tests.support.runs import assert_rows_trained_once, read_jsonl, train_to_end
 
-STEPS, GROUPS_PER_STEP, GROUP_SIZE, BUDGET, MAX_NEW_TOKENS = 5, 2, 4, 2, 64
+STEPS, GROUPS_PER_STEP, GROUP_SIZE, BUDGET, MAX_NEW_TOKENS = 3, 2, 4, 2, 64
 
 
 def test_requests_continued_across_weight_updates_keep_their_tokens_labelled_by_version(tmp_path):

@@ -27,7 +27,7 @@ from tests.support.trainer_mesh import batch, start_trainer
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
 
-STEPS = 5
+STEPS = 4
 DEADLINE_S = 300
 KEPT_SLACK_MB = 128
 """What a later step may keep over the second one: small blocks of the actor's bookkeeping and the heap pages a trim
