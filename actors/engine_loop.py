@@ -4,7 +4,12 @@
 while anything is unfinished, so requests that arrive while others decode join the running
 batch (continuous batching) instead of queueing behind a blocking `LLM.generate`. Every engine
 call runs on one dedicated thread: vLLM's in-process engine is not thread-safe, and the actor's
-event loop stays free to accept calls while a step computes.
+event loop stays free to accept calls while a step computes. That thread runs at the torch thread count of the thread
+that made the loop (a pinned generator's, `rl.processes.affinity`): OpenMP keeps the count per thread, and a new
+thread starts at the cores the process had when OpenMP loaded, until torch's first parallel op in it applies torch's
+count. vLLM's CPU attention plans a step's split across threads at one count and checks it when it runs, so a
+generator pinned to fewer cores failed the first steps of its engine thread ("Check failed: ... thread_num == thread_num
+(2 vs. 1)").
 
 `pause(mode)` makes the engine quiet for a weight reload:
     "finish"   — stop admitting, let in-flight requests finish on the old weights;
@@ -38,6 +43,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import torch
 
 OnWeightUpdate = Literal["finish", "resubmit", "continue"]
 
@@ -148,7 +155,12 @@ class EngineLoop:
         self.engine = engine
         self.lane = Lane(version=version)
         """The lane of requests called without one (an engine serving one policy has no other)."""
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-engine")
+        self._thread = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="vllm-engine",
+            initializer=torch._C.set_num_threads,  # vLLM's CPU worker makes `torch.set_num_threads` a no-op
+            initargs=(torch.get_num_threads(),),
+        )
         self._ids = itertools.count()
         self._requests: dict[str, EngineRequest] = {}  # engine request id -> request, until it finishes
         self._work = asyncio.Event()  # set when a request was added

@@ -72,6 +72,22 @@ async def load(llm, loop, state_dict, mode, version):
         await loop.call(llm.reset_prefix_cache)
 
 
+async def test_a_pinned_generators_engine_thread_steps_at_its_thread_count(engine):
+    """A generator pinned to one core sets torch's thread count to 1 (`rl.processes.affinity`); its engine thread must
+    plan and run vLLM's CPU attention at that count from its first step (else: "Check failed: ... (2 vs. 1)")."""
+    llm, _ = engine
+    threads = torch.get_num_threads()
+    torch._C.set_num_threads(1)  # what pinning does (the engine's worker made `torch.set_num_threads` a no-op since)
+    pinned = EngineLoop(llm.llm_engine)
+    try:
+        outputs = await run(pinned, PROMPTS[:2])  # its thread's first steps: nothing of torch's ran there before
+        assert await pinned.call(torch.get_num_threads) == 1
+    finally:
+        await pinned.close()
+        torch._C.set_num_threads(threads)
+    assert [len(tokens) for tokens, _ in outputs] == [24, 24]
+
+
 async def test_concurrent_callers_share_engine_steps(engine):
     llm, loop = engine
     with step_sizes(llm) as batch_sizes:
