@@ -445,8 +445,8 @@ class Generator(MetricsActor, ServiceReplica):
     @concurrent_endpoint
     async def shutdown(self) -> None:
         """Stop the engine and close the weight files before the process is stopped. The process exits next and leaves
-        its memory to the kernel (`rl.processes.bootstrap`): the heap is frozen first, so the collections vLLM's
-        shutdown runs (three, ~1 s each on 2 CPU cores) have nothing to scan."""
+        its memory to the kernel (`rl.processes.bootstrap`), so nothing is collected here; the heap is frozen first,
+        though vLLM's shutdown unfreezes it for one collection of its own (~1 s on 2 CPU cores)."""
         gc.freeze()
         await self.engine.close()
         self.llm.llm_engine.engine_core.shutdown()
